@@ -1,0 +1,399 @@
+"""Corpus -> pre-tokenized token files -> sequential, resumable, rank-sharded batches.
+
+Training never tokenizes on the fly: a corpus is tokenized once into two flat
+binary files of token ids (train.bin, val.bin) plus meta.json, and training
+reads them through a memory map, walking the file in order.
+
+    python data.py --source stdlib --tokenizer byte --out_dir data/stdlib-byte
+    python data.py --source shakespeare --tokenizer gpt2 --out_dir data/shakespeare-gpt2
+    python data.py --source 'my_corpus/**/*.txt' --tokenizer byte --out_dir data/mine
+
+Sources: `stdlib` (the Python standard library's own source text: needs no
+network), `shakespeare` (Tiny Shakespeare, downloaded once and checked against
+its sha256), or any local text file, folder or glob. Tokenizers: `byte` (UTF-8
+bytes, vocab 256) or any tiktoken encoding name (`gpt2`, `cl100k_base`, ...).
+"""
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import time
+import urllib.request
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# ----------------------------------------------------------------------------
+# Tokenizers: encode(text) -> ids, decode(ids) -> text, an end-of-text id
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens: vocab 256, nothing to download.
+
+    The end-of-text separator is byte 0 (NUL): UTF-8 produces 0x00 only for the
+    NUL character itself, which text corpora do not contain.
+    """
+
+    name = "byte"
+    vocab_size = 256
+    eot = 0
+
+    def encode(self, text):
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+class TiktokenTokenizer:
+    """Any tiktoken encoding (GPT-2 BPE is `gpt2`); its own end-of-text token."""
+
+    def __init__(self, name):
+        import tiktoken
+
+        if name not in tiktoken.list_encoding_names():
+            raise ValueError(
+                f"unknown tokenizer {name!r}: use 'byte' or a tiktoken encoding: "
+                + ", ".join(tiktoken.list_encoding_names())
+            )
+        try:
+            self.encoding = tiktoken.get_encoding(name)
+        except Exception as e:  # tiktoken raises requests' or its own errors when offline
+            raise ValueError(
+                f"tokenizer {name!r} is not available offline ({type(e).__name__}: {e}). "
+                "Point TIKTOKEN_CACHE_DIR at a folder holding tiktoken's cached files for it, "
+                "or use --tokenizer byte, which needs no download."
+            ) from None
+        self.name = name
+        self.vocab_size = self.encoding.n_vocab
+        self.eot = self.encoding.eot_token
+
+    def encode(self, text):
+        return self.encoding.encode_ordinary(text)
+
+    def decode(self, ids):
+        return self.encoding.decode(list(ids))
+
+
+def get_tokenizer(name):
+    return ByteTokenizer() if name == "byte" else TiktokenTokenizer(name)
+
+
+# ----------------------------------------------------------------------------
+# Sources: a corpus is a deterministic, ordered list of documents (text files)
+
+# Tiny Shakespeare, as published with Karpathy's char-rnn.
+DOWNLOADS = {
+    "shakespeare": dict(
+        url="https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
+        sha256="86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
+        filename="tinyshakespeare.txt",
+    ),
+}
+NAMED_SOURCES = ["stdlib", *DOWNLOADS]
+
+
+def stdlib_files():
+    """The interpreter's standard library: its .py sources, test suites left out.
+
+    pydoc_data/topics.py (the text of `help()` topics) is one of them. Sorted by
+    relative path, so every machine with the same Python builds the same corpus.
+    """
+    root = sysconfig.get_paths()["stdlib"]
+    skip = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
+    files = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in skip]
+        files += [os.path.join(folder, n) for n in names if n.endswith(".py")]
+    return sorted(files, key=lambda f: os.path.relpath(f, root))
+
+
+def download(name, dest_dir, url=None):
+    """Fetch a named download into dest_dir once, verify its sha256, return its path."""
+    spec = DOWNLOADS[name]
+    os.makedirs(dest_dir, exist_ok=True)
+    path = os.path.join(dest_dir, spec["filename"])
+    if os.path.exists(path) and file_sha256(path) == spec["sha256"]:
+        return path
+    url = url or spec["url"]
+    print(f"downloading {name} from {url}", flush=True)
+    tmp = path + ".tmp"
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as f:
+            shutil.copyfileobj(response, f)
+    except OSError as e:
+        _remove(tmp)
+        raise ValueError(
+            f"could not download {name} from {url} ({e}). Without network, pass a local copy "
+            f"as --source path/to/{spec['filename']} or as --url file:///path/to/{spec['filename']}"
+        ) from None
+    got = file_sha256(tmp)
+    if got != spec["sha256"]:
+        _remove(tmp)
+        raise ValueError(f"{url} has sha256 {got}, expected {spec['sha256']}: not the {name} corpus")
+    os.replace(tmp, path)
+    return path
+
+
+def resolve_source(source, data_dir, url=None):
+    """--source -> (ordered list of document paths, a short description)."""
+    if source == "stdlib":
+        return stdlib_files(), f"stdlib of Python {sys.version.split()[0]}"
+    if source in DOWNLOADS:
+        return [download(source, data_dir, url)], f"{source} ({DOWNLOADS[source]['sha256'][:12]})"
+    if os.path.isfile(source):
+        return [source], os.path.abspath(source)
+    if os.path.isdir(source):
+        files = [os.path.join(d, n) for d, _, names in os.walk(source) for n in names]
+    else:
+        files = glob.glob(source, recursive=True)
+    files = sorted(f for f in files if os.path.isfile(f) and not os.path.basename(f).startswith("."))
+    if not files:
+        raise ValueError(
+            f"--source {source!r}: no such file or folder, and no file matches it as a glob. "
+            f"Give a text file, a folder, a glob, or one of: {', '.join(NAMED_SOURCES)}"
+        )
+    return files, os.path.abspath(source)
+
+
+def file_sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def corpus_sha256(files):
+    """One hash over every document's bytes and its order: it names the corpus."""
+    h = hashlib.sha256()
+    for path in files:
+        h.update(file_sha256(path).encode())
+    return h.hexdigest()
+
+
+def _remove(path):
+    if os.path.exists(path):
+        os.remove(path)
+
+
+# ----------------------------------------------------------------------------
+# Preparation: documents -> train.bin, val.bin, meta.json
+
+
+@dataclass
+class DataConfig:
+    source: str = "stdlib"  # stdlib | shakespeare | a text file, folder or glob
+    tokenizer: str = "byte"  # byte | a tiktoken encoding name (gpt2, ...)
+    val_fraction: float = 0.1  # the last tenth of the token stream is held out for validation
+    url: str = ""  # download mirror for a named source (a file:// URL works); empty = the usual one
+
+
+def token_dtype(vocab_size):
+    return np.uint16 if vocab_size <= 2**16 else np.uint32
+
+
+def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22):
+    """Tokenize the corpus into data_dir once; return its meta dict.
+
+    Documents are read in chunks of about chunk_chars characters (split at line
+    ends), so memory stays bounded whatever the corpus size. Output goes to
+    temporary files that are renamed at the end, meta.json last: a crash leaves
+    the previous data (or none), never half-written files. The same inputs
+    again are a no-op.
+    """
+    if not 0 < config.val_fraction < 1:
+        raise ValueError(f"--val_fraction {config.val_fraction} must lie strictly between 0 and 1")
+    os.makedirs(data_dir, exist_ok=True)
+    files, description = resolve_source(config.source, data_dir, config.url or None)
+    identity = dict(
+        tokenizer=config.tokenizer,
+        source=description,
+        source_sha256=corpus_sha256(files),
+        val_fraction=config.val_fraction,
+    )
+    meta_path = os.path.join(data_dir, "meta.json")
+    if os.path.exists(meta_path):
+        old = load_meta(data_dir)
+        if all(old.get(k) == v for k, v in identity.items()):
+            print(f"{data_dir} already holds {description} tokenized with {config.tokenizer}", flush=True)
+            return old
+        if not overwrite:
+            changed = [k for k, v in identity.items() if old.get(k) != v]
+            raise ValueError(
+                f"{data_dir} already holds data prepared differently ({', '.join(changed)} differ). "
+                "Choose another data directory, or allow replacing it (--overwrite true)."
+            )
+
+    tokenizer = get_tokenizer(config.tokenizer)
+    dtype = token_dtype(tokenizer.vocab_size)
+    tmp_train, tmp_val = (os.path.join(data_dir, f"{s}.bin.tmp") for s in ("train", "val"))
+    n_tokens, n_chars, t0, last_print = 0, 0, time.time(), 0.0
+    try:
+        with open(tmp_train, "wb") as out:
+            for i, path in enumerate(files):
+                for text in read_chunks(path, chunk_chars):
+                    ids = np.asarray(tokenizer.encode(text), dtype=dtype)
+                    out.write(ids.tobytes())
+                    n_tokens += len(ids)
+                    n_chars += len(text)
+                if n_tokens:  # end-of-text between documents
+                    out.write(np.asarray([tokenizer.eot], dtype=dtype).tobytes())
+                    n_tokens += 1
+                if time.time() - last_print > 2 or i == len(files) - 1:
+                    last_print = time.time()
+                    print(
+                        f"tokenizing {description}: {i + 1}/{len(files)} documents, "
+                        f"{n_chars / 1e6:.1f}M chars -> {n_tokens / 1e6:.2f}M tokens "
+                        f"({time.time() - t0:.0f}s)",
+                        flush=True,
+                    )
+        if n_tokens == 0:
+            raise ValueError(f"--source {config.source!r} produced no tokens: the corpus is empty")
+        # The held-out split is the tail of the stream (as nanoGPT splits
+        # Shakespeare): copy the tail to val, then cut it off train.
+        n_val = max(1, int(n_tokens * config.val_fraction))
+        n_train = n_tokens - n_val
+        itemsize = np.dtype(dtype).itemsize
+        with open(tmp_train, "r+b") as src, open(tmp_val, "wb") as dst:
+            src.seek(n_train * itemsize)
+            shutil.copyfileobj(src, dst)
+            src.truncate(n_train * itemsize)
+        meta = dict(
+            identity,
+            vocab_size=tokenizer.vocab_size,
+            eot_token=tokenizer.eot,
+            dtype=np.dtype(dtype).name,
+            train_tokens=n_train,
+            val_tokens=n_val,
+            documents=len(files),
+        )
+        _remove(meta_path)  # data without meta.json is never taken for prepared
+        os.replace(tmp_train, os.path.join(data_dir, "train.bin"))
+        os.replace(tmp_val, os.path.join(data_dir, "val.bin"))
+        write_json_atomic(meta_path, meta)
+    finally:
+        _remove(tmp_train)
+        _remove(tmp_val)
+    print(f"prepared {data_dir}: {n_train:,} train + {n_val:,} val tokens ({meta['dtype']})", flush=True)
+    return meta
+
+
+def read_chunks(path, chunk_chars):
+    """Yield a text file's content in pieces of about chunk_chars, cut after a newline."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            carry = ""
+            while block := f.read(chunk_chars):
+                block = carry + block
+                cut = block.rfind("\n") + 1 or len(block)
+                carry = block[cut:]
+                yield block[:cut]
+            if carry:
+                yield carry
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text ({e}); remove it from the corpus") from None
+
+
+def write_json_atomic(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_meta(data_dir):
+    path = os.path.join(data_dir, "meta.json")
+    if not os.path.exists(path):
+        raise ValueError(f"{path} not found: prepare the data first (python data.py --out_dir {data_dir} ...)")
+    with open(path) as f:
+        return json.load(f)
+
+
+# ----------------------------------------------------------------------------
+# TokenStream: the file, cut into windows, walked in order
+
+
+class TokenStream:
+    """Sequential batches (x, y), each int64 (B, T), from a token file.
+
+    The file is cut into W windows of T+1 tokens that overlap by one (window i
+    holds tokens [i*T, i*T + T]), so every token is predicted exactly once per
+    epoch. To keep the rows of one batch from being neighbouring text, the
+    windows are dealt into `lanes` contiguous lanes, read round-robin: read
+    number r takes window (r mod lanes) * (W // lanes) + r // lanes. With
+    lanes=1 it is a plain front-to-back walk; each epoch reads lanes * (W //
+    lanes) windows, each once, and the last W mod lanes windows sit out.
+
+    The only state is `position`: how many rows the whole data-parallel group
+    has read. Rank `rank` of `world_size` takes rows position + rank*B ...
+    position + rank*B + B - 1, then position moves on by world_size * B; so the
+    same position serves any world size with the same global batch.
+    """
+
+    def __init__(self, path, dtype, batch_size, block_size, rank=0, world_size=1, lanes=1):
+        self.tokens = np.memmap(path, dtype=dtype, mode="r")
+        self.batch_size, self.block_size = batch_size, block_size
+        self.rank, self.world_size = rank, world_size
+        n_windows = (len(self.tokens) - 1) // block_size
+        if n_windows < 1:
+            raise ValueError(
+                f"{path} holds {len(self.tokens)} tokens, fewer than one block of "
+                f"block_size + 1 = {block_size + 1}: lower --block_size or use a larger corpus"
+            )
+        self.lanes = min(lanes, n_windows)
+        self.lane_length = n_windows // self.lanes
+        self.windows_per_epoch = self.lanes * self.lane_length
+        self.position = 0
+
+    def window(self, row):
+        r = row % self.windows_per_epoch
+        return (r % self.lanes) * self.lane_length + r // self.lanes
+
+    def next_batch(self):
+        B, T = self.batch_size, self.block_size
+        first = self.position + self.rank * B
+        starts = [self.window(first + b) * T for b in range(B)]
+        rows = np.stack([self.tokens[s : s + T + 1] for s in starts]).astype(np.int64)  # (B, T+1)
+        self.position += self.world_size * B
+        x, y = rows[:, :-1], rows[:, 1:]  # y is x shifted by one: the next token
+        return torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = int(state["position"])
+
+
+# ----------------------------------------------------------------------------
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    defaults = DataConfig()
+    parser.add_argument("--source", default=defaults.source, help="stdlib | shakespeare | file, folder or glob")
+    parser.add_argument("--tokenizer", default=defaults.tokenizer, help="byte | a tiktoken encoding (gpt2, ...)")
+    parser.add_argument("--out_dir", required=True, help="where train.bin, val.bin and meta.json go")
+    parser.add_argument("--val_fraction", type=float, default=defaults.val_fraction)
+    parser.add_argument("--url", default=defaults.url, help="mirror for a named download (file:// works)")
+    parser.add_argument("--overwrite", action="store_true", help="replace data prepared from other inputs")
+    args = parser.parse_args(argv)
+    config = DataConfig(args.source, args.tokenizer, args.val_fraction, args.url)
+    try:
+        meta = prepare(config, args.out_dir, overwrite=args.overwrite)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    print(json.dumps(meta, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""A GPT language model: token + position embeddings, n_layer transformer blocks, tied output head.
+
+Follows GPT-2 (Radford et al. 2019) as nanoGPT writes it, with the stability
+choices of modern pretraining: Pre-LN blocks, RMSNorm (Zhang & Sennrich 2019),
+no biases, width-scaled initialization. LayerNorm and Post-LN stay selectable
+so the two can be compared. The loss is the causal language modelling (CLM)
+loss: cross-entropy of each position's prediction of the next token, in fp32.
+
+Shapes: B batch, T sequence, C channels (n_embd), H heads, V vocab.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 128  # context length T
+    vocab_size: int = 256  # V; train.py pads the tokenizer's vocab up to a multiple of 64
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128  # C
+    dropout: float = 0.0
+    bias: bool = False  # biases in Linear and LayerNorm; GPT-2 had them, modern models drop them
+    norm: str = "rmsnorm"  # rmsnorm | layernorm
+    norm_position: str = "pre"  # pre (Pre-LN: x + f(norm(x))) | post (Post-LN: norm(x + f(x)))
+
+    def __post_init__(self):
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout {self.dropout} must lie in [0, 1)")
+        if self.norm not in ("rmsnorm", "layernorm"):
+            raise ValueError(f"norm {self.norm!r} must be rmsnorm or layernorm")
+        if self.norm_position not in ("pre", "post"):
+            raise ValueError(f"norm_position {self.norm_position!r} must be pre or post")
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight. The mean of squares is summed in fp32 even under bf16."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * self.weight).type_as(x)
+
+
+def make_norm(config):
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.n_embd)
+    elif config.norm == "layernorm":
+        return nn.LayerNorm(config.n_embd, bias=config.bias)
+    else:
+        raise ValueError(f"unknown norm {config.norm!r}")
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.dropout = config.dropout
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v at once
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # back into the residual stream
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)  # each (B, T, C)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, H, T, C/H)
+        # softmax(q k^T / sqrt(C/H) + causal mask) v: position t attends to positions <= t only
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )  # (B, H, T, C/H)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)  # back into the residual stream
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))  # (B, T, 4C) inside, (B, T, C) out
+
+
+class Block(nn.Module):
+    """One transformer block: attention then MLP, each a residual branch.
+
+    Pre-LN normalizes the branch input and leaves the residual stream x
+    untouched, so gradients reach early layers through an identity path; Post-LN
+    (the original Transformer) normalizes after the sum and is known to need a
+    careful warmup to train at depth (Xiong et al. 2020).
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.pre_norm = config.norm_position == "pre"
+        self.norm_1 = make_norm(config)
+        self.attn = CausalSelfAttention(config)
+        self.norm_2 = make_norm(config)
+        self.mlp = MLP(config)
+
+    def forward(self, x):  # (B, T, C) -> (B, T, C)
+        if self.pre_norm:
+            x = x + self.attn(self.norm_1(x))
+            x = x + self.mlp(self.norm_2(x))
+        else:
+            x = self.norm_1(x + self.attn(x))
+            x = self.norm_2(x + self.mlp(x))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embedding, tied to the output head
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)  # learned absolute positions
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        # Pre-LN leaves the residual stream unnormalized, so it gets one last norm; Post-LN already ends on one.
+        self.norm_f = make_norm(config) if config.norm_position == "pre" else nn.Identity()
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied: one (V, C) matrix reads tokens in and scores them out
+        self.apply(self._init_weights)
+
+    # Width-scaled initialization. sigma = init_std(C) = sqrt(2 / (5 C)): each
+    # Linear that reads the residual stream then sums C inputs into an output
+    # of variance 2/5 (Nguyen & Salazar 2019, "small init"); at C = 768 it is
+    # 0.023, close to GPT-2's fixed 0.02, and it shrinks as models widen.
+    # - Residual output projections (attn.c_proj, mlp.c_proj): sigma / sqrt(2 n_layer).
+    #   Each block adds two branches to the residual stream; scaling each by
+    #   1/sqrt(2 n_layer) keeps the stream's variance independent of depth (GPT-2).
+    # - Tied embedding / output head: std = 0.25 / sqrt(C). As the head it scores
+    #   a normalized hidden state of RMS 1, giving logits of std 0.25, so the first
+    #   prediction is nearly uniform and the first loss is ~ln V + 0.03 instead of
+    #   far above it; as the embedding it is a small input that the first norm rescales.
+    # - Position embedding: the same std as the token embedding it is added to.
+    # - Norm weights 1, biases 0.
+    @staticmethod
+    def init_std(n_embd):
+        return math.sqrt(2 / (5 * n_embd))
+
+    @staticmethod
+    def embedding_std(n_embd):
+        return 0.25 / math.sqrt(n_embd)
+
+    def _init_weights(self, module):
+        C, L = self.config.n_embd, self.config.n_layer
+        if isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=self.embedding_std(C))
+        elif isinstance(module, (CausalSelfAttention, MLP)):
+            nn.init.normal_(module.c_proj.weight, std=self.init_std(C) / math.sqrt(2 * L))
+        elif isinstance(module, nn.Linear) and module is not self.lm_head:
+            nn.init.normal_(module.weight, std=self.init_std(C))
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        # self.apply visits children first, so the c_proj rule above overwrites the generic Linear one.
+
+    def forward(self, idx, targets=None):
+        """idx (B, T) int64 -> logits (B, T, V); with targets (B, T), also the CLM loss (fp32 scalar)."""
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.norm_f(x))  # (B, T, V)
+        if targets is None:
+            return logits, None
+        # log-softmax over V is a sum of V exponentials: compute it in fp32 whatever the autocast dtype.
+        loss = F.cross_entropy(logits.float().view(B * T, -1), targets.view(B * T))
+        return logits, loss
+
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())  # the tied matrix counts once
+
+    def flops_per_token(self):
+        """Training FLOPs per token: 6 N for the weight matmuls (2 N forward, 4 N backward),
+        plus 12 L C T for attention's q k^T and its weighted sum of v (2 T C each per layer forward,
+        times 3 with backward), counted over the full T x T square as the PaLM paper does."""
+        cfg = self.config
+        N = self.num_params() - self.wpe.weight.numel()  # a position lookup does no matmul
+        return 6 * N + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Extend idx (B, T0) by max_new_tokens sampled tokens -> (B, T0 + max_new_tokens)."""
+        for _ in range(max_new_tokens):
+            context = idx[:, -self.config.block_size :]
+            logits, _ = self(context)
+            logits = logits[:, -1, :].float() / max(temperature, 1e-6)  # (B, V)
+            if top_k is not None:
+                kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                logits[logits < kth] = -float("inf")
+            next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)  # (B, 1)
+            idx = torch.cat((idx, next_token), dim=1)
+        return idx

@@ -1,0 +1,37 @@
+"""Shared fixtures. The staged data (Tiny Shakespeare, GPT-2 BPE files) sits in ../shared/data beside the repo."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+SHAKESPEARE = SHARED_DATA / "tinyshakespeare.txt"
+TIKTOKEN_CACHE = SHARED_DATA / "tiktoken_cache"
+
+if TIKTOKEN_CACHE.is_dir():  # tiktoken reads this at load time: gpt2 works offline
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))
+
+needs_shakespeare = pytest.mark.skipif(not SHAKESPEARE.exists(), reason=f"{SHAKESPEARE} not staged")
+needs_gpt2 = pytest.mark.skipif(not TIKTOKEN_CACHE.is_dir(), reason=f"{TIKTOKEN_CACHE} not staged")
+
+
+def run_script(args, cwd, timeout=600):
+    """Run one of the project's scripts in a fresh interpreter; return the CompletedProcess."""
+    return subprocess.run(
+        [sys.executable, *(str(a) for a in args)], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture
+def small_corpus(tmp_path):
+    """A folder of three short text documents, ~60 KB in all."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    line = "the quick brown fox jumps over the lazy dog {}\n"
+    for i in range(3):
+        (folder / f"doc{i}.txt").write_text("".join(line.format(i * 1000 + j) for j in range(400)))
+    return folder

@@ -1,0 +1,197 @@
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import data
+from data import DataConfig, TokenStream, get_tokenizer, prepare
+from conftest import ROOT, SHAKESPEARE, needs_gpt2, needs_shakespeare, run_script
+
+TEXT = "Hello, world!\n\tunicode: naïve café 日本語 🙂 <|endoftext|> done"
+
+
+def test_byte_tokenizer_round_trip():
+    tok = get_tokenizer("byte")
+    ids = tok.encode(TEXT)
+    assert tok.vocab_size == 256 and max(ids) < 256
+    assert tok.decode(ids) == TEXT
+
+
+@needs_gpt2
+def test_gpt2_tokenizer_round_trip():
+    tok = get_tokenizer("gpt2")
+    assert tok.encode("hello world") == [31373, 995]
+    assert tok.vocab_size == 50257 and tok.eot == 50256
+    assert tok.decode(tok.encode(TEXT)) == TEXT  # "<|endoftext|>" in text is ordinary text, not the EOT id
+    assert tok.eot not in tok.encode(TEXT)
+
+
+def test_unknown_tokenizer_lists_choices():
+    with pytest.raises(ValueError, match="unknown tokenizer 'bpe-9'.*byte.*gpt2"):
+        get_tokenizer("bpe-9")
+
+
+def test_tokenizer_not_available_offline_says_what_to_do(monkeypatch):
+    import tiktoken
+
+    def offline(name):
+        raise ConnectionError("network unreachable")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    with pytest.raises(ValueError, match="not available offline.*TIKTOKEN_CACHE_DIR.*--tokenizer byte"):
+        get_tokenizer("gpt2")
+
+
+def test_prepare_writes_bins_and_meta(small_corpus, tmp_path):
+    out = tmp_path / "prepared"
+    meta = prepare(DataConfig(source=str(small_corpus)), str(out))
+    train = np.fromfile(out / "train.bin", dtype=np.uint16)
+    val = np.fromfile(out / "val.bin", dtype=np.uint16)
+    docs = [(small_corpus / f"doc{i}.txt").read_bytes() for i in range(3)]
+    expected = b"\0".join(docs) + b"\0"  # byte tokenizer: EOT (0) after each document
+    assert bytes(np.concatenate([train, val]).astype(np.uint8)) == expected
+    assert meta["train_tokens"] == len(train) and meta["val_tokens"] == len(val)
+    assert len(val) == int(len(expected) * 0.1)
+    assert meta["dtype"] == "uint16" and meta["vocab_size"] == 256 and meta["documents"] == 3
+    assert json.loads((out / "meta.json").read_text()) == meta
+    assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_prepare_streams_in_chunks(small_corpus, tmp_path):
+    """Chunked reading cuts at line ends and changes nothing in the output."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    prepare(DataConfig(source=str(small_corpus)), str(a))
+    prepare(DataConfig(source=str(small_corpus)), str(b), chunk_chars=100)
+    for name in ("train.bin", "val.bin"):
+        assert (a / name).read_bytes() == (b / name).read_bytes()
+
+
+def test_prepare_again_is_a_no_op(small_corpus, tmp_path, capsys):
+    out = tmp_path / "prepared"
+    prepare(DataConfig(source=str(small_corpus)), str(out))
+    stamps = {n: os.stat(out / n).st_mtime_ns for n in os.listdir(out)}
+    prepare(DataConfig(source=str(small_corpus)), str(out))
+    assert {n: os.stat(out / n).st_mtime_ns for n in os.listdir(out)} == stamps
+    assert "already holds" in capsys.readouterr().out
+
+
+def test_prepare_refuses_other_inputs_unless_overwrite(small_corpus, tmp_path):
+    out = tmp_path / "prepared"
+    prepare(DataConfig(source=str(small_corpus)), str(out))
+    before = (out / "train.bin").read_bytes()
+    (small_corpus / "doc0.txt").write_text("changed text\n" * 100)
+    with pytest.raises(ValueError, match="already holds data prepared differently.*source_sha256.*--overwrite"):
+        prepare(DataConfig(source=str(small_corpus)), str(out))
+    assert (out / "train.bin").read_bytes() == before
+    prepare(DataConfig(source=str(small_corpus)), str(out), overwrite=True)
+    assert (out / "train.bin").read_bytes() != before
+
+
+def test_failed_prepare_leaves_previous_data_intact(small_corpus, tmp_path):
+    out = tmp_path / "prepared"
+    prepare(DataConfig(source=str(small_corpus)), str(out))
+    before = {n: (out / n).read_bytes() for n in os.listdir(out)}
+    (small_corpus / "doc2.txt").write_bytes(b"\xff\xfe not utf-8")  # fails mid-way, after doc0 and doc1
+    with pytest.raises(ValueError, match="doc2.txt is not UTF-8"):
+        prepare(DataConfig(source=str(small_corpus)), str(out), overwrite=True)
+    assert {n: (out / n).read_bytes() for n in os.listdir(out)} == before  # no temp files, nothing changed
+
+
+def test_glob_and_single_file_sources(small_corpus, tmp_path):
+    one = prepare(DataConfig(source=str(small_corpus / "doc1.txt")), str(tmp_path / "one"))
+    two = prepare(DataConfig(source=str(small_corpus / "doc[01].txt")), str(tmp_path / "two"))
+    assert one["documents"] == 1 and two["documents"] == 2
+
+
+def test_missing_source_is_named(tmp_path):
+    with pytest.raises(ValueError, match="--source '.*nowhere.txt': no such file.*stdlib, shakespeare"):
+        prepare(DataConfig(source=str(tmp_path / "nowhere.txt")), str(tmp_path / "out"))
+
+
+def test_empty_corpus_is_an_error(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(ValueError, match="produced no tokens"):
+        prepare(DataConfig(source=str(tmp_path / "empty.txt")), str(tmp_path / "out"))
+    assert not (tmp_path / "out" / "meta.json").exists()
+
+
+def test_stdlib_source_is_deterministic_and_skips_tests():
+    files = data.stdlib_files()
+    rel = [os.path.relpath(f, os.path.dirname(data.__file__)) for f in files]
+    assert files == data.stdlib_files() and len(files) > 300
+    assert any(f.endswith(os.path.join("pydoc_data", "topics.py")) for f in files)
+    assert not any(part in ("test", "tests", "site-packages") for f in files for part in f.split(os.sep)[-3:-1])
+    assert rel  # ordered, non-empty
+
+
+@needs_shakespeare
+def test_shakespeare_download_is_checked(tmp_path):
+    url = SHAKESPEARE.as_uri()
+    meta = prepare(DataConfig(source="shakespeare", url=url), str(tmp_path / "sh"))
+    assert meta["train_tokens"] + meta["val_tokens"] == SHAKESPEARE.stat().st_size + 1  # ASCII + one EOT
+    wrong = tmp_path / "wrong.txt"
+    wrong.write_text("not shakespeare\n")
+    with pytest.raises(ValueError, match="sha256"):
+        data.download("shakespeare", str(tmp_path / "other"), url=wrong.as_uri())
+    assert os.listdir(tmp_path / "other") == []  # the bad download is not kept
+
+
+def test_unreachable_download_says_what_to_do(tmp_path):
+    with pytest.raises(ValueError, match="could not download shakespeare.*--source"):
+        data.download("shakespeare", str(tmp_path), url=(tmp_path / "missing.txt").as_uri())
+
+
+def write_tokens(path, n):
+    np.arange(n, dtype=np.uint16).tofile(path)
+    return np.arange(n)
+
+
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_token_stream_walks_without_gaps_or_overlap(tmp_path, lanes):
+    T, B, n = 8, 3, 8 * 24 + 1  # 24 windows of 8 predictions each
+    tokens = write_tokens(tmp_path / "t.bin", n)
+    stream = TokenStream(str(tmp_path / "t.bin"), "uint16", B, T, lanes=lanes)
+    xs, ys = zip(*(stream.next_batch() for _ in range(24 // B)))  # one epoch
+    x, y = torch.cat(xs), torch.cat(ys)  # (24, T)
+    assert x.dtype == torch.int64 and x.shape == (24, T)
+    assert torch.equal(y[:, :-1], x[:, 1:])  # y is x shifted by one
+    starts = sorted(row[0].item() for row in x)
+    assert starts == list(range(0, 24 * T, T))  # every window exactly once
+    predicted = sorted(y.flatten().tolist())
+    assert predicted == tokens[1:].tolist()  # every token predicted exactly once
+    if lanes == 1:
+        assert x.flatten().tolist() == tokens[:-1].tolist()  # in file order
+    nxt, _ = stream.next_batch()  # the next epoch starts over
+    assert torch.equal(nxt, x[:B])
+
+
+def test_token_stream_shards_by_rank_and_resumes(tmp_path):
+    T, B = 4, 2
+    write_tokens(tmp_path / "t.bin", 4 * 64 + 1)
+    path = str(tmp_path / "t.bin")
+    single = TokenStream(path, "uint16", 2 * B, T, lanes=8)
+    ranks = [TokenStream(path, "uint16", B, T, rank=r, world_size=2, lanes=8) for r in range(2)]
+    for _ in range(5):
+        x, _ = single.next_batch()
+        parts = [s.next_batch()[0] for s in ranks]
+        assert torch.equal(torch.cat(parts), x)  # the ranks split the global batch, disjoint and complete
+    assert single.state_dict() == ranks[0].state_dict() == {"position": 20}
+    resumed = TokenStream(path, "uint16", 2 * B, T, lanes=8)
+    resumed.load_state_dict(single.state_dict())
+    assert torch.equal(resumed.next_batch()[0], single.next_batch()[0])
+
+
+def test_token_stream_too_small_for_a_block(tmp_path):
+    write_tokens(tmp_path / "t.bin", 5)
+    with pytest.raises(ValueError, match="fewer than one block.*--block_size"):
+        TokenStream(str(tmp_path / "t.bin"), "uint16", 1, 8)
+
+
+def test_data_cli(small_corpus, tmp_path):
+    result = run_script([ROOT / "data.py", "--source", small_corpus, "--out_dir", tmp_path / "d"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "prepared" in result.stdout and (tmp_path / "d" / "meta.json").exists()
+    bad = run_script([ROOT / "data.py", "--source", tmp_path / "nope", "--out_dir", tmp_path / "e"], cwd=tmp_path)
+    assert bad.returncode != 0 and "nope" in bad.stderr and "Traceback" not in bad.stderr

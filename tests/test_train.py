@@ -1,0 +1,158 @@
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from data import TokenStream
+from model import GPT, GPTConfig
+from conftest import ROOT, run_script
+from train import TrainConfig, clip_grad_norm, lr_at, optimizer_step
+
+# a run small enough for a unit test: 2 layers of width 32 on the small corpus
+QUICK = ["--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "16", "--batch_size", "4",
+         "--eval_iters", "2", "--log_interval", "1", "--max_new_tokens", "20"]
+
+
+def test_lr_schedule_warmup_then_cosine():
+    cfg = TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, max_iters=1000)
+    assert lr_at(0, cfg) == pytest.approx(1e-5)  # first step: 1/warmup of the peak
+    assert lr_at(99, cfg) == pytest.approx(1e-3)  # end of warmup: the peak
+    assert lr_at(100, cfg) == pytest.approx(1e-3)
+    assert lr_at(550, cfg) == pytest.approx((1e-3 + 1e-4) / 2)  # halfway down the cosine
+    assert lr_at(1000, cfg) == pytest.approx(1e-4)  # the end: min_lr
+    lrs = [lr_at(s, cfg) for s in range(1000)]
+    assert all(a <= b for a, b in zip(lrs[:100], lrs[1:100])) and all(a >= b for a, b in zip(lrs[100:], lrs[101:]))
+
+
+def test_clipping_bounds_the_global_norm():
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(10, 10)) for _ in range(3)]
+    for p in params:
+        p.grad = 5 * torch.randn_like(p)
+    reference = [p.grad.clone() for p in params]
+    norm = clip_grad_norm(params, max_norm=1.0)
+    assert norm.item() == pytest.approx(torch.cat([g.flatten() for g in reference]).norm().item(), rel=1e-5)
+    assert torch.cat([p.grad.flatten() for p in params]).norm().item() == pytest.approx(1.0, rel=1e-4)
+    twins = [torch.nn.Parameter(torch.zeros_like(g)) for g in reference]
+    for twin, g in zip(twins, reference):
+        twin.grad = g.clone()
+    assert torch.nn.utils.clip_grad_norm_(twins, 1.0).item() == pytest.approx(norm.item(), rel=1e-5)  # torch agrees
+    for p, g in zip(params, reference):  # one factor for all: directions are kept
+        torch.testing.assert_close(p.grad, g * (1.0 / norm), rtol=1e-4, atol=1e-6)
+    small = clip_grad_norm(params, max_norm=10.0)  # below the threshold: untouched
+    assert small.item() == pytest.approx(1.0, rel=1e-4)
+
+
+def one_step(tmp_path, batch_size, accumulation, dtype=torch.float32):
+    """One optimizer_step of a fresh seeded model on a fixed token file; returns (model, loss, grad norm)."""
+    tokens = tmp_path / "tokens.bin"
+    if not tokens.exists():
+        np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint16).tofile(tokens)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=2, n_head=2, n_embd=32))
+    cfg = TrainConfig(batch_size=batch_size, gradient_accumulation_steps=accumulation, lanes=4)
+    stream = TokenStream(str(tokens), "uint16", batch_size, 16, lanes=cfg.lanes)
+    optimizer = train.make_optimizer(model, cfg, torch.device("cpu"))
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    autocast = train.autocast_context(torch.device("cpu"), dtype)
+    loss, norm = optimizer_step(model, model, optimizer, scaler, stream, cfg, 1e-3, autocast, torch.device("cpu"))
+    return model, loss, norm
+
+
+def test_accumulation_equals_one_big_batch(tmp_path):
+    """k micro-batches of B/k with accumulation take the same step as one batch of B."""
+    big, big_loss, big_norm = one_step(tmp_path, batch_size=8, accumulation=1)
+    for k in (2, 4):
+        acc, loss, norm = one_step(tmp_path, batch_size=8 // k, accumulation=k)
+        torch.testing.assert_close(loss, big_loss)
+        torch.testing.assert_close(norm, big_norm)
+        for p, q in zip(acc.parameters(), big.parameters()):
+            torch.testing.assert_close(p, q)
+
+
+def test_bf16_autocast_step_on_cpu_is_finite(tmp_path):
+    model, loss, norm = one_step(tmp_path, batch_size=4, accumulation=2, dtype=torch.bfloat16)
+    assert torch.isfinite(loss) and torch.isfinite(norm)
+    assert abs(loss.item() - math.log(256)) < 0.2
+    assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in model.parameters())  # fp32 master weights
+
+
+def test_tiny_preset_end_to_end(tmp_path):
+    """The README's main command, shortened: prepares the stdlib corpus, trains, evaluates, samples."""
+    out = tmp_path / "run"
+    result = run_script([ROOT / "train.py", "--preset", "tiny", "--max_iters", "50", "--out_dir", out], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "data" / "stdlib-byte" / "meta.json").exists()
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in records if "loss" in r]
+    assert {"step", "loss", "lr", "grad_norm", "tokens_per_s"} <= set(logged[0]) and "val_loss" in records[0]
+    assert abs(logged[0]["loss"] - math.log(256)) < 0.1  # step 0: uniform guessing
+    assert logged[-1]["loss"] < logged[0]["loss"] - 1.0  # and it learns
+    assert records[-1]["step"] == 50 and "val_loss" in records[-1]
+    assert "ln 256 = 5.5452" in result.stdout and "cost: training compute" in result.stdout
+    assert "final val loss" in result.stdout and "perplexity" in result.stdout
+    assert (out / "metrics.png").stat().st_size > 10_000
+    assert (out / "samples.txt").read_text().strip()
+    sampled = run_script([ROOT / "train.py", "--sample", "--out_dir", out, "--num_samples", "1",
+                          "--max_new_tokens", "30", "--prompt", "def "], cwd=tmp_path)
+    assert sampled.returncode == 0, sampled.stderr
+    assert sampled.stdout.startswith("def ")
+
+
+def run_main(argv, capsys):
+    """train.main in this process; returns (exit message or code, stdout + stderr)."""
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out + captured.err
+
+
+def test_short_run_in_process_and_out_dir_protection(small_corpus, tmp_path, capsys):
+    out, data_dir = tmp_path / "run", tmp_path / "data"
+    args = ["--source", small_corpus, "--data_dir", data_dir, "--out_dir", out, "--max_iters", "3", *QUICK]
+    train.main([str(a) for a in args])
+    assert (out / "ckpt.pt").exists()
+    metrics = (out / "metrics.jsonl").read_text()
+    code, text = run_main([*args, "--n_layer", "3"], capsys)
+    assert "holds a different run" in str(code) and "n_layer: 2 -> 3" in str(code) and "--overwrite" in str(code)
+    assert (out / "metrics.jsonl").read_text() == metrics  # nothing overwritten
+    train.main([str(a) for a in [*args, "--n_layer", "3", "--overwrite", "true"]])
+    assert json.loads((out / "run.json").read_text())["GPTConfig"]["n_layer"] == 3
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--n_layers", "3"], ["unknown flag --n_layers", "did you mean --n_layer", "--learning_rate"]),
+        (["--preset", "huge"], ["unknown preset 'huge'", "tiny, shakespeare, gpt2-small"]),
+        (["--max_iters", "ten"], ["--max_iters", "invalid int value"]),
+        (["--compile", "maybe"], ["--compile", "true or false"]),
+        (["--n_embd", "130"], ["n_embd 130 is not divisible by n_head 4"]),
+        (["--dtype", "float8"], ["--dtype 'float8'"]),
+        (["--tokenizer", "bpe-9"], ["unknown tokenizer 'bpe-9'"]),
+        (["--source", "no/such/corpus.txt"], ["--source 'no/such/corpus.txt': no such file"]),
+    ],
+)
+def test_bad_input_is_named(argv, expected, tmp_path, capsys):
+    code, text = run_main(["--out_dir", tmp_path / "o", "--data_dir", tmp_path / "d", *argv], capsys)
+    message = str(code) + text
+    assert code != 0 and all(e in message for e in expected), message
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
+def test_empty_corpus_and_too_small_val_split(tmp_path, small_corpus, capsys):
+    (tmp_path / "empty.txt").write_text("")
+    code, _ = run_main(["--source", tmp_path / "empty.txt", "--data_dir", tmp_path / "d1", "--out_dir", tmp_path / "o"], capsys)
+    assert "produced no tokens" in str(code)
+    code, _ = run_main(["--source", small_corpus, "--data_dir", tmp_path / "d2", "--out_dir", tmp_path / "o",
+                        "--block_size", "20000"], capsys)
+    assert "val.bin holds" in str(code) and "block_size + 1 = 20001" in str(code)
+
+
+def test_sample_without_checkpoint_says_so(tmp_path, capsys):
+    code, _ = run_main(["--sample", "--out_dir", tmp_path / "none"], capsys)
+    assert "ckpt.pt not found" in str(code)
