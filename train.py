@@ -9,8 +9,13 @@
 The four stability defenses are all here: LR warmup then cosine decay
 (`lr_at`), global grad-norm clipping (`clip_grad_norm`), mixed precision with
 fp32 master weights and fp32 loss / norm sums (`--dtype`), and Pre-LN +
-RMSNorm + scaled init (model.py). A run writes into its out_dir:
-metrics.jsonl, metrics.png, samples.txt, ckpt.pt and run.json.
+RMSNorm + scaled init (model.py). Around them, the run's life: checkpoints
+every few steps (checkpoint.py), exact resume, and automatic incident
+handling: a NaN or a loss spike (monitor.py) rolls back to the latest healthy
+checkpoint, skips the data that caused it, lowers the LR and goes on.
+
+A run writes into its out_dir: run.json, metrics.jsonl, incidents.jsonl,
+metrics.png, samples.txt and ckpt/.
 """
 
 import argparse
@@ -20,17 +25,22 @@ import difflib
 import json
 import math
 import os
+import random
 import re
+import shutil
+import signal
 import sys
 import time
-from itertools import groupby
 from dataclasses import asdict, dataclass
+from itertools import groupby
 
 import numpy as np
 import torch
 
+import checkpoint
 from data import DataConfig, TokenStream, get_tokenizer, load_meta, prepare, write_json_atomic
 from model import GPT, GPTConfig
+from monitor import HealthMonitor, cost_estimate, device_peak_flops, plot_metrics
 
 # ----------------------------------------------------------------------------
 # Configuration: one dataclass per concern; defaults are the `tiny` preset
@@ -64,6 +74,23 @@ class TrainConfig:
     eval_interval: int = 250
     eval_iters: int = 20  # batches per val-loss estimate: always the same first batches of val.bin
     peak_tflops: float = 0.0  # device peak for MFU; 0 = look it up by GPU name
+
+
+@dataclass
+class RecoveryConfig:
+    ckpt_interval: int = 100  # steps between checkpoints (in out_dir/ckpt/)
+    keep_last: int = 3  # retention, dense recent: the newest keep_last checkpoints...
+    keep_every: int = 1000  # ...and sparse old: every checkpoint at a multiple of this step
+    resume: bool = False  # insist on resuming (a run whose out_dir holds checkpoints resumes anyway)
+    reset_optimizer: bool = False  # accept a checkpoint without optimizer state (fresh AdamW moments)
+    triggers: str = "nonfinite,spike"  # detectors that roll back; of nonfinite,spike,grad_z,val_rise
+    spike_factor: float = 2.0  # spike: loss above this many times the median of recent losses
+    monitor_window: int = 50  # steps in the rolling baselines of loss and grad norm
+    grad_z_threshold: float = 6.0  # grad_z: grad norm this many std above its recent mean
+    val_rise_evals: int = 3  # val_rise: val loss up this many evals in a row while train loss falls
+    incident_lr_scale: float = 0.5  # after each rollback the LR schedule is multiplied by this
+    max_incidents: int = 5  # more incidents than this stop the run
+    inject: str = ""  # faults for teaching and tests: nan@STEP,spike@STEP,crash@STEP
 
 
 @dataclass
@@ -101,7 +128,7 @@ def parse_bool(text):
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-CONFIG_CLASSES = (GPTConfig, DataConfig, TrainConfig, SampleConfig)
+CONFIG_CLASSES = (GPTConfig, DataConfig, TrainConfig, RecoveryConfig, SampleConfig)
 
 
 def parse_args(argv):
@@ -212,75 +239,15 @@ def make_optimizer(model, cfg, device):
     )
 
 
-# ----------------------------------------------------------------------------
-# Monitoring and the cost account
-
-# Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched against the device name.
-GPU_PEAK_FLOPS = {
-    "H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 70e12, "A10": 125e12, "L40S": 362e12,
-    "L4": 121e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12, "T4": 65e12,
-}
-
-
-def device_peak_flops(device, cfg):
-    if cfg.peak_tflops > 0:
-        return cfg.peak_tflops * 1e12
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in GPU_PEAK_FLOPS.items() if key in name), None)
-
-
-def cost_estimate(model, cfg, tokens_per_iter, dtype, step_seconds):
-    """Lines of the run's cost account: compute, memory and time, before training starts."""
-    N, mc = model.num_params(), model.config
-    tokens = cfg.max_iters * tokens_per_iter
-    flops = model.flops_per_token() * tokens  # 6 N D + attention
-    act_bytes = 2 if dtype != torch.float32 else 4
-    # Activations kept for backward per layer ~ B T C (34 + 5 H T / C) bytes at 16 bits
-    # (Korthikanti et al. 2022, no recomputation), plus the logits and their fp32 copy.
-    B, T, C, H, L, V = cfg.batch_size, mc.block_size, mc.n_embd, mc.n_head, mc.n_layer, mc.vocab_size
-    activations = L * B * T * C * (34 + 5 * H * T / C) * act_bytes / 2 + B * T * V * (act_bytes + 4)
-    hours = step_seconds * cfg.max_iters / 3600
-    h100_hours = flops / (0.4 * GPU_PEAK_FLOPS["H100"]) / 3600
-    gib = 2**30
-    return [
-        f"parameters: {N / 1e6:.2f}M; planned tokens: {tokens / 1e6:.1f}M ({tokens / N:.1f} per parameter)",
-        f"training compute: {flops:.3g} FLOPs (6 N D = {6 * N * tokens:.3g}, plus attention)",
-        f"memory: weights {4 * N / gib:.3f} GiB + grads {4 * N / gib:.3f} + AdamW {8 * N / gib:.3f} "
-        f"+ activations ~{activations / gib:.3f} per micro-batch",
-        f"measured step: {step_seconds * 1e3:.0f} ms -> ~{hours * 60:.1f} min for {cfg.max_iters} steps on this device",
-        f"the same FLOPs on one H100 at 40% MFU: {h100_hours:.3g} GPU-hours (~${2 * h100_hours:.3g} at $2/GPU-hour)",
-    ]
-
-
-def timed_step_seconds(model, batch, autocast, device, repeats=3):
-    """The fastest of a few forward + backward passes (the first one warms up), then drop the gradients."""
-    x, y = batch
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with autocast:
-            _, loss = model(x, y)
-        loss.backward()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    model.zero_grad(set_to_none=True)
-    return min(times)
-
-
-def optimizer_step(forward, model, optimizer, scaler, stream, cfg, lr, autocast, device):
+def optimizer_step(forward, model, optimizer, scaler, next_batch, cfg, lr, autocast, device):
     """One update at learning rate lr: gradients of the mean loss over
-    cfg.gradient_accumulation_steps micro-batches, clip, AdamW.
+    cfg.gradient_accumulation_steps micro-batches from next_batch(), clip, AdamW.
     Returns (mean loss, global grad norm before clipping), both 0-dim tensors."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     loss_sum = torch.zeros((), device=device)
     for _ in range(cfg.gradient_accumulation_steps):
-        x, y = (t.to(device, non_blocking=True) for t in stream.next_batch())  # (B, T) each
+        x, y = (t.to(device, non_blocking=True) for t in next_batch())  # (B, T) each
         with autocast:
             _, loss = forward(x, y)
         # dividing by the number of micro-batches makes the summed gradient that of their mean loss
@@ -309,58 +276,77 @@ def evaluate(model, stream, iters, autocast, device):
     return float(np.mean(losses))
 
 
-def plot_metrics(records, path, ln_vocab):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    train = [r for r in records if "loss" in r]  # the final record holds only the val loss
-    steps = [r["step"] for r in train]
-    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
-    axes[0].plot(steps, [r["loss"] for r in train], label="train loss")
-    if val:
-        axes[0].plot(*zip(*val), "o-", label="val loss")
-    axes[0].axhline(ln_vocab, color="gray", ls="--", label="ln V (uniform guess)")
-    axes[0].set(xlabel="step", ylabel="loss", title="loss")
-    axes[0].legend()
-    axes[1].plot(steps, [r["grad_norm"] for r in train])
-    axes[1].set(xlabel="step", yscale="log", title="grad norm (before clipping)")
-    axes[2].plot(steps, [r["lr"] for r in train])
-    axes[2].set(xlabel="step", title="learning rate")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+def timed_step_seconds(model, batch, autocast, device, repeats=3):
+    """The fastest of a few forward + backward passes (the first one warms up), then drop the gradients."""
+    x, y = batch
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with autocast:
+            _, loss = model(x, y)
+        loss.backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    model.zero_grad(set_to_none=True)
+    return min(times)
 
 
 # ----------------------------------------------------------------------------
-# Checkpoint and sampling
+# Fault injection: the incidents of a real run, on demand, for teaching and tests
 
 
-def save_checkpoint(path, model, optimizer, step, stream, configs, meta):
-    """Everything needed to sample now and to resume later, written atomically."""
-    state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "step": step,
-        "data": stream.state_dict(),
-        "config": {cls.__name__: asdict(c) for cls, c in configs.items()},
-        "meta": meta,
-    }
-    tmp = path + ".tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+class FaultInjector:
+    """--inject nan@S,spike@S,crash@S. Each fault fires once, ever: fired faults are
+    remembered in out_dir/injected.json, so a resumed run does not crash again.
+
+    - nan: one weight becomes NaN before step S (a flipped bit); every loss after is NaN.
+    - spike: step S trains on garbage instead of its batch (see garbage_batches).
+    - crash: the process kills itself with SIGKILL before step S (a dying machine).
+    """
+
+    KINDS = ("nan", "spike", "crash")
+
+    def __init__(self, spec, out_dir):
+        self.path = os.path.join(out_dir, "injected.json")
+        self.planned = []
+        for item in filter(None, spec.split(",")):
+            kind, _, at = item.partition("@")
+            if kind not in self.KINDS or not at.isdigit():
+                raise ValueError(f"--inject {item!r}: write KIND@STEP with KIND one of {', '.join(self.KINDS)}")
+            self.planned.append(f"{kind}@{int(at)}")
+        self.fired = []
+        if os.path.exists(self.path):
+            with open(self.path) as f:
+                self.fired = json.load(f)
+
+    def due(self, step):
+        """Faults planned for this step that have not fired yet; they count as fired from now on."""
+        due = [f for f in self.planned if f.endswith(f"@{step}") and f not in self.fired]
+        if due:
+            self.fired += due
+            write_json_atomic(self.path, self.fired)
+        return [f.split("@")[0] for f in due]
 
 
-def load_model(path, device):
-    """Rebuild the model of a checkpoint. weights_only=True: loading can never run code."""
-    if not os.path.exists(path):
-        raise ValueError(f"{path} not found: train first (python train.py --out_dir {os.path.dirname(path)})")
-    state = torch.load(path, map_location=device, weights_only=True)
-    model = GPT(GPTConfig(**state["config"]["GPTConfig"])).to(device)
-    model.load_state_dict(state["model"])
-    return model, state["meta"]
+def garbage_batches(stream, model, vocab_size, device):
+    """next_batch() for a spike: it consumes the real batch (the data position moves on as usual)
+    but pairs its inputs with the targets the model finds least likely: data that contradicts
+    everything learned so far, as a corrupt shard would."""
+
+    @torch.no_grad()
+    def next_batch():
+        x, _ = stream.next_batch()
+        logits, _ = model(x.to(device))  # (B, T, V)
+        return x, logits[..., :vocab_size].argmin(-1).cpu()
+
+    return next_batch
+
+
+# ----------------------------------------------------------------------------
+# Sampling
 
 
 def sample_texts(model, tokenizer, scfg, device):
@@ -379,7 +365,7 @@ def sample_texts(model, tokenizer, scfg, device):
 
 
 # ----------------------------------------------------------------------------
-# The run
+# The run's folder
 
 
 def default_data_dir(dcfg):
@@ -388,29 +374,94 @@ def default_data_dir(dcfg):
     return os.path.join("data", f"{name}-{dcfg.tokenizer}")
 
 
+RUN_FILES = ("run.json", "metrics.jsonl", "incidents.jsonl", "injected.json", "metrics.png", "samples.txt", "ckpt")
+
+
+def config_changes(old, new):
+    """['n_layer: 2 -> 3', ...] for every field of the nested config dicts that differs."""
+    return [
+        f"{name}: {old.get(section, {}).get(name)!r} -> {value!r}"
+        for section, fields in new.items()
+        for name, value in fields.items()
+        if old.get(section, {}).get(name) != value
+    ]
+
+
 def prepare_out_dir(out_dir, run, overwrite):
-    """Refuse to write over a different run; record this run's config as run.json."""
+    """Refuse to mix two runs in one folder; --overwrite starts this one afresh there."""
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "run.json")
-    if os.path.exists(path) and not overwrite:
+    if overwrite:
+        for name in RUN_FILES:
+            target = os.path.join(out_dir, name)
+            shutil.rmtree(target) if os.path.isdir(target) else _remove(target)
+    elif os.path.exists(path):
         with open(path) as f:
-            old = json.load(f)
-        changed = [
-            f"{name}: {old[section].get(name)!r} -> {value!r}"
-            for section, fields in run.items()
-            for name, value in fields.items()
-            if old.get(section, {}).get(name) != value
-        ]
+            changed = config_changes(json.load(f), run)
         if changed:
             raise ValueError(
-                f"{out_dir} holds a different run ({'; '.join(changed)}). "
-                "Choose another --out_dir, or replace it with --overwrite true."
+                f"{out_dir} holds a different run, whose checkpoints cannot continue with this config "
+                f"({'; '.join(changed)}). Choose another --out_dir, or start over there with --overwrite true."
             )
     write_json_atomic(path, run)
 
 
+def _remove(path):
+    if os.path.exists(path):
+        os.remove(path)
+
+
+def read_jsonl(path):
+    """The records of a JSON-lines file; a last line cut short by a crash is dropped."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        lines = [line for line in f if line.strip()]
+    records = [json.loads(line) for line in lines[:-1]]
+    try:
+        records += [json.loads(line) for line in lines[-1:]]
+    except json.JSONDecodeError:
+        pass
+    return records
+
+
+def write_jsonl(path, records):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    os.replace(tmp, path)
+
+
+def append_jsonl(path, record):
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def rng_state():
+    numpy_state = np.random.get_state(legacy=False)
+    return {
+        "python": random.getstate(),
+        "numpy": {**numpy_state, "state": {**numpy_state["state"], "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))}},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state):
+    random.setstate(state["python"])
+    numpy_state = state["numpy"]
+    np.random.set_state({**numpy_state, "state": {**numpy_state["state"], "key": numpy_state["state"]["key"].numpy().astype(np.uint32)}})
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ----------------------------------------------------------------------------
+# The run
+
+
 def train(preset, configs):
-    mcfg, dcfg, cfg, scfg = (configs[c] for c in CONFIG_CLASSES)
+    mcfg, dcfg, cfg, rcfg, scfg = (configs[c] for c in CONFIG_CLASSES)
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device)
     dtype = pick_dtype(cfg.dtype, device)
@@ -429,10 +480,9 @@ def train(preset, configs):
         meta = prepare(dcfg, data_dir)
     # Pad V to a multiple of 64 for fast matmuls (50257 -> 50304); the extra ids are never targets.
     mcfg = dataclasses.replace(mcfg, vocab_size=64 * math.ceil(meta["vocab_size"] / 64))
-    configs[GPTConfig] = mcfg
-    run = {
+    run = {  # what makes two runs the same run; checkpointing and recovery settings may change on resume
         "GPTConfig": asdict(mcfg),
-        "TrainConfig": {k: v for k, v in asdict(cfg).items() if k not in ("out_dir", "overwrite")},
+        "TrainConfig": {k: v for k, v in asdict(cfg).items() if k not in ("out_dir", "overwrite", "device", "compile")},
         "data": {k: meta[k] for k in ("source", "source_sha256", "tokenizer", "val_fraction")},
     }
     prepare_out_dir(out_dir, run, cfg.overwrite)
@@ -451,37 +501,137 @@ def train(preset, configs):
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)  # fp16 needs loss scaling
     forward = torch.compile(model) if cfg.compile else model
     tokens_per_iter = cfg.batch_size * cfg.gradient_accumulation_steps * mcfg.block_size
-    peak_flops = device_peak_flops(device, cfg)
+    peak_flops = device_peak_flops(device, cfg.peak_tflops)
     ln_vocab = math.log(meta["vocab_size"])
+    monitor = HealthMonitor(rcfg.monitor_window, rcfg.spike_factor, rcfg.grad_z_threshold,
+                            rcfg.val_rise_evals, rcfg.triggers.split(","))
+    injector = FaultInjector(rcfg.inject, out_dir)
+    recovery = {"lr_scale": 1.0, "incidents": 0}  # what incidents changed; saved with every checkpoint
+    ckpt_dir = os.path.join(out_dir, "ckpt")
+    metrics_path, incidents_path = os.path.join(out_dir, "metrics.jsonl"), os.path.join(out_dir, "incidents.jsonl")
 
     print(f"device {device}, dtype {str(dtype).replace('torch.', '')}, out {out_dir}")
     step_seconds = timed_step_seconds(forward, (t.to(device) for t in val_stream.next_batch()), autocast, device)
-    for line in cost_estimate(model, cfg, tokens_per_iter, dtype, step_seconds * cfg.gradient_accumulation_steps):
+    for line in cost_estimate(model, cfg.batch_size, cfg.max_iters, tokens_per_iter, 4 if dtype == torch.float32 else 2,
+                              step_seconds * cfg.gradient_accumulation_steps):
         print("cost: " + line)
 
-    records = []
-    metrics_file = open(os.path.join(out_dir, "metrics.jsonl"), "w")
+    # A checkpoint holds all that the next step depends on: weights, AdamW moments, the
+    # step (so the LR schedule continues), the data position, the RNG, the monitor's baselines.
+    def save(step):
+        state = {
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+            "step": step, "data": train_stream.state_dict(), "rng": rng_state(),
+            "monitor": monitor.state_dict(), "recovery": dict(recovery), "config": run, "meta": meta,
+        }
+        checkpoint.save(ckpt_dir, step, state, healthy=monitor.take_healthy_mark())
+        checkpoint.retain(ckpt_dir, rcfg.keep_last, rcfg.keep_every)
+
+    def restore(state):
+        changed = config_changes(state["config"], {"GPTConfig": run["GPTConfig"]})
+        if changed:
+            raise ValueError(f"the checkpoint holds a model of another shape ({'; '.join(changed)})")
+        model.load_state_dict(state["model"])
+        if "optimizer" in state:
+            optimizer.load_state_dict(state["optimizer"])
+        elif not rcfg.reset_optimizer:
+            raise ValueError(
+                f"the checkpoint of step {state['step']} in {ckpt_dir} has no optimizer state. Resuming would "
+                "restart AdamW's moment estimates from zero, a jolt in update size and direction that weights "
+                "alone cannot undo. Pass --reset_optimizer true to accept that and continue anyway."
+            )
+        else:
+            print("warning: no optimizer state in the checkpoint; AdamW restarts from zero moments")
+        scaler.load_state_dict(state.get("scaler", {}))
+        train_stream.load_state_dict(state["data"])
+        set_rng_state(state["rng"])
+        monitor.load_state_dict(state["monitor"])
+        recovery.update(state["recovery"])
+        return state["step"]
+
+    latest = checkpoint.load_latest(ckpt_dir, device)
+    if latest is not None:
+        step = restore(latest[1])
+        print(f"resuming from the checkpoint of step {step} in {ckpt_dir}")
+    elif rcfg.resume:
+        raise ValueError(f"--resume true, but {ckpt_dir} holds no checkpoint that verifies")
+    else:
+        step = 0
+        save(0)
+    records = [r for r in read_jsonl(metrics_path) if r["step"] < step]  # the timeline that led here
+    write_jsonl(metrics_path, records)
+
+    def roll_back(step, fired):
+        """The runbook: restore the latest healthy checkpoint, skip the data that led here, lower the LR."""
+        recovery["incidents"] += 1
+        detector, values = fired[0]
+        if recovery["incidents"] > rcfg.max_incidents:
+            raise ValueError(
+                f"stopping after {recovery['incidents']} incidents (--max_incidents {rcfg.max_incidents}); the last: "
+                f"{detector} at step {step} {values}. The healthy checkpoints in {ckpt_dir} are intact: read "
+                f"{incidents_path}, then resume with a lower --learning_rate or a larger --max_incidents."
+            )
+        bad_end, incidents, lr_scale = train_stream.position, recovery["incidents"], recovery["lr_scale"]
+        latest = checkpoint.load_latest(ckpt_dir, device, healthy_only=True)
+        if latest is None:
+            raise ValueError(f"{detector} at step {step}, and no healthy checkpoint in {ckpt_dir} to roll back to")
+        restored = restore(latest[1])
+        skipped = [train_stream.position, bad_end]
+        train_stream.position = bad_end
+        recovery.update(incidents=incidents, lr_scale=lr_scale * rcfg.incident_lr_scale)
+        discarded = checkpoint.discard_after(ckpt_dir, restored)
+        save(restored)  # the restored state, with the skip and the lower LR, so a crash now keeps them
+        records[:] = [r for r in records if r["step"] < restored]
+        write_jsonl(metrics_path, records)
+        incident = {"step": step, "detector": detector, "values": values, "action": {
+            "restored_step": restored, "skipped_rows": skipped, "lr_scale": recovery["lr_scale"],
+            "discarded_checkpoints": discarded}}
+        append_jsonl(incidents_path, incident)
+        print(f"INCIDENT at step {step}: {detector} {values} -> rolled back to step {restored}, skipped data rows "
+              f"{skipped[0]}..{skipped[1]}, LR x{recovery['lr_scale']:.3g}", flush=True)
+        return restored
+
     interval_start, interval_steps, eval_seconds, run_start = time.perf_counter(), 0, 0.0, time.perf_counter()
-    for step in range(cfg.max_iters + 1):
-        last = step == cfg.max_iters
+    while True:
         record = {"step": step}
-        if step % cfg.eval_interval == 0 or last:
+        if step % cfg.eval_interval == 0 or step == cfg.max_iters:
             t0 = time.perf_counter()
             record["val_loss"] = evaluate(forward, val_stream, eval_iters, autocast, device)
             eval_seconds += time.perf_counter() - t0
-        if last:
+            fired = monitor.check_eval(record["val_loss"])
+            if monitor.is_incident(fired):
+                step = roll_back(step, fired)
+                continue
+        if step == cfg.max_iters:
             break
 
-        lr = lr_at(step, cfg)
-        loss, grad_norm = optimizer_step(forward, model, optimizer, scaler, train_stream, cfg, lr, autocast, device)
+        next_batch = train_stream.next_batch
+        for fault in injector.due(step):
+            print(f"injecting fault: {fault} at step {step}", flush=True)
+            if fault == "crash":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif fault == "nan":
+                with torch.no_grad():
+                    next(model.parameters()).view(-1)[0] = float("nan")
+            elif fault == "spike":
+                next_batch = garbage_batches(train_stream, model, meta["vocab_size"], device)
+        lr = lr_at(step, cfg) * recovery["lr_scale"]
+        loss, grad_norm = optimizer_step(forward, model, optimizer, scaler, next_batch, cfg, lr, autocast, device)
+        loss, grad_norm = loss.item(), grad_norm.item()  # waits for the device
+        grad_norm_z, step_fired = monitor.check_step(loss, grad_norm)
+        fired = step_fired + fired if "val_loss" in record else step_fired
+        if monitor.is_incident(fired):
+            step = roll_back(step, fired)
+            continue
+        for detector, values in fired:
+            print(f"warning at step {step}: {detector} {values}; the next checkpoint is marked unhealthy")
         interval_steps += 1
 
         if step % cfg.log_interval == 0 or "val_loss" in record or step == cfg.max_iters - 1:
-            loss = loss.item()  # waits for the device: only on logged steps
             elapsed = time.perf_counter() - interval_start - eval_seconds
             tokens_per_s = interval_steps * tokens_per_iter / max(elapsed, 1e-9)
-            record.update(loss=loss, lr=lr, grad_norm=grad_norm.item(), tokens_per_s=tokens_per_s)
-            line = f"step {step:5d} | loss {loss:.4f} | lr {lr:.2e} | grad norm {record['grad_norm']:.3f}"
+            record.update(loss=loss, lr=lr, grad_norm=grad_norm, grad_norm_z=grad_norm_z, tokens_per_s=tokens_per_s)
+            line = f"step {step:5d} | loss {loss:.4f} | lr {lr:.2e} | grad norm {grad_norm:.3f}"
             line += f" | {tokens_per_s:,.0f} tok/s"
             if peak_flops:
                 record["mfu"] = model.flops_per_token() * tokens_per_s / peak_flops
@@ -493,32 +643,37 @@ def train(preset, configs):
                 line += f"\n  a fresh model guesses uniformly: loss ~ ln(vocab) = ln {meta['vocab_size']} = {ln_vocab:.4f}"
             print(line, flush=True)
             records.append(record)
-            metrics_file.write(json.dumps(record) + "\n")
-            metrics_file.flush()
+            append_jsonl(metrics_path, record)
             interval_start, interval_steps, eval_seconds = time.perf_counter(), 0, 0.0
+        step += 1
+        if step % rcfg.ckpt_interval == 0 or step == cfg.max_iters:
+            save(step)
 
-    # final evaluation: val loss and perplexity, plot, samples, checkpoint
+    # final evaluation: val loss and perplexity, plot, samples
     val_loss = record["val_loss"]
     records.append(record)
-    metrics_file.write(json.dumps(record) + "\n")
-    metrics_file.close()
+    append_jsonl(metrics_path, record)
     print(f"final val loss {val_loss:.4f}, perplexity {math.exp(val_loss):.2f} "
           f"(uniform guessing: {meta['vocab_size']}) after {(time.perf_counter() - run_start) / 60:.1f} min")
-    plot_metrics(records, os.path.join(out_dir, "metrics.png"), ln_vocab)
-    save_checkpoint(os.path.join(out_dir, "ckpt.pt"), model, optimizer, cfg.max_iters, train_stream, configs, meta)
+    plot_metrics(records, read_jsonl(incidents_path), os.path.join(out_dir, "metrics.png"), ln_vocab)
     samples = sample_texts(model, get_tokenizer(meta["tokenizer"]), scfg, device)
     with open(os.path.join(out_dir, "samples.txt"), "w") as f:
         f.write("\n\n==========\n\n".join(samples) + "\n")
-    print(f"samples:\n{samples[0]}\nwrote {out_dir}/metrics.jsonl, metrics.png, samples.txt, ckpt.pt")
+    print(f"samples:\n{samples[0]}\nwrote {out_dir}: metrics.jsonl, metrics.png, samples.txt, ckpt/")
 
 
 def sample(preset, configs):
     cfg, scfg = configs[TrainConfig], configs[SampleConfig]
     device = pick_device(cfg.device)
     torch.manual_seed(cfg.seed)
-    out_dir = cfg.out_dir or os.path.join("out", preset)
-    model, meta = load_model(os.path.join(out_dir, "ckpt.pt"), device)
-    for text in sample_texts(model, get_tokenizer(meta["tokenizer"]), scfg, device):
+    ckpt_dir = os.path.join(cfg.out_dir or os.path.join("out", preset), "ckpt")
+    latest = checkpoint.load_latest(ckpt_dir, device)
+    if latest is None:
+        raise ValueError(f"no checkpoint in {ckpt_dir}: train first (python train.py --out_dir ...)")
+    state = latest[1]
+    model = GPT(GPTConfig(**state["config"]["GPTConfig"])).to(device)
+    model.load_state_dict(state["model"])
+    for text in sample_texts(model, get_tokenizer(state["meta"]["tokenizer"]), scfg, device):
         print(text, "\n==========")
 
 

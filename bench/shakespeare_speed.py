@@ -39,7 +39,7 @@ def measure(compiled, steps, warmup, device, dtype, token_file):
             if device.type == "cuda":
                 torch.cuda.synchronize()
             warmup_seconds, t0 = time.perf_counter() - t_start, time.perf_counter()
-        loss, _ = train.optimizer_step(forward, model, optimizer, scaler, stream, cfg, 1e-3, autocast, device)
+        loss, _ = train.optimizer_step(forward, model, optimizer, scaler, stream.next_batch, cfg, 1e-3, autocast, device)
     loss.item()
     seconds = time.perf_counter() - t0
     tokens = steps * cfg.batch_size * mcfg.block_size

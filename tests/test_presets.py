@@ -24,11 +24,32 @@ def test_default_run_learns_from_uniform_guessing(tmp_path):
     assert logged[-1]["loss"] < 2.2 and val_loss < 2.2
 
 
-@needs_shakespeare
-def test_shakespeare_baby_gpt_matches_nanogpt(tmp_path):
-    """nanoGPT's CPU baby GPT reaches val loss ~1.88 at 2000 iterations; so must ours."""
-    args = ["--preset", "shakespeare", "--url", SHAKESPEARE.as_uri(), "--data_dir", tmp_path / "d", "--out_dir", tmp_path / "o"]
-    result = run_script([ROOT / "train.py", *args], cwd=tmp_path, timeout=900)
+def shakespeare_run(folder, out, *extra):
+    args = ["--preset", "shakespeare", "--url", SHAKESPEARE.as_uri(), "--data_dir", folder / "data", "--out_dir", out]
+    result = run_script([ROOT / "train.py", *args, *extra], cwd=folder, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
-    _, val_loss = final_records(tmp_path / "o")
+    return final_records(out)[1]
+
+
+@pytest.fixture(scope="module")
+def shakespeare_clean(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("shakespeare")
+    return folder, shakespeare_run(folder, folder / "clean")
+
+
+@needs_shakespeare
+def test_shakespeare_baby_gpt_matches_nanogpt(shakespeare_clean):
+    """nanoGPT's CPU baby GPT reaches val loss ~1.88 at 2000 iterations; so must ours."""
+    _, val_loss = shakespeare_clean
     assert val_loss <= 1.89
+
+
+@needs_shakespeare
+@pytest.mark.parametrize("fault", ["nan", "spike"])
+def test_shakespeare_recovers_from_a_fault_mid_run(shakespeare_clean, fault):
+    """A fault halfway through is rolled back automatically; the run ends within 2% of the clean one."""
+    folder, clean_val_loss = shakespeare_clean
+    val_loss = shakespeare_run(folder, folder / fault, "--inject", f"{fault}@1000")
+    incidents = (folder / fault / "incidents.jsonl").read_text().splitlines()
+    assert len(incidents) == 1
+    assert abs(val_loss - clean_val_loss) / clean_val_loss < 0.02

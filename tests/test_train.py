@@ -59,7 +59,7 @@ def one_step(tmp_path, batch_size, accumulation, dtype=torch.float32):
     optimizer = train.make_optimizer(model, cfg, torch.device("cpu"))
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     autocast = train.autocast_context(torch.device("cpu"), dtype)
-    loss, norm = optimizer_step(model, model, optimizer, scaler, stream, cfg, 1e-3, autocast, torch.device("cpu"))
+    loss, norm = optimizer_step(model, model, optimizer, scaler, stream.next_batch, cfg, 1e-3, autocast, torch.device("cpu"))
     return model, loss, norm
 
 
@@ -115,7 +115,7 @@ def test_short_run_in_process_and_out_dir_protection(small_corpus, tmp_path, cap
     out, data_dir = tmp_path / "run", tmp_path / "data"
     args = ["--source", small_corpus, "--data_dir", data_dir, "--out_dir", out, "--max_iters", "3", *QUICK]
     train.main([str(a) for a in args])
-    assert (out / "ckpt.pt").exists()
+    assert (out / "ckpt" / "step_0000003" / "state.pt").exists()
     metrics = (out / "metrics.jsonl").read_text()
     code, text = run_main([*args, "--n_layer", "3"], capsys)
     assert "holds a different run" in str(code) and "n_layer: 2 -> 3" in str(code) and "--overwrite" in str(code)
@@ -155,4 +155,4 @@ def test_empty_corpus_and_too_small_val_split(tmp_path, small_corpus, capsys):
 
 def test_sample_without_checkpoint_says_so(tmp_path, capsys):
     code, _ = run_main(["--sample", "--out_dir", tmp_path / "none"], capsys)
-    assert "ckpt.pt not found" in str(code)
+    assert "no checkpoint in" in str(code) and "train first" in str(code)

@@ -1,0 +1,154 @@
+"""Checkpoints: written atomically, verified before use, loaded without running code, thinned with age.
+
+A checkpoint is a folder out_dir/ckpt/step_0001000/ holding state.pt and
+manifest.json. state.pt holds only tensors and plain containers (so
+`torch.load(weights_only=True)` reads it and a crafted pickle is refused, not
+run); manifest.json holds the step, a healthy mark and each file's sha256.
+Writing goes to step_0001000.tmp/, each file fsynced, then one rename: a crash
+leaves the previous checkpoints and at most a .tmp folder that nothing reads.
+
+"Latest" is the newest checkpoint whose files match their manifest; a
+truncated or corrupted one is skipped with a warning.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+
+import torch
+
+STATE_FILE, MANIFEST_FILE = "state.pt", "manifest.json"
+STEP_DIR = re.compile(r"^step_(\d{7})$")
+
+
+def step_path(ckpt_dir, step):
+    return os.path.join(ckpt_dir, f"step_{step:07d}")
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(ckpt_dir, step, state, healthy):
+    """Write state as the checkpoint of `step`; return its folder. An OSError (full or
+    read-only disk) becomes a ValueError that says the earlier checkpoints are untouched."""
+    final = step_path(ckpt_dir, step)
+    tmp = final + ".tmp"
+    try:
+        os.makedirs(ckpt_dir, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        state_path = os.path.join(tmp, STATE_FILE)
+        with open(state_path, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        manifest = {"step": step, "healthy": healthy, "files": {STATE_FILE: _sha256(state_path)}}
+        with open(os.path.join(tmp, MANIFEST_FILE), "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.exists(final):  # the same step saved again (after a rollback): swap, then drop the old one
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(ckpt_dir)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ValueError(
+            f"could not write the checkpoint of step {step} to {ckpt_dir} ({e}). The earlier checkpoints "
+            "there are untouched: free some space (or make the folder writable) and run again to resume."
+        ) from None
+    return final
+
+
+def read_manifest(path):
+    with open(os.path.join(path, MANIFEST_FILE)) as f:
+        return json.load(f)
+
+
+def is_healthy(path):
+    try:
+        return bool(read_manifest(path)["healthy"])
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def verify(path):
+    """None if every file of the checkpoint matches its manifest, else what is wrong."""
+    try:
+        manifest = read_manifest(path)
+        for name, digest in manifest["files"].items():
+            if _sha256(os.path.join(path, name)) != digest:
+                return f"{name} does not match its sha256 (truncated or corrupted)"
+    except (OSError, ValueError, KeyError) as e:
+        return f"unreadable manifest or file ({e})"
+    return None
+
+
+def list_steps(ckpt_dir):
+    """Steps that have a checkpoint folder, newest first (verified or not)."""
+    if not os.path.isdir(ckpt_dir):
+        return []
+    steps = [int(m.group(1)) for name in os.listdir(ckpt_dir) if (m := STEP_DIR.match(name))]
+    return sorted(steps, reverse=True)
+
+
+def load(path, device="cpu"):
+    """The state dict of a checkpoint folder. weights_only=True: plain tensors and
+    containers only; anything else (a pickled object, code) raises instead of running."""
+    return torch.load(os.path.join(path, STATE_FILE), map_location=device, weights_only=True)
+
+
+def load_latest(ckpt_dir, device="cpu", healthy_only=False, warn=print):
+    """(step, state) of the newest checkpoint that verifies and loads, or None.
+
+    A checkpoint that fails its manifest, or holds more than plain tensors, is
+    reported through `warn` and skipped in favour of the one before it.
+    """
+    for step in list_steps(ckpt_dir):
+        path = step_path(ckpt_dir, step)
+        problem = verify(path)
+        if problem is None and healthy_only and not is_healthy(path):
+            continue
+        if problem is None:
+            try:
+                return step, load(path, device)
+            except Exception as e:  # weights_only refuses anything but tensors and plain containers
+                problem = f"refused to load: not a plain tensor checkpoint ({type(e).__name__}: {str(e)[:200]})"
+        warn(f"warning: skipping checkpoint {path}: {problem}; falling back to the one before it")
+    return None
+
+
+def retain(ckpt_dir, keep_last, keep_every):
+    """Delete checkpoints outside the policy, dense recent and sparse old: keep the newest
+    keep_last, every step that is a multiple of keep_every, and always the newest one
+    marked healthy (the one a rollback would restore). Returns the steps kept."""
+    steps = list_steps(ckpt_dir)
+    keep = set(steps[:keep_last]) | {s for s in steps if keep_every and s % keep_every == 0}
+    keep |= set(next(([s] for s in steps if is_healthy(step_path(ckpt_dir, s))), []))
+    for step in steps:
+        if step not in keep:
+            shutil.rmtree(step_path(ckpt_dir, step))
+    return sorted(keep & set(steps))
+
+
+def discard_after(ckpt_dir, step):
+    """Remove checkpoints newer than `step`: after a rollback they belong to the abandoned timeline."""
+    dropped = [s for s in list_steps(ckpt_dir) if s > step]
+    for s in dropped:
+        shutil.rmtree(step_path(ckpt_dir, s))
+    return dropped

@@ -1,0 +1,180 @@
+"""Watching a run: the cost account, the health detectors, the metrics plot.
+
+A loss curve "talks": it starts at ln V (uniform guessing), falls fast, then
+flattens. Trouble usually announces itself: the grad norm jumps, or the val
+loss turns up while the train loss still falls, before the loss itself spikes.
+HealthMonitor computes those leading indicators every step, and flags the
+incidents that call for a rollback: a non-finite loss or grad norm, or a loss
+spike above a robust baseline.
+"""
+
+import math
+import statistics
+from collections import deque
+
+import torch
+
+# ----------------------------------------------------------------------------
+# Cost account
+
+# Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched against the device name.
+GPU_PEAK_FLOPS = {
+    "H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 70e12, "A10": 125e12, "L40S": 362e12,
+    "L4": 121e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12, "T4": 65e12,
+}
+
+
+def device_peak_flops(device, peak_tflops=0.0):
+    """FLOP/s the device could do at best, for MFU; None on CPU or an unknown GPU."""
+    if peak_tflops > 0:
+        return peak_tflops * 1e12
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in GPU_PEAK_FLOPS.items() if key in name), None)
+
+
+def cost_estimate(model, batch_size, max_iters, tokens_per_iter, activation_bytes, step_seconds):
+    """Lines of the run's cost account: compute, memory and time, before training starts."""
+    N, mc = model.num_params(), model.config
+    tokens = max_iters * tokens_per_iter
+    flops = model.flops_per_token() * tokens  # 6 N D + attention
+    # Activations kept for backward per layer ~ B T C (34 + 5 H T / C) bytes at 16 bits
+    # (Korthikanti et al. 2022, no recomputation), plus the logits and their fp32 copy.
+    B, T, C, H, L, V = batch_size, mc.block_size, mc.n_embd, mc.n_head, mc.n_layer, mc.vocab_size
+    activations = L * B * T * C * (34 + 5 * H * T / C) * activation_bytes / 2 + B * T * V * (activation_bytes + 4)
+    minutes = step_seconds * max_iters / 60
+    h100_hours = flops / (0.4 * GPU_PEAK_FLOPS["H100"]) / 3600
+    gib = 2**30
+    return [
+        f"parameters: {N / 1e6:.2f}M; planned tokens: {tokens / 1e6:.1f}M ({tokens / N:.1f} per parameter)",
+        f"training compute: {flops:.3g} FLOPs (6 N D = {6 * N * tokens:.3g}, plus attention)",
+        f"memory: weights {4 * N / gib:.3f} GiB + grads {4 * N / gib:.3f} + AdamW {8 * N / gib:.3f} "
+        f"+ activations ~{activations / gib:.3f} per micro-batch",
+        f"measured forward + backward: {step_seconds * 1e3:.0f} ms per step -> ~{minutes:.1f} min "
+        f"for {max_iters} steps on this device",
+        f"the same FLOPs on one H100 at 40% MFU: {h100_hours:.3g} GPU-hours (~${2 * h100_hours:.3g} at $2/GPU-hour)",
+    ]
+
+
+# ----------------------------------------------------------------------------
+# Health: leading indicators and incident detectors
+
+
+class HealthMonitor:
+    """Per-step checks against rolling baselines of the last `window` healthy steps.
+
+    - nonfinite: loss or grad norm is NaN or inf. Always an incident.
+    - spike: loss > spike_factor x median of recent losses (the median ignores
+      the odd noisy step that a mean would follow).
+    - grad_z: (grad norm - mean) / std of recent grad norms: a leading indicator.
+    - val_rise: the val loss rose for val_rise_evals evals in a row while the
+      train loss fell: the other leading indicator.
+    Detectors named in `triggers` are incidents (roll back); the others only
+    warn, and a warning makes the next checkpoint "unhealthy", so a rollback
+    will not choose it.
+    """
+
+    DETECTORS = ("nonfinite", "spike", "grad_z", "val_rise")
+
+    def __init__(self, window, spike_factor, grad_z_threshold, val_rise_evals, triggers):
+        unknown = set(triggers) - set(self.DETECTORS)
+        if unknown:
+            raise ValueError(f"--triggers {','.join(sorted(unknown))}: choose from {','.join(self.DETECTORS)}")
+        self.window, self.spike_factor = window, spike_factor
+        self.grad_z_threshold, self.val_rise_evals = grad_z_threshold, val_rise_evals
+        self.triggers = set(triggers) | {"nonfinite"}
+        self.losses, self.grad_norms = deque(maxlen=window), deque(maxlen=window)
+        self.evals = []  # (val loss, median train loss at that time)
+        self.warned = False  # a leading indicator fired since the last checkpoint
+
+    def baseline_ready(self):
+        return len(self.losses) >= max(2, self.window // 2)
+
+    def check_step(self, loss, grad_norm):
+        """-> (grad-norm z-score, list of (detector, values) that fired)."""
+        fired = []
+        z = 0.0
+        if self.baseline_ready():
+            mean, std = statistics.fmean(self.grad_norms), statistics.pstdev(self.grad_norms)
+            z = (grad_norm - mean) / max(std, 1e-8) if math.isfinite(grad_norm) else math.inf
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            fired.append(("nonfinite", {"loss": str(loss), "grad_norm": str(grad_norm)}))  # JSON has no NaN
+        elif self.baseline_ready() and loss > self.spike_factor * statistics.median(self.losses):
+            fired.append(("spike", {"loss": loss, "baseline": statistics.median(self.losses), "factor": self.spike_factor}))
+        if self.grad_z_threshold and z > self.grad_z_threshold:
+            fired.append(("grad_z", {"grad_norm": grad_norm, "z": z, "threshold": self.grad_z_threshold}))
+        if not fired:  # only healthy steps feed the baselines
+            self.losses.append(loss)
+            self.grad_norms.append(grad_norm)
+        return z, self._sort(fired)
+
+    def check_eval(self, val_loss):
+        """-> list of (detector, values) that fired: val_rise or nothing."""
+        train = statistics.median(self.losses) if self.losses else math.inf
+        self.evals.append((val_loss, train))
+        k = self.val_rise_evals
+        recent = self.evals[-(k + 1) :]
+        if k and len(recent) == k + 1:
+            val_up = all(b[0] > a[0] for a, b in zip(recent, recent[1:]))
+            train_down = all(b[1] < a[1] for a, b in zip(recent, recent[1:]))
+            if val_up and train_down:
+                return self._sort([("val_rise", {"val_losses": [v for v, _ in recent], "evals": k})])
+        return []
+
+    def _sort(self, fired):
+        """Incidents first; warnings mark the interval unhealthy."""
+        if any(name not in self.triggers for name, _ in fired):
+            self.warned = True
+        return sorted(fired, key=lambda item: item[0] not in self.triggers)
+
+    def is_incident(self, fired):
+        return bool(fired) and fired[0][0] in self.triggers
+
+    def take_healthy_mark(self):
+        """True if nothing fired since the last call: the mark for the checkpoint being saved."""
+        healthy, self.warned = not self.warned, False
+        return healthy
+
+    def state_dict(self):
+        return {"losses": list(self.losses), "grad_norms": list(self.grad_norms), "evals": list(self.evals),
+                "warned": self.warned}
+
+    def load_state_dict(self, state):
+        self.losses = deque(state["losses"], maxlen=self.window)
+        self.grad_norms = deque(state["grad_norms"], maxlen=self.window)
+        self.evals = [tuple(e) for e in state["evals"]]
+        self.warned = state["warned"]
+
+
+# ----------------------------------------------------------------------------
+# The picture of a run
+
+
+def plot_metrics(records, incidents, path, ln_vocab):
+    """loss and val loss against ln V, grad norm, LR; a red line at each incident."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    train = [r for r in records if "loss" in r]  # the final record holds only the val loss
+    steps = [r["step"] for r in train]
+    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    axes[0].plot(steps, [r["loss"] for r in train], label="train loss")
+    if val:
+        axes[0].plot(*zip(*val), "o-", label="val loss")
+    axes[0].axhline(ln_vocab, color="gray", ls="--", label="ln V (uniform guess)")
+    for i, incident in enumerate(incidents):
+        axes[0].axvline(incident["step"], color="red", alpha=0.6, label="incident" if i == 0 else None)
+        axes[0].annotate(incident["detector"], (incident["step"], ln_vocab), color="red", rotation=90, va="top")
+    axes[0].set(xlabel="step", ylabel="loss", title="loss")
+    axes[0].legend()
+    axes[1].plot(steps, [r["grad_norm"] for r in train])
+    axes[1].set(xlabel="step", yscale="log", title="grad norm (before clipping)")
+    axes[2].plot(steps, [r["lr"] for r in train])
+    axes[2].set(xlabel="step", title="learning rate")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,210 @@
+"""Checkpoints, exact resume and automatic incident recovery, with real processes killed for real."""
+
+import json
+import os
+import pickle
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import checkpoint
+from conftest import ROOT, run_script
+
+BASE = ["--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--batch_size", "4",
+        "--max_iters", "60", "--ckpt_interval", "10", "--log_interval", "1", "--eval_interval", "20",
+        "--eval_iters", "4", "--warmup_iters", "10", "--learning_rate", "3e-3", "--monitor_window", "20",
+        "--max_new_tokens", "20", "--num_samples", "1"]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A folder with a repetitive little corpus, prepared once, that a small model learns fast."""
+    root = tmp_path_factory.mktemp("recovery")
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    rng = random.Random(0)
+    (root / "corpus.txt").write_text("".join(" ".join(rng.choices(words, k=8)) + ".\n" for _ in range(4000)))
+    return root
+
+
+def train_args(workdir, out, *extra):
+    return [ROOT / "train.py", "--source", workdir / "corpus.txt", "--data_dir", workdir / "data",
+            "--out_dir", out, *BASE, *extra]
+
+
+def run_train(workdir, out, *extra):
+    return run_script(train_args(workdir, out, *extra), cwd=workdir, timeout=300)
+
+
+def losses(out):
+    """The run's per-step numbers that must match exactly (speed excluded)."""
+    keys = ("step", "loss", "val_loss", "lr", "grad_norm")
+    return [tuple(r.get(k) for k in keys) for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+
+
+@pytest.fixture(scope="module")
+def clean(workdir):
+    out = workdir / "clean"
+    result = run_train(workdir, out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out
+
+
+def test_sigkill_between_checkpoints_resumes_bitwise(workdir, clean):
+    out = workdir / "killed"
+    process = subprocess.Popen([sys.executable, *map(str, train_args(workdir, out))], cwd=workdir,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:  # kill it between the checkpoints of steps 20 and 30
+            metrics = out / "metrics.jsonl"
+            if metrics.exists() and any(json.loads(l)["step"] >= 25 for l in metrics.read_text().splitlines()[:-1]):
+                break
+            time.sleep(0.05)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == -signal.SIGKILL
+    assert len(losses(out)) < len(losses(clean))  # it really died mid-run
+    resumed = run_train(workdir, out)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from the checkpoint of step 20" in resumed.stdout
+    assert losses(out) == losses(clean)  # exact equality, not a tolerance
+
+
+def test_chaos_five_crashes_resume_to_the_same_losses(workdir, clean):
+    out = workdir / "chaos"
+    steps = sorted(random.Random(1).sample(range(1, 60), 5))
+    inject = ",".join(f"crash@{s}" for s in steps)
+    codes = [run_train(workdir, out, "--inject", inject).returncode for _ in range(6)]
+    assert codes == [-signal.SIGKILL] * 5 + [0]
+    assert json.loads((out / "injected.json").read_text()) == [f"crash@{s}" for s in steps]
+    assert losses(out) == losses(clean)
+
+
+def test_truncated_newest_checkpoint_falls_back(workdir, clean):
+    out = workdir / "truncated"
+    first = run_train(workdir, out, "--max_iters", "60", "--inject", "crash@45")
+    assert first.returncode == -signal.SIGKILL
+    newest = Path(checkpoint.step_path(out / "ckpt", 40))
+    state = newest / "state.pt"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+    resumed = run_train(workdir, out, "--inject", "crash@45")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "skipping checkpoint" in resumed.stdout and "step_0000040" in resumed.stdout
+    assert "resuming from the checkpoint of step 30" in resumed.stdout
+    assert losses(out) == losses(clean)
+
+
+@pytest.mark.parametrize("fault", ["nan", "spike"])
+def test_injected_fault_is_recovered_automatically(workdir, clean, fault):
+    out = workdir / fault
+    result = run_train(workdir, out, "--inject", f"{fault}@52")
+    assert result.returncode == 0, result.stdout + result.stderr
+    incidents = [json.loads(l) for l in (out / "incidents.jsonl").read_text().splitlines()]
+    assert len(incidents) == 1
+    incident = incidents[0]
+    assert incident["step"] == 52 and incident["detector"] == {"nan": "nonfinite", "spike": "spike"}[fault]
+    action = incident["action"]
+    assert action["restored_step"] == 50 and action["lr_scale"] == 0.5
+    assert action["skipped_rows"] == [50 * 4, 53 * 4]  # from the checkpoint's data position past the bad batch
+    final, clean_final = losses(out)[-1][2], losses(clean)[-1][2]
+    assert abs(final - clean_final) / clean_final < 0.02, (final, clean_final)
+    steps = [r[0] for r in losses(out)]
+    assert steps == sorted(set(steps))  # metrics.jsonl holds one timeline, without the abandoned steps
+
+
+def test_too_many_incidents_stop_the_run_with_good_checkpoints(workdir):
+    out = workdir / "doomed"
+    result = run_train(workdir, out, "--inject", "nan@33,nan@37", "--max_incidents", "1")
+    assert result.returncode != 0
+    assert "stopping after 2 incidents (--max_incidents 1)" in result.stderr
+    kept = checkpoint.list_steps(out / "ckpt")
+    assert kept and all(checkpoint.verify(checkpoint.step_path(out / "ckpt", s)) is None for s in kept)
+
+
+def test_checkpoint_without_optimizer_state_is_refused(workdir):
+    out = workdir / "no_optimizer"
+    assert run_train(workdir, out, "--max_iters", "10").returncode == 0
+    step, state = checkpoint.load_latest(out / "ckpt")
+    del state["optimizer"]
+    checkpoint.save(out / "ckpt", step, state, healthy=True)
+    refused = run_train(workdir, out, "--max_iters", "10")
+    assert refused.returncode != 0 and "has no optimizer state" in refused.stderr
+    assert "--reset_optimizer true" in refused.stderr
+    accepted = run_train(workdir, out, "--max_iters", "10", "--reset_optimizer", "true")
+    assert accepted.returncode == 0 and "AdamW restarts from zero moments" in accepted.stdout
+
+
+def test_resume_with_another_model_shape_names_the_fields(workdir, clean):
+    result = run_train(workdir, clean, "--n_embd", "64")
+    assert result.returncode != 0
+    assert "checkpoints cannot continue" in result.stderr and "n_embd: 32 -> 64" in result.stderr
+
+
+def test_torchrun_restarts_a_crashed_worker_which_resumes(workdir, clean):
+    out = workdir / "torchrun"
+    args = train_args(workdir, out, "--inject", "crash@33")
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "--max-restarts=2"]
+    result = run_script([*launcher, *args[0:1], *args[1:]], cwd=workdir, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert losses(out) == losses(clean)
+
+
+# --- checkpoint.py on its own ------------------------------------------------------------
+
+
+def small_state(step):
+    return {"step": step, "weights": torch.full((4,), float(step))}
+
+
+def test_retention_keeps_exactly_what_the_policy_says(tmp_path):
+    for step in range(0, 210, 10):
+        checkpoint.save(tmp_path, step, small_state(step), healthy=step <= 170)
+        kept = checkpoint.retain(tmp_path, keep_last=3, keep_every=50)
+    # the newest 3, every 50th, and the newest healthy one (170): recovery may need it
+    assert kept == [0, 50, 100, 150, 170, 180, 190, 200]
+    assert sorted(checkpoint.list_steps(tmp_path)) == kept
+    assert sorted(os.listdir(tmp_path)) == [f"step_{s:07d}" for s in kept]
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, (f"touch {os.environ.get('PAYLOAD_MARK', '/nonexistent/mark')}",))
+
+
+def test_crafted_pickle_is_refused_not_run(tmp_path, monkeypatch):
+    mark = tmp_path / "pwned"
+    monkeypatch.setenv("PAYLOAD_MARK", str(mark))
+    checkpoint.save(tmp_path / "ckpt", 10, small_state(10), healthy=True)
+    # an attacker replaces the newest checkpoint with a pickle that runs a command, and fixes its manifest
+    evil = Path(checkpoint.step_path(tmp_path / "ckpt", 20))
+    evil.mkdir()
+    (evil / "state.pt").write_bytes(pickle.dumps({"model": Payload()}, protocol=2))
+    manifest = {"step": 20, "healthy": True, "files": {"state.pt": checkpoint._sha256(evil / "state.pt")}}
+    (evil / "manifest.json").write_text(json.dumps(manifest))
+    warnings = []
+    step, state = checkpoint.load_latest(tmp_path / "ckpt", warn=warnings.append)
+    assert step == 10 and torch.equal(state["weights"], torch.full((4,), 10.0))
+    assert "refused to load" in warnings[0] and "step_0000020" in warnings[0]
+    assert not mark.exists()  # the payload never ran
+
+
+def test_full_disk_keeps_previous_checkpoints(tmp_path, monkeypatch):
+    checkpoint.save(tmp_path, 10, small_state(10), healthy=True)
+    before = (tmp_path / "step_0000010" / "state.pt").read_bytes()
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(ValueError, match="No space left.*earlier checkpoints there are untouched"):
+        checkpoint.save(tmp_path, 20, small_state(20), healthy=True)
+    assert os.listdir(tmp_path) == ["step_0000010"]  # no half-written step_0000020(.tmp)
+    assert (tmp_path / "step_0000010" / "state.pt").read_bytes() == before
