@@ -86,7 +86,7 @@ class RecoveryConfig:
     triggers: str = "nonfinite,spike"  # detectors that roll back; of nonfinite,spike,grad_z,val_rise
     spike_factor: float = 2.0  # spike: loss above this many times the median of recent losses
     monitor_window: int = 50  # steps in the rolling baselines of loss and grad norm
-    grad_z_threshold: float = 6.0  # grad_z: grad norm this many std above its recent mean
+    grad_z_threshold: float = 8.0  # grad_z: grad norm this many std above its recent mean
     val_rise_evals: int = 3  # val_rise: val loss up this many evals in a row while train loss falls
     incident_lr_scale: float = 0.5  # after each rollback the LR schedule is multiplied by this
     max_incidents: int = 5  # more incidents than this stop the run

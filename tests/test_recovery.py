@@ -4,6 +4,7 @@ import json
 import os
 import pickle
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 import checkpoint
+from train import read_jsonl
 from conftest import ROOT, run_script
 
 BASE = ["--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--batch_size", "4",
@@ -44,7 +46,7 @@ def run_train(workdir, out, *extra):
 def losses(out):
     """The run's per-step numbers that must match exactly (speed excluded)."""
     keys = ("step", "loss", "val_loss", "lr", "grad_norm")
-    return [tuple(r.get(k) for k in keys) for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+    return [tuple(r.get(k) for k in keys) for r in read_jsonl(out / "metrics.jsonl")]
 
 
 @pytest.fixture(scope="module")
@@ -61,20 +63,21 @@ def test_sigkill_between_checkpoints_resumes_bitwise(workdir, clean):
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120
-        while time.time() < deadline:  # kill it between the checkpoints of steps 20 and 30
-            metrics = out / "metrics.jsonl"
-            if metrics.exists() and any(json.loads(l)["step"] >= 25 for l in metrics.read_text().splitlines()[:-1]):
+        while time.time() < deadline:  # kill it once it is past step 25, between two checkpoints
+            if len(losses(out)) > 25:
                 break
-            time.sleep(0.05)
+            time.sleep(0.01)
         process.send_signal(signal.SIGKILL)
     finally:
         process.kill()
         process.wait()
     assert process.returncode == -signal.SIGKILL
-    assert len(losses(out)) < len(losses(clean))  # it really died mid-run
+    done = len(losses(out))
+    assert done < len(losses(clean))  # it really died mid-run
     resumed = run_train(workdir, out)
     assert resumed.returncode == 0, resumed.stderr
-    assert "resuming from the checkpoint of step 20" in resumed.stdout
+    restart = int(re.search(r"resuming from the checkpoint of step (\d+)", resumed.stdout).group(1))
+    assert restart % 10 == 0 and 20 <= restart <= done
     assert losses(out) == losses(clean)  # exact equality, not a tolerance
 
 
@@ -208,3 +211,8 @@ def test_full_disk_keeps_previous_checkpoints(tmp_path, monkeypatch):
         checkpoint.save(tmp_path, 20, small_state(20), healthy=True)
     assert os.listdir(tmp_path) == ["step_0000010"]  # no half-written step_0000020(.tmp)
     assert (tmp_path / "step_0000010" / "state.pt").read_bytes() == before
+
+
+def test_resume_flag_without_a_checkpoint_is_an_error(workdir):
+    result = run_train(workdir, workdir / "fresh", "--resume", "true")
+    assert result.returncode != 0 and "--resume true, but" in result.stderr and "holds no checkpoint" in result.stderr
