@@ -11,7 +11,6 @@ leaves the previous checkpoints and at most a .tmp folder that nothing reads.
 truncated or corrupted one is skipped with a warning.
 """
 
-import hashlib
 import json
 import os
 import re
@@ -19,20 +18,14 @@ import shutil
 
 import torch
 
+from data import file_sha256  # the same hashing as the corpus files
+
 STATE_FILE, MANIFEST_FILE = "state.pt", "manifest.json"
 STEP_DIR = re.compile(r"^step_(\d{7})$")
 
 
 def step_path(ckpt_dir, step):
     return os.path.join(ckpt_dir, f"step_{step:07d}")
-
-
-def _sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _fsync_dir(path):
@@ -57,7 +50,7 @@ def save(ckpt_dir, step, state, healthy):
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
-        manifest = {"step": step, "healthy": healthy, "files": {STATE_FILE: _sha256(state_path)}}
+        manifest = {"step": step, "healthy": healthy, "files": {STATE_FILE: file_sha256(state_path)}}
         with open(os.path.join(tmp, MANIFEST_FILE), "w") as f:
             json.dump(manifest, f, indent=1)
             f.flush()
@@ -92,7 +85,7 @@ def verify(path):
     try:
         manifest = read_manifest(path)
         for name, digest in manifest["files"].items():
-            if _sha256(os.path.join(path, name)) != digest:
+            if file_sha256(os.path.join(path, name)) != digest:
                 return f"{name} does not match its sha256 (truncated or corrupted)"
     except (OSError, ValueError, KeyError) as e:
         return f"unreadable manifest or file ({e})"

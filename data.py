@@ -128,14 +128,14 @@ def download(name, dest_dir, url=None):
         with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as f:
             shutil.copyfileobj(response, f)
     except OSError as e:
-        _remove(tmp)
+        remove_if_exists(tmp)
         raise ValueError(
             f"could not download {name} from {url} ({e}). Without network, pass a local copy "
             f"as --source path/to/{spec['filename']} or as --url file:///path/to/{spec['filename']}"
         ) from None
     got = file_sha256(tmp)
     if got != spec["sha256"]:
-        _remove(tmp)
+        remove_if_exists(tmp)
         raise ValueError(f"{url} has sha256 {got}, expected {spec['sha256']}: not the {name} corpus")
     os.replace(tmp, path)
     return path
@@ -178,7 +178,7 @@ def corpus_sha256(files):
     return h.hexdigest()
 
 
-def _remove(path):
+def remove_if_exists(path):
     if os.path.exists(path):
         os.remove(path)
 
@@ -274,13 +274,13 @@ def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22):
             val_tokens=n_val,
             documents=len(files),
         )
-        _remove(meta_path)  # data without meta.json is never taken for prepared
+        remove_if_exists(meta_path)  # data without meta.json is never taken for prepared
         os.replace(tmp_train, os.path.join(data_dir, "train.bin"))
         os.replace(tmp_val, os.path.join(data_dir, "val.bin"))
         write_json_atomic(meta_path, meta)
     finally:
-        _remove(tmp_train)
-        _remove(tmp_val)
+        remove_if_exists(tmp_train)
+        remove_if_exists(tmp_val)
     print(f"prepared {data_dir}: {n_train:,} train + {n_val:,} val tokens ({meta['dtype']})", flush=True)
     return meta
 

@@ -185,7 +185,7 @@ class GPT(nn.Module):
         if targets is None:
             return logits, None
         # log-softmax over V is a sum of V exponentials: compute it in fp32 whatever the autocast dtype.
-        loss = F.cross_entropy(logits.float().view(B * T, -1), targets.view(B * T))
+        loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T))
         return logits, loss
 
     def num_params(self):

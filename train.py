@@ -36,11 +36,14 @@ from itertools import groupby
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 import checkpoint
-from data import DataConfig, TokenStream, get_tokenizer, load_meta, prepare, write_json_atomic
+from data import DataConfig, TokenStream, get_tokenizer, load_meta, prepare, remove_if_exists, write_json_atomic
 from model import GPT, GPTConfig
 from monitor import HealthMonitor, cost_estimate, device_peak_flops, plot_metrics
+from parallel import (DataParallel, ParallelConfig, ProcessGrid, all_reduce_mean, destroy_distributed,
+                      init_distributed, run_on_rank0)
 
 # ----------------------------------------------------------------------------
 # Configuration: one dataclass per concern; defaults are the `tiny` preset
@@ -72,7 +75,7 @@ class TrainConfig:
     # monitoring
     log_interval: int = 25
     eval_interval: int = 250
-    eval_iters: int = 20  # batches per val-loss estimate: always the same first batches of val.bin
+    eval_iters: int = 20  # global batches per val-loss estimate: always the first ones of val.bin
     peak_tflops: float = 0.0  # device peak for MFU; 0 = look it up by GPU name
 
 
@@ -115,7 +118,7 @@ PRESETS = {
         tokenizer="gpt2", block_size=1024, n_layer=12, n_head=12, n_embd=768,
         batch_size=16, gradient_accumulation_steps=32, lanes=512, max_iters=19073,
         learning_rate=6e-4, min_lr=6e-5, warmup_iters=700, beta2=0.95,
-        log_interval=10, eval_interval=500, eval_iters=50, compile=True,
+        log_interval=10, eval_interval=500, eval_iters=4, compile=True,
     ),
 }
 
@@ -128,7 +131,7 @@ def parse_bool(text):
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-CONFIG_CLASSES = (GPTConfig, DataConfig, TrainConfig, RecoveryConfig, SampleConfig)
+CONFIG_CLASSES = (GPTConfig, DataConfig, TrainConfig, ParallelConfig, RecoveryConfig, SampleConfig)
 
 
 def parse_args(argv):
@@ -239,20 +242,25 @@ def make_optimizer(model, cfg, device):
     )
 
 
-def optimizer_step(forward, model, optimizer, scaler, next_batch, cfg, lr, autocast, device):
+def optimizer_step(forward, model, optimizer, scaler, next_batch, cfg, lr, autocast, device, dp=None):
     """One update at learning rate lr: gradients of the mean loss over
-    cfg.gradient_accumulation_steps micro-batches from next_batch(), clip, AdamW.
-    Returns (mean loss, global grad norm before clipping), both 0-dim tensors."""
+    cfg.gradient_accumulation_steps micro-batches from next_batch(), averaged over
+    the data-parallel ranks if dp is given, clipped, then AdamW.
+    Returns (this rank's mean loss, global grad norm before clipping), both 0-dim tensors."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     loss_sum = torch.zeros((), device=device)
-    for _ in range(cfg.gradient_accumulation_steps):
+    for micro_step in range(cfg.gradient_accumulation_steps):
+        if dp is not None:  # average across ranks once, after the last micro-batch
+            dp.sync = micro_step == cfg.gradient_accumulation_steps - 1
         x, y = (t.to(device, non_blocking=True) for t in next_batch())  # (B, T) each
         with autocast:
             _, loss = forward(x, y)
         # dividing by the number of micro-batches makes the summed gradient that of their mean loss
         scaler.scale(loss / cfg.gradient_accumulation_steps).backward()
         loss_sum += loss.detach()
+    if dp is not None:
+        dp.finish()
     scaler.unscale_(optimizer)  # clip the true gradients, not the fp16-scaled ones
     grad_norm = clip_grad_norm(model.parameters(), cfg.grad_clip)
     scaler.step(optimizer)  # skips the step if fp16 gradients overflowed
@@ -262,18 +270,20 @@ def optimizer_step(forward, model, optimizer, scaler, next_batch, cfg, lr, autoc
 
 
 @torch.no_grad()
-def evaluate(model, stream, iters, autocast, device):
-    """Mean loss over the first `iters` batches of the stream: the same batches every time."""
+def evaluate(model, stream, batches, autocast, device, grid):
+    """Mean loss over the first `batches` micro-batches of each rank's share of the stream,
+    averaged over the DP ranks: the same rows every time, and the same rows for any layout
+    that reads the same number of global batches."""
     model.eval()
     stream.load_state_dict({"position": 0})
-    losses = []
-    for _ in range(iters):
+    loss_sum = torch.zeros((), device=device)
+    for _ in range(batches):
         x, y = stream.next_batch()
         with autocast:
             _, loss = model(x.to(device), y.to(device))
-        losses.append(loss.item())
+        loss_sum += loss.float()
     model.train()
-    return float(np.mean(losses))
+    return all_reduce_mean(loss_sum / batches, grid.dp_group, grid.dp).item()
 
 
 def timed_step_seconds(model, batch, autocast, device, repeats=3):
@@ -387,6 +397,19 @@ def config_changes(old, new):
     ]
 
 
+def load_or_prepare(dcfg, data_dir):
+    """The meta of data_dir's token files, tokenizing the corpus there first if it has none."""
+    if not os.path.exists(os.path.join(data_dir, "meta.json")):
+        return prepare(dcfg, data_dir)
+    meta = load_meta(data_dir)  # prepared earlier, here or by data.py
+    if meta["tokenizer"] != dcfg.tokenizer:
+        raise ValueError(
+            f"{data_dir} holds data tokenized with {meta['tokenizer']!r}, not --tokenizer {dcfg.tokenizer!r}: "
+            "pass the tokenizer it was prepared with, or another --data_dir"
+        )
+    return meta
+
+
 def prepare_out_dir(out_dir, run, overwrite):
     """Refuse to mix two runs in one folder; --overwrite starts this one afresh there."""
     os.makedirs(out_dir, exist_ok=True)
@@ -394,7 +417,10 @@ def prepare_out_dir(out_dir, run, overwrite):
     if overwrite:
         for name in RUN_FILES:
             target = os.path.join(out_dir, name)
-            shutil.rmtree(target) if os.path.isdir(target) else _remove(target)
+            if os.path.isdir(target):
+                shutil.rmtree(target)
+            else:
+                remove_if_exists(target)
     elif os.path.exists(path):
         with open(path) as f:
             changed = config_changes(json.load(f), run)
@@ -404,11 +430,6 @@ def prepare_out_dir(out_dir, run, overwrite):
                 f"({'; '.join(changed)}). Choose another --out_dir, or start over there with --overwrite true."
             )
     write_json_atomic(path, run)
-
-
-def _remove(path):
-    if os.path.exists(path):
-        os.remove(path)
 
 
 def read_jsonl(path):
@@ -461,60 +482,69 @@ def set_rng_state(state):
 
 
 def train(preset, configs):
-    mcfg, dcfg, cfg, rcfg, scfg = (configs[c] for c in CONFIG_CLASSES)
+    mcfg, dcfg, cfg, pcfg, rcfg, scfg = (configs[c] for c in CONFIG_CLASSES)
+    launch = init_distributed(pcfg.dist_timeout)
+    grid = ProcessGrid(pcfg.dp, pcfg.tp, pcfg.pp, launch.rank, launch.world_size)
+    if grid.tp > 1 or grid.pp > 1:
+        raise ValueError(f"--tp {grid.tp} --pp {grid.pp}: the training loop runs data parallelism only so far")
+    is_rank0 = launch.rank == 0
+    say = print if is_rank0 else (lambda *args, **kwargs: None)  # one voice for the whole group
     torch.manual_seed(cfg.seed)
-    device = pick_device(cfg.device)
+    device = pick_device(cfg.device if cfg.device != "auto" else launch.device)
     dtype = pick_dtype(cfg.dtype, device)
     autocast = autocast_context(device, dtype)
     out_dir = cfg.out_dir or os.path.join("out", preset)
     data_dir = cfg.data_dir or default_data_dir(dcfg)
 
-    if os.path.exists(os.path.join(data_dir, "meta.json")):  # prepared earlier, here or by data.py
-        meta = load_meta(data_dir)
-        if meta["tokenizer"] != dcfg.tokenizer:
-            raise ValueError(
-                f"{data_dir} holds data tokenized with {meta['tokenizer']!r}, not --tokenizer {dcfg.tokenizer!r}: "
-                "pass the tokenizer it was prepared with, or another --data_dir"
-            )
-    else:
-        meta = prepare(dcfg, data_dir)
+    meta = run_on_rank0(lambda: load_or_prepare(dcfg, data_dir), is_rank0)
     # Pad V to a multiple of 64 for fast matmuls (50257 -> 50304); the extra ids are never targets.
     mcfg = dataclasses.replace(mcfg, vocab_size=64 * math.ceil(meta["vocab_size"] / 64))
-    run = {  # what makes two runs the same run; checkpointing and recovery settings may change on resume
+    # What makes two runs the same run. The layout is not part of it: the same global batch
+    # on dp=1 or dp=4 reads the same rows and takes the same step, so either may resume the other.
+    global_batch = grid.dp * cfg.batch_size * cfg.gradient_accumulation_steps  # sequences per optimizer step
+    layout_fields = ("out_dir", "overwrite", "device", "compile", "batch_size", "gradient_accumulation_steps")
+    run = {
         "GPTConfig": asdict(mcfg),
-        "TrainConfig": {k: v for k, v in asdict(cfg).items() if k not in ("out_dir", "overwrite", "device", "compile")},
+        "TrainConfig": {**{k: v for k, v in asdict(cfg).items() if k not in layout_fields}, "global_batch": global_batch},
         "data": {k: meta[k] for k in ("source", "source_sha256", "tokenizer", "val_fraction")},
     }
-    prepare_out_dir(out_dir, run, cfg.overwrite)
-    print(f"data {data_dir}: {meta['source']}, {meta['tokenizer']} tokens, "
+    run_on_rank0(lambda: prepare_out_dir(out_dir, run, cfg.overwrite), is_rank0)
+    say(f"{grid}" if grid.world_size > 1 else "single process")
+    say(f"data {data_dir}: {meta['source']}, {meta['tokenizer']} tokens, "
           f"{meta['train_tokens']:,} train + {meta['val_tokens']:,} val")
 
-    def stream(split):
+    def stream(split, rank=0, world_size=1):
         path = os.path.join(data_dir, f"{split}.bin")
-        return TokenStream(path, meta["dtype"], cfg.batch_size, mcfg.block_size, lanes=cfg.lanes)
+        return TokenStream(path, meta["dtype"], cfg.batch_size, mcfg.block_size, rank, world_size, cfg.lanes)
 
-    train_stream, val_stream = stream("train"), stream("val")
-    eval_iters = max(1, min(cfg.eval_iters, val_stream.windows_per_epoch // cfg.batch_size))
+    train_stream = stream("train", grid.dp_rank, grid.dp)  # each DP rank reads its share of every batch
+    val_stream = stream("val", grid.dp_rank, grid.dp)
+    # an eval reads eval_iters global batches (fewer if val.bin is smaller), in this rank's micro-batches
+    eval_iters = max(1, min(cfg.eval_iters, val_stream.windows_per_epoch // global_batch))
+    eval_batches = eval_iters * cfg.gradient_accumulation_steps
 
     model = GPT(mcfg).to(device)
     optimizer = make_optimizer(model, cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)  # fp16 needs loss scaling
     forward = torch.compile(model) if cfg.compile else model
-    tokens_per_iter = cfg.batch_size * cfg.gradient_accumulation_steps * mcfg.block_size
+    tokens_per_iter = global_batch * mcfg.block_size
     peak_flops = device_peak_flops(device, cfg.peak_tflops)
     ln_vocab = math.log(meta["vocab_size"])
     monitor = HealthMonitor(rcfg.monitor_window, rcfg.spike_factor, rcfg.grad_z_threshold,
                             rcfg.val_rise_evals, rcfg.triggers.split(","))
-    injector = FaultInjector(rcfg.inject, out_dir)
+    # faults strike one process, the last rank, as a failing machine would
+    injector = FaultInjector(rcfg.inject if launch.rank == launch.world_size - 1 else "", out_dir)
     recovery = {"lr_scale": 1.0, "incidents": 0}  # what incidents changed; saved with every checkpoint
     ckpt_dir = os.path.join(out_dir, "ckpt")
     metrics_path, incidents_path = os.path.join(out_dir, "metrics.jsonl"), os.path.join(out_dir, "incidents.jsonl")
 
-    print(f"device {device}, dtype {str(dtype).replace('torch.', '')}, out {out_dir}")
+    say(f"device {device}, dtype {str(dtype).replace('torch.', '')}, out {out_dir}")
     step_seconds = timed_step_seconds(forward, (t.to(device) for t in val_stream.next_batch()), autocast, device)
     for line in cost_estimate(model, cfg.batch_size, cfg.max_iters, tokens_per_iter, 4 if dtype == torch.float32 else 2,
                               step_seconds * cfg.gradient_accumulation_steps):
-        print("cost: " + line)
+        say("cost: " + line)
+    # wrapped after the timing pass above, whose backward must not start gradient all-reduces
+    dp = DataParallel(model, grid.dp_group, grid.dp, pcfg.dp_mode, pcfg.bucket_mb) if grid.dp > 1 else None
 
     # A checkpoint holds all that the next step depends on: weights, AdamW moments, the
     # step (so the LR schedule continues), the data position, the RNG, the monitor's baselines.
@@ -524,8 +554,13 @@ def train(preset, configs):
             "step": step, "data": train_stream.state_dict(), "rng": rng_state(),
             "monitor": monitor.state_dict(), "recovery": dict(recovery), "config": run, "meta": meta,
         }
-        checkpoint.save(ckpt_dir, step, state, healthy=monitor.take_healthy_mark())
-        checkpoint.retain(ckpt_dir, rcfg.keep_last, rcfg.keep_every)
+        healthy = monitor.take_healthy_mark()
+
+        def write():  # one rank writes; every rank may read it back after this returns
+            checkpoint.save(ckpt_dir, step, state, healthy)
+            checkpoint.retain(ckpt_dir, rcfg.keep_last, rcfg.keep_every)
+
+        run_on_rank0(write, is_rank0)
 
     def restore(state):
         changed = config_changes(state["config"], {"GPTConfig": run["GPTConfig"]})
@@ -541,7 +576,7 @@ def train(preset, configs):
                 "alone cannot undo. Pass --reset_optimizer true to accept that and continue anyway."
             )
         else:
-            print("warning: no optimizer state in the checkpoint; AdamW restarts from zero moments")
+            say("warning: no optimizer state in the checkpoint; AdamW restarts from zero moments")
         scaler.load_state_dict(state.get("scaler", {}))
         train_stream.load_state_dict(state["data"])
         set_rng_state(state["rng"])
@@ -549,17 +584,18 @@ def train(preset, configs):
         recovery.update(state["recovery"])
         return state["step"]
 
-    latest = checkpoint.load_latest(ckpt_dir, device)
+    latest = checkpoint.load_latest(ckpt_dir, device, warn=say)
     if latest is not None:
         step = restore(latest[1])
-        print(f"resuming from the checkpoint of step {step} in {ckpt_dir}")
+        say(f"resuming from the checkpoint of step {step} in {ckpt_dir}")
     elif rcfg.resume:
         raise ValueError(f"--resume true, but {ckpt_dir} holds no checkpoint that verifies")
     else:
         step = 0
         save(0)
     records = [r for r in read_jsonl(metrics_path) if r["step"] < step]  # the timeline that led here
-    write_jsonl(metrics_path, records)
+    if is_rank0:
+        write_jsonl(metrics_path, records)
 
     def roll_back(step, fired):
         """The runbook: restore the latest healthy checkpoint, skip the data that led here, lower the LR."""
@@ -572,22 +608,23 @@ def train(preset, configs):
                 f"{incidents_path}, then resume with a lower --learning_rate or a larger --max_incidents."
             )
         bad_end, incidents, lr_scale = train_stream.position, recovery["incidents"], recovery["lr_scale"]
-        latest = checkpoint.load_latest(ckpt_dir, device, healthy_only=True)
+        latest = checkpoint.load_latest(ckpt_dir, device, healthy_only=True, warn=say)
         if latest is None:
             raise ValueError(f"{detector} at step {step}, and no healthy checkpoint in {ckpt_dir} to roll back to")
         restored = restore(latest[1])
         skipped = [train_stream.position, bad_end]
         train_stream.position = bad_end
         recovery.update(incidents=incidents, lr_scale=lr_scale * rcfg.incident_lr_scale)
-        discarded = checkpoint.discard_after(ckpt_dir, restored)
+        discarded = run_on_rank0(lambda: checkpoint.discard_after(ckpt_dir, restored), is_rank0)
         save(restored)  # the restored state, with the skip and the lower LR, so a crash now keeps them
         records[:] = [r for r in records if r["step"] < restored]
-        write_jsonl(metrics_path, records)
         incident = {"step": step, "detector": detector, "values": values, "action": {
             "restored_step": restored, "skipped_rows": skipped, "lr_scale": recovery["lr_scale"],
             "discarded_checkpoints": discarded}}
-        append_jsonl(incidents_path, incident)
-        print(f"INCIDENT at step {step}: {detector} {values} -> rolled back to step {restored}, skipped data rows "
+        if is_rank0:
+            write_jsonl(metrics_path, records)
+            append_jsonl(incidents_path, incident)
+        say(f"INCIDENT at step {step}: {detector} {values} -> rolled back to step {restored}, skipped data rows "
               f"{skipped[0]}..{skipped[1]}, LR x{recovery['lr_scale']:.3g}", flush=True)
         return restored
 
@@ -596,7 +633,7 @@ def train(preset, configs):
         record = {"step": step}
         if step % cfg.eval_interval == 0 or step == cfg.max_iters:
             t0 = time.perf_counter()
-            record["val_loss"] = evaluate(forward, val_stream, eval_iters, autocast, device)
+            record["val_loss"] = evaluate(forward, val_stream, eval_batches, autocast, device, grid)
             eval_seconds += time.perf_counter() - t0
             fired = monitor.check_eval(record["val_loss"])
             if monitor.is_incident(fired):
@@ -607,7 +644,7 @@ def train(preset, configs):
 
         next_batch = train_stream.next_batch
         for fault in injector.due(step):
-            print(f"injecting fault: {fault} at step {step}", flush=True)
+            print(f"rank {launch.rank}: injecting fault: {fault} at step {step}", flush=True)
             if fault == "crash":
                 os.kill(os.getpid(), signal.SIGKILL)
             elif fault == "nan":
@@ -616,15 +653,17 @@ def train(preset, configs):
             elif fault == "spike":
                 next_batch = garbage_batches(train_stream, model, meta["vocab_size"], device)
         lr = lr_at(step, cfg) * recovery["lr_scale"]
-        loss, grad_norm = optimizer_step(forward, model, optimizer, scaler, next_batch, cfg, lr, autocast, device)
-        loss, grad_norm = loss.item(), grad_norm.item()  # waits for the device
+        loss, grad_norm = optimizer_step(forward, model, optimizer, scaler, next_batch, cfg, lr, autocast, device, dp)
+        # the logged loss is the mean over DP ranks; the grad norm is already that of the averaged gradient
+        loss = all_reduce_mean(loss, grid.dp_group, grid.dp).item()  # .item() waits for the device
+        grad_norm = grad_norm.item()
         grad_norm_z, step_fired = monitor.check_step(loss, grad_norm)
         fired = step_fired + fired if "val_loss" in record else step_fired
         if monitor.is_incident(fired):
             step = roll_back(step, fired)
             continue
         for detector, values in fired:
-            print(f"warning at step {step}: {detector} {values}; the next checkpoint is marked unhealthy")
+            say(f"warning at step {step}: {detector} {values}; the next checkpoint is marked unhealthy")
         interval_steps += 1
 
         if step % cfg.log_interval == 0 or "val_loss" in record or step == cfg.max_iters - 1:
@@ -641,9 +680,10 @@ def train(preset, configs):
                 line += f" | val loss {record['val_loss']:.4f}"
             if step == 0:
                 line += f"\n  a fresh model guesses uniformly: loss ~ ln(vocab) = ln {meta['vocab_size']} = {ln_vocab:.4f}"
-            print(line, flush=True)
+            say(line, flush=True)
             records.append(record)
-            append_jsonl(metrics_path, record)
+            if is_rank0:
+                append_jsonl(metrics_path, record)
             interval_start, interval_steps, eval_seconds = time.perf_counter(), 0, 0.0
         step += 1
         if step % rcfg.ckpt_interval == 0 or step == cfg.max_iters:
@@ -652,9 +692,11 @@ def train(preset, configs):
     # final evaluation: val loss and perplexity, plot, samples
     val_loss = record["val_loss"]
     records.append(record)
-    append_jsonl(metrics_path, record)
-    print(f"final val loss {val_loss:.4f}, perplexity {math.exp(val_loss):.2f} "
+    say(f"final val loss {val_loss:.4f}, perplexity {math.exp(val_loss):.2f} "
           f"(uniform guessing: {meta['vocab_size']}) after {(time.perf_counter() - run_start) / 60:.1f} min")
+    if not is_rank0:
+        return
+    append_jsonl(metrics_path, record)
     plot_metrics(records, read_jsonl(incidents_path), os.path.join(out_dir, "metrics.png"), ln_vocab)
     samples = sample_texts(model, get_tokenizer(meta["tokenizer"]), scfg, device)
     with open(os.path.join(out_dir, "samples.txt"), "w") as f:
@@ -683,6 +725,14 @@ def main(argv=None):
         (sample if sample_mode else train)(preset, configs)
     except ValueError as e:
         sys.exit(f"error: {e}")
+    except RuntimeError as e:
+        if not dist.is_initialized():
+            raise
+        # gloo and NCCL report a peer that died or stopped answering as a RuntimeError in a collective
+        sys.exit(f"error: rank {dist.get_rank()} lost contact with the other ranks ({str(e).splitlines()[0][:300]}). "
+                 "If another rank died, run the same command again to resume from the last checkpoint.")
+    finally:
+        destroy_distributed()
 
 
 if __name__ == "__main__":

@@ -190,7 +190,7 @@ def test_crafted_pickle_is_refused_not_run(tmp_path, monkeypatch):
     evil = Path(checkpoint.step_path(tmp_path / "ckpt", 20))
     evil.mkdir()
     (evil / "state.pt").write_bytes(pickle.dumps({"model": Payload()}, protocol=2))
-    manifest = {"step": 20, "healthy": True, "files": {"state.pt": checkpoint._sha256(evil / "state.pt")}}
+    manifest = {"step": 20, "healthy": True, "files": {"state.pt": checkpoint.file_sha256(evil / "state.pt")}}
     (evil / "manifest.json").write_text(json.dumps(manifest))
     warnings = []
     step, state = checkpoint.load_latest(tmp_path / "ckpt", warn=warnings.append)

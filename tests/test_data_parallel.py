@@ -1,0 +1,181 @@
+"""Hand-written data parallelism with real gloo processes: any layout takes the single-process step."""
+
+import json
+import random
+
+import pytest
+import torch
+
+import checkpoint
+import train
+from conftest import ROOT, run_ranks, run_script
+from parallel import ProcessGrid
+
+MODEL = ["--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--max_iters", "20",
+         "--warmup_iters", "5", "--learning_rate", "3e-3", "--log_interval", "1", "--eval_interval", "10",
+         "--eval_iters", "2", "--ckpt_interval", "5", "--max_new_tokens", "10", "--num_samples", "1",
+         "--dist_timeout", "30"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dp")
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    rng = random.Random(0)
+    (root / "corpus.txt").write_text("".join(" ".join(rng.choices(words, k=8)) + ".\n" for _ in range(3000)))
+    train.main(["--source", str(root / "corpus.txt"), "--data_dir", str(root / "data"), "--out_dir",
+                str(root / "warmup"), "--max_iters", "1", "--n_layer", "1", "--n_embd", "16", "--n_head", "1"])
+    return root  # data prepared once, so ranks never race to prepare it
+
+
+def args(corpus, out, *extra):
+    return ["--source", str(corpus / "corpus.txt"), "--data_dir", str(corpus / "data"), "--out_dir", str(out),
+            *MODEL, *map(str, extra)]
+
+
+def metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_weights(out):
+    _, state = checkpoint.load_latest(out / "ckpt")
+    return state["step"], state["model"]
+
+
+def assert_same_run(out, reference, exact=False):
+    got, want = metrics(out), metrics(reference)
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    for key in ("loss", "val_loss", "grad_norm", "lr"):
+        a = torch.tensor([r.get(key, 0.0) for r in got], dtype=torch.float64)
+        b = torch.tensor([r.get(key, 0.0) for r in want], dtype=torch.float64)
+        if exact:
+            assert torch.equal(a, b), key
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=key)
+    (step_a, weights_a), (step_b, weights_b) = final_weights(out), final_weights(reference)
+    assert step_a == step_b
+    for name in weights_b:
+        if exact:
+            assert torch.equal(weights_a[name], weights_b[name]), name
+        else:
+            torch.testing.assert_close(weights_a[name], weights_b[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def train_ranks(world_size, argv, timeout=120):
+    outcome = run_ranks(world_size, train.main, argv, timeout=timeout)
+    assert all(status == "ok" for status, _ in outcome.values()), outcome
+    return outcome
+
+
+@pytest.fixture(scope="module")
+def single(corpus):
+    """The reference: one process, 8 sequences per step."""
+    out = corpus / "single"
+    train.main(args(corpus, out, "--batch_size", 8))
+    return out
+
+
+@pytest.mark.parametrize(
+    "world_size, extra",
+    [
+        (2, ["--batch_size", 4]),
+        (4, ["--batch_size", 2]),
+        (2, ["--batch_size", 2, "--gradient_accumulation_steps", 2]),
+        (2, ["--batch_size", 4, "--dp_mode", "naive"]),
+    ],
+    ids=["dp2", "dp4", "dp2-accumulation", "dp2-naive"],
+)
+def test_data_parallel_matches_single_process(corpus, single, world_size, extra):
+    out = corpus / f"dp{world_size}-{'-'.join(map(str, extra))}"
+    train_ranks(world_size, args(corpus, out, "--dp", world_size, "--bucket_mb", 0.01, *extra))
+    assert_same_run(out, single)
+
+
+def test_bucketed_and_naive_average_to_the_same_gradients(corpus):
+    """Compare the two modes directly on one backward, gradient by gradient."""
+    outcome = run_ranks(2, _one_backward_both_modes, timeout=60)
+    (status0, grads0), (status1, grads1) = outcome[0], outcome[1]
+    assert status0 == status1 == "ok", outcome
+    for bucketed, naive in grads0:
+        torch.testing.assert_close(torch.tensor(bucketed), torch.tensor(naive))
+    assert all(torch.equal(torch.tensor(a[0]), torch.tensor(b[0])) for a, b in zip(grads0, grads1))  # ranks agree
+
+
+def _one_backward_both_modes():
+    from model import GPT, GPTConfig
+    from parallel import DataParallel, destroy_distributed, init_distributed
+
+    launch = init_distributed(30)
+    grid = ProcessGrid(2, 1, 1, launch.rank, launch.world_size)
+    grads = {}
+    for mode in ("bucketed", "naive"):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=16))
+        dp = DataParallel(model, grid.dp_group, grid.dp, mode, bucket_mb=0.002)
+        torch.manual_seed(1 + launch.rank)  # each rank its own data
+        x = torch.randint(64, (2, 16))
+        model(x, x)[1].backward()
+        dp.finish()
+        grads[mode] = [p.grad.flatten().tolist() for p in model.parameters()]
+    destroy_distributed()
+    return list(zip(grads["bucketed"], grads["naive"]))
+
+
+def _grid_coordinates():
+    from parallel import destroy_distributed, init_distributed
+
+    launch = init_distributed(30)
+    grid = ProcessGrid(2, 2, 2, launch.rank, launch.world_size)
+    result = (grid.dp_rank, grid.pp_rank, grid.tp_rank, grid.dp_ranks, grid.pp_ranks, grid.tp_ranks,
+              grid.pp_prev, grid.pp_next)
+    destroy_distributed()
+    return result
+
+
+def test_process_grid_puts_tp_fastest():
+    outcome = run_ranks(8, _grid_coordinates, timeout=60)
+    for rank, (status, value) in outcome.items():
+        assert status == "ok", outcome
+        dp_rank, pp_rank, tp_rank, dp_ranks, pp_ranks, tp_ranks, prev, nxt = value
+        assert rank == (dp_rank * 2 + pp_rank) * 2 + tp_rank
+        assert tp_ranks == [rank - tp_rank, rank - tp_rank + 1]  # a TP group is consecutive ranks
+        assert dp_ranks == [pp_rank * 2 + tp_rank, 4 + pp_rank * 2 + tp_rank]
+        assert pp_ranks == [dp_rank * 4 + tp_rank, dp_rank * 4 + 2 + tp_rank]
+        assert (prev, nxt) == ((None, pp_ranks[1]) if pp_rank == 0 else (pp_ranks[0], None))
+
+
+def test_layout_that_does_not_fit_the_world_is_named():
+    with pytest.raises(ValueError, match=r"dp\*tp\*pp = 2\*3\*1 = 6 but WORLD_SIZE = 8"):
+        ProcessGrid(2, 3, 1, rank=0, world_size=8)
+
+
+def test_a_dying_rank_stops_the_others_with_a_clear_error_then_resumes_exactly(corpus):
+    clean = corpus / "dp2-clean"
+    train_ranks(2, args(corpus, clean, "--dp", 2, "--batch_size", 4))
+    out = corpus / "dp2-killed"
+    outcome = run_ranks(2, train.main, args(corpus, out, "--dp", 2, "--batch_size", 4, "--inject", "crash@13"),
+                        timeout=90)
+    assert outcome[1] == ("missing", -9)  # the last rank was SIGKILLed
+    status, message = outcome[0]
+    assert status == "exit" and "rank 0 lost contact with the other ranks" in message, outcome
+    assert "If another rank died, run the same command again" in message
+    train_ranks(2, args(corpus, out, "--dp", 2, "--batch_size", 4, "--inject", "crash@13"))
+    assert_same_run(out, clean, exact=True)  # same layout: bitwise
+
+    # the same dp=2 checkpoint continues on one process with the same global batch
+    relayout = corpus / "dp2-to-dp1"
+    outcome = run_ranks(2, train.main, args(corpus, relayout, "--dp", 2, "--batch_size", 4, "--inject", "crash@13"),
+                        timeout=90)
+    assert outcome[1][0] == "missing"
+    train.main(args(corpus, relayout, "--batch_size", 8))
+    assert_same_run(relayout, clean)
+
+
+def test_torchrun_end_to_end(corpus, single):
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    out = corpus / "torchrun"
+    result = run_script([*launcher, ROOT / "train.py", *args(corpus, out, "--dp", 2, "--batch_size", 4)],
+                        cwd=corpus, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "ProcessGrid(rank 0/2: dp 0/2" in result.stdout and result.stdout.count("final val loss") == 1
+    assert_same_run(out, single)
