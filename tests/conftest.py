@@ -3,6 +3,7 @@
 import multiprocessing
 import os
 import queue
+import random
 import socket
 import subprocess
 import sys
@@ -29,6 +30,14 @@ def run_script(args, cwd, timeout=600):
     return subprocess.run(
         [sys.executable, *(str(a) for a in args)], cwd=cwd, capture_output=True, text=True, timeout=timeout
     )
+
+
+def write_word_corpus(path, lines):
+    """Random sentences over ten words: a corpus a small model learns within tens of steps."""
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    rng = random.Random(0)
+    path.write_text("".join(" ".join(rng.choices(words, k=8)) + ".\n" for _ in range(lines)))
+    return path
 
 
 @pytest.fixture

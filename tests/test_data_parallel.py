@@ -1,14 +1,13 @@
 """Hand-written data parallelism with real gloo processes: any layout takes the single-process step."""
 
 import json
-import random
 
 import pytest
 import torch
 
 import checkpoint
 import train
-from conftest import ROOT, run_ranks, run_script
+from conftest import ROOT, write_word_corpus, run_ranks, run_script
 from parallel import ProcessGrid
 
 MODEL = ["--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--max_iters", "20",
@@ -20,9 +19,7 @@ MODEL = ["--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "3
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("dp")
-    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
-    rng = random.Random(0)
-    (root / "corpus.txt").write_text("".join(" ".join(rng.choices(words, k=8)) + ".\n" for _ in range(3000)))
+    write_word_corpus(root / "corpus.txt", 3000)
     train.main(["--source", str(root / "corpus.txt"), "--data_dir", str(root / "data"), "--out_dir",
                 str(root / "warmup"), "--max_iters", "1", "--n_layer", "1", "--n_embd", "16", "--n_head", "1"])
     return root  # data prepared once, so ranks never race to prepare it

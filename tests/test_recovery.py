@@ -16,7 +16,7 @@ import torch
 
 import checkpoint
 from train import read_jsonl
-from conftest import ROOT, run_script
+from conftest import ROOT, write_word_corpus, run_script
 
 BASE = ["--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--batch_size", "4",
         "--max_iters", "60", "--ckpt_interval", "10", "--log_interval", "1", "--eval_interval", "20",
@@ -28,9 +28,7 @@ BASE = ["--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32
 def workdir(tmp_path_factory):
     """A folder with a repetitive little corpus, prepared once, that a small model learns fast."""
     root = tmp_path_factory.mktemp("recovery")
-    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
-    rng = random.Random(0)
-    (root / "corpus.txt").write_text("".join(" ".join(rng.choices(words, k=8)) + ".\n" for _ in range(4000)))
+    write_word_corpus(root / "corpus.txt", 4000)
     return root
 
 
