@@ -69,21 +69,22 @@ def make_norm(config):
 class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.n_head = config.n_head
+        self.head_dim = config.n_embd // config.n_head
         self.dropout = config.dropout
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v at once
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # back into the residual stream
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)  # each (B, T, C)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, H, T, C/H)
+        B, T, _ = x.shape
+        # each (B, T, C); under tensor parallelism c_attn yields this rank's heads only: (B, T, C/tp)
+        q, k, v = self.c_attn(x).chunk(3, dim=2)
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H, T, C/H)
         # softmax(q k^T / sqrt(C/H) + causal mask) v: position t attends to positions <= t only
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
         )  # (B, H, T, C/H)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, C): the heads side by side
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -125,6 +126,12 @@ class Block(nn.Module):
         return x
 
 
+def clm_loss(logits, targets):
+    """Mean cross-entropy of each position's next-token prediction: logits (B, T, V), targets (B, T).
+    The log-softmax sums V exponentials: fp32 whatever the autocast dtype."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
 class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -137,6 +144,7 @@ class GPT(nn.Module):
         self.norm_f = make_norm(config) if config.norm_position == "pre" else nn.Identity()
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: one (V, C) matrix reads tokens in and scores them out
+        self.clm_loss = clm_loss  # tensor parallelism swaps in a vocab-parallel one
         self.apply(self._init_weights)
 
     # Width-scaled initialization. sigma = init_std(C) = sqrt(2 / (5 C)): each
@@ -184,9 +192,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.norm_f(x))  # (B, T, V)
         if targets is None:
             return logits, None
-        # log-softmax over V is a sum of V exponentials: compute it in fp32 whatever the autocast dtype.
-        loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T))
-        return logits, loss
+        return logits, self.clm_loss(logits, targets)
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())  # the tied matrix counts once

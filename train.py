@@ -42,8 +42,10 @@ import checkpoint
 from data import DataConfig, TokenStream, get_tokenizer, load_meta, prepare, remove_if_exists, write_json_atomic
 from model import GPT, GPTConfig
 from monitor import HealthMonitor, cost_estimate, device_peak_flops, plot_metrics
-from parallel import (DataParallel, ParallelConfig, ProcessGrid, all_reduce_mean, destroy_distributed,
-                      init_distributed, run_on_rank0)
+from parallel import (DataParallel, ParallelConfig, ProcessGrid, all_reduce_mean, check_tensor_parallel_layout,
+                      destroy_distributed, full_optimizer_state_dict, full_state_dict, global_grad_norm,
+                      init_distributed, load_full_optimizer_state_dict, load_full_state_dict, run_on_rank0,
+                      tensor_parallel)
 
 # ----------------------------------------------------------------------------
 # Configuration: one dataclass per concern; defaults are the `tiny` preset
@@ -186,14 +188,16 @@ def lr_at(step, cfg):
     return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
 
 
-def clip_grad_norm(parameters, max_norm):
+def clip_grad_norm(parameters, max_norm, grid=None):
     """Scale all gradients by one factor so their global L2 norm is at most max_norm.
 
     Returns the norm before clipping. The sum of squares runs in fp32 whatever
-    the gradients' dtype: it is the kind of sum that overflows or loses precision in 16 bits.
+    the gradients' dtype: it is the kind of sum that overflows or loses precision
+    in 16 bits; under tensor parallelism it spans every rank's slices (global_grad_norm).
     """
+    parameters = list(parameters)
     grads = [p.grad for p in parameters if p.grad is not None]
-    norm = torch.sqrt(sum(g.detach().float().pow(2).sum() for g in grads))
+    norm = global_grad_norm(parameters, grid)
     if max_norm > 0:
         scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         for g in grads:
@@ -242,7 +246,7 @@ def make_optimizer(model, cfg, device):
     )
 
 
-def optimizer_step(forward, model, optimizer, scaler, next_batch, cfg, lr, autocast, device, dp=None):
+def optimizer_step(forward, model, optimizer, scaler, next_batch, cfg, lr, autocast, device, dp=None, grid=None):
     """One update at learning rate lr: gradients of the mean loss over
     cfg.gradient_accumulation_steps micro-batches from next_batch(), averaged over
     the data-parallel ranks if dp is given, clipped, then AdamW.
@@ -262,7 +266,7 @@ def optimizer_step(forward, model, optimizer, scaler, next_batch, cfg, lr, autoc
     if dp is not None:
         dp.finish()
     scaler.unscale_(optimizer)  # clip the true gradients, not the fp16-scaled ones
-    grad_norm = clip_grad_norm(model.parameters(), cfg.grad_clip)
+    grad_norm = clip_grad_norm(model.parameters(), cfg.grad_clip, grid)
     scaler.step(optimizer)  # skips the step if fp16 gradients overflowed
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
@@ -341,16 +345,14 @@ class FaultInjector:
         return [f.split("@")[0] for f in due]
 
 
-def garbage_batches(stream, model, vocab_size, device):
-    """next_batch() for a spike: it consumes the real batch (the data position moves on as usual)
-    but pairs its inputs with the targets the model finds least likely: data that contradicts
-    everything learned so far, as a corrupt shard would."""
+def garbage_batches(stream, vocab_size, seed):
+    """next_batch() for a spike: it consumes the real batch (the data position moves on as
+    usual) but returns random tokens, inputs and targets, as a corrupt shard would."""
+    generator = torch.Generator().manual_seed(seed)
 
-    @torch.no_grad()
     def next_batch():
         x, _ = stream.next_batch()
-        logits, _ = model(x.to(device))  # (B, T, V)
-        return x, logits[..., :vocab_size].argmin(-1).cpu()
+        return tuple(torch.randint(vocab_size, x.shape, generator=generator) for _ in range(2))
 
     return next_batch
 
@@ -483,10 +485,11 @@ def set_rng_state(state):
 
 def train(preset, configs):
     mcfg, dcfg, cfg, pcfg, rcfg, scfg = (configs[c] for c in CONFIG_CLASSES)
+    check_tensor_parallel_layout(mcfg, pcfg.tp)  # before any process group work
+    if pcfg.pp > 1:
+        raise ValueError(f"--pp {pcfg.pp}: the training loop runs data and tensor parallelism only so far")
     launch = init_distributed(pcfg.dist_timeout)
     grid = ProcessGrid(pcfg.dp, pcfg.tp, pcfg.pp, launch.rank, launch.world_size)
-    if grid.tp > 1 or grid.pp > 1:
-        raise ValueError(f"--tp {grid.tp} --pp {grid.pp}: the training loop runs data parallelism only so far")
     is_rank0 = launch.rank == 0
     say = print if is_rank0 else (lambda *args, **kwargs: None)  # one voice for the whole group
     torch.manual_seed(cfg.seed)
@@ -523,7 +526,9 @@ def train(preset, configs):
     eval_iters = max(1, min(cfg.eval_iters, val_stream.windows_per_epoch // global_batch))
     eval_batches = eval_iters * cfg.gradient_accumulation_steps
 
-    model = GPT(mcfg).to(device)
+    model = GPT(mcfg).to(device)  # initialized whole on every rank, so any layout starts from the same weights
+    if grid.tp > 1:
+        tensor_parallel(model, grid)  # each rank keeps its slices of the matrices
     optimizer = make_optimizer(model, cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)  # fp16 needs loss scaling
     forward = torch.compile(model) if cfg.compile else model
@@ -548,9 +553,12 @@ def train(preset, configs):
 
     # A checkpoint holds all that the next step depends on: weights, AdamW moments, the
     # step (so the LR schedule continues), the data position, the RNG, the monitor's baselines.
+    # It is saved as a single-device run would save it (tensor-parallel slices gathered), so
+    # any layout can resume it.
     def save(step):
         state = {
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+            "model": full_state_dict(model, grid), "optimizer": full_optimizer_state_dict(optimizer, grid),
+            "scaler": scaler.state_dict(),
             "step": step, "data": train_stream.state_dict(), "rng": rng_state(),
             "monitor": monitor.state_dict(), "recovery": dict(recovery), "config": run, "meta": meta,
         }
@@ -566,9 +574,9 @@ def train(preset, configs):
         changed = config_changes(state["config"], {"GPTConfig": run["GPTConfig"]})
         if changed:
             raise ValueError(f"the checkpoint holds a model of another shape ({'; '.join(changed)})")
-        model.load_state_dict(state["model"])
+        load_full_state_dict(model, state["model"], grid)
         if "optimizer" in state:
-            optimizer.load_state_dict(state["optimizer"])
+            load_full_optimizer_state_dict(optimizer, state["optimizer"], grid)
         elif not rcfg.reset_optimizer:
             raise ValueError(
                 f"the checkpoint of step {state['step']} in {ckpt_dir} has no optimizer state. Resuming would "
@@ -651,9 +659,9 @@ def train(preset, configs):
                 with torch.no_grad():
                     next(model.parameters()).view(-1)[0] = float("nan")
             elif fault == "spike":
-                next_batch = garbage_batches(train_stream, model, meta["vocab_size"], device)
+                next_batch = garbage_batches(train_stream, meta["vocab_size"], seed=step)
         lr = lr_at(step, cfg) * recovery["lr_scale"]
-        loss, grad_norm = optimizer_step(forward, model, optimizer, scaler, next_batch, cfg, lr, autocast, device, dp)
+        loss, grad_norm = optimizer_step(forward, model, optimizer, scaler, next_batch, cfg, lr, autocast, device, dp, grid)
         # the logged loss is the mean over DP ranks; the grad norm is already that of the averaged gradient
         loss = all_reduce_mean(loss, grid.dp_group, grid.dp).item()  # .item() waits for the device
         grad_norm = grad_norm.item()
@@ -694,8 +702,12 @@ def train(preset, configs):
     records.append(record)
     say(f"final val loss {val_loss:.4f}, perplexity {math.exp(val_loss):.2f} "
           f"(uniform guessing: {meta['vocab_size']}) after {(time.perf_counter() - run_start) / 60:.1f} min")
+    whole = full_state_dict(model, grid)  # every rank takes part in gathering the slices
     if not is_rank0:
         return
+    if grid.tp > 1:
+        model = GPT(mcfg).to(device)
+        model.load_state_dict(whole)
     append_jsonl(metrics_path, record)
     plot_metrics(records, read_jsonl(incidents_path), os.path.join(out_dir, "metrics.png"), ln_vocab)
     samples = sample_texts(model, get_tokenizer(meta["tokenizer"]), scfg, device)

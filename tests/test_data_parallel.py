@@ -1,4 +1,4 @@
-"""Hand-written data parallelism with real gloo processes: any layout takes the single-process step."""
+"""Training under data and tensor parallelism with real gloo processes: any layout takes the single-process step."""
 
 import json
 
@@ -79,11 +79,14 @@ def single(corpus):
         (4, ["--batch_size", 2]),
         (2, ["--batch_size", 2, "--gradient_accumulation_steps", 2]),
         (2, ["--batch_size", 4, "--dp_mode", "naive"]),
+        (2, ["--batch_size", 8, "--dp", 1, "--tp", 2]),
+        (4, ["--batch_size", 4, "--dp", 2, "--tp", 2]),
     ],
-    ids=["dp2", "dp4", "dp2-accumulation", "dp2-naive"],
+    ids=["dp2", "dp4", "dp2-accumulation", "dp2-naive", "tp2", "dp2xtp2"],
 )
-def test_data_parallel_matches_single_process(corpus, single, world_size, extra):
-    out = corpus / f"dp{world_size}-{'-'.join(map(str, extra))}"
+def test_layout_matches_single_process(corpus, single, world_size, extra):
+    """Same seed, same global batch: every layout takes the single process's steps (fp32 tolerance)."""
+    out = corpus / f"ranks{world_size}-{'-'.join(map(str, extra))}"
     train_ranks(world_size, args(corpus, out, "--dp", world_size, "--bucket_mb", 0.01, *extra))
     assert_same_run(out, single)
 

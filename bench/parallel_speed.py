@@ -1,0 +1,138 @@
+"""Tokens/s of hand-written parallelism on 2 ranks over gloo, on the same model and global batch:
+our bucketed DP, our naive DP, torch's DistributedDataParallel, our tensor parallelism
+(tp=2), and one process. For TP it also counts the bytes the f/g operators all-reduce per
+step, beside the formula.
+
+    python bench/parallel_speed.py [--steps 30] [--world_size 2]
+
+The model is the `tiny` preset's (4 layers, width 128, block 128); the global
+batch is 16 sequences (split over the ranks under DP, whole on each rank under
+TP). Each rank runs with cores / ranks threads; the single process gets all cores.
+"""
+
+import argparse
+import multiprocessing
+import os
+import socket
+import statistics
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import train  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+import parallel  # noqa: E402
+from parallel import DataParallel, ProcessGrid, tensor_parallel  # noqa: E402
+
+GLOBAL_BATCH, BLOCK, N_LAYER, N_EMBD = 16, 128, 4, 128
+MODES = ("bucketed DP", "naive DP", "DDP", "TP", "one process")
+
+
+def timed_steps(mode, rank, world_size, steps, warmup, bucket_mb):
+    """Run warmup + steps optimizer steps; return (this rank's seconds, TP bytes) for the timed ones."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=BLOCK, vocab_size=256, n_layer=N_LAYER, n_head=4, n_embd=N_EMBD))
+    cfg = train.TrainConfig(batch_size=GLOBAL_BATCH if mode in ("TP", "one process") else GLOBAL_BATCH // world_size)
+    device = torch.device("cpu")
+    forward, dp, grid = model, None, None
+    if mode in ("bucketed DP", "naive DP"):
+        dp = DataParallel(model, dist.group.WORLD, world_size, mode.split()[0], bucket_mb=bucket_mb)
+    elif mode == "DDP":
+        forward = torch.nn.parallel.DistributedDataParallel(model)
+    elif mode == "TP":
+        grid = ProcessGrid(1, world_size, 1, rank, world_size)
+        tensor_parallel(model, grid)
+    optimizer = train.make_optimizer(model, cfg, device)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    autocast = train.autocast_context(device, torch.float32)
+    generator = torch.Generator().manual_seed(rank)
+
+    def next_batch():
+        tokens = torch.randint(256, (cfg.batch_size, BLOCK + 1), generator=generator)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    for step in range(warmup + steps):
+        if step == warmup:
+            if dist.is_initialized():
+                dist.barrier()
+            parallel.tp_traffic.update(forward=0, backward=0)
+            t0 = time.perf_counter()
+        train.optimizer_step(forward, model, optimizer, scaler, next_batch, cfg, 1e-3, autocast, device, dp, grid)
+    return time.perf_counter() - t0, sum(parallel.tp_traffic.values())
+
+
+def worker(mode, rank, world_size, port, steps, warmup, bucket_mb, results):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=120))
+    try:
+        results.put((rank, timed_steps(mode, rank, world_size, steps, warmup, bucket_mb)))
+    except Exception as e:  # tell the parent at once instead of leaving it waiting
+        results.put((rank, e))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(mode, world_size, steps, warmup, bucket_mb):
+    if mode == "one process":
+        torch.set_num_threads(os.cpu_count() or 1)
+        return timed_steps(mode, 0, 1, steps, warmup, bucket_mb)[0], 0
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter per rank, as torchrun would start
+    results = context.Queue()
+    port = free_port()
+    workers = [context.Process(target=worker, args=(mode, r, world_size, port, steps, warmup, bucket_mb, results))
+               for r in range(world_size)]
+    for w in workers:
+        w.start()
+    reports = [results.get(timeout=600)[1] for _ in workers]
+    for w in workers:
+        w.join()
+    failures = [r for r in reports if isinstance(r, Exception)]
+    if failures:
+        raise RuntimeError(f"{mode}: a rank failed: {failures[0]!r}")
+    return max(seconds for seconds, _ in reports), reports[0][1]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--world_size", type=int, default=2)
+    parser.add_argument("--bucket_mb", type=float, default=1.0, help="our DP's bucket size (DDP keeps its own)")
+    parser.add_argument("--rounds", type=int, default=3, help="modes run interleaved this many times; median kept")
+    args = parser.parse_args()
+    tokens = args.steps * GLOBAL_BATCH * BLOCK
+    print(f"tiny GPT, global batch {GLOBAL_BATCH} x {BLOCK} tokens, {args.world_size} ranks on gloo, "
+          f"{os.cpu_count()} cores, torch {torch.__version__}")
+    seconds, tp_bytes = {mode: [] for mode in MODES}, 0
+    for round_ in range(args.rounds):  # interleaved, so a slow spell of the machine hits every mode
+        for mode in MODES:
+            elapsed, counted = measure(mode, args.world_size, args.steps, args.warmup, args.bucket_mb)
+            seconds[mode].append(elapsed)
+            tp_bytes = counted or tp_bytes
+        print(f"round {round_ + 1}/{args.rounds} done", flush=True)
+    print(f"{'mode':<14} {'tokens/s':>10} {'ms/step':>9}   (median of {args.rounds} rounds; min-max tokens/s)")
+    for mode in MODES:
+        median = statistics.median(seconds[mode])
+        spread = f"{tokens / max(seconds[mode]):,.0f}-{tokens / min(seconds[mode]):,.0f}"
+        print(f"{mode:<14} {tokens / median:>10,.0f} {1e3 * median / args.steps:>9.1f}   {spread}")
+    # f/g all-reduce one (B, T, C) fp32 activation each: 2 per block forward (after attention and
+    # MLP) + 1 for the embedding; 2 per block backward + 1 before the head.
+    formula = (4 * N_LAYER + 2) * GLOBAL_BATCH * BLOCK * N_EMBD * 4
+    print(f"TP all-reduce bytes per step, per rank: counted {tp_bytes / args.steps / 2**20:.2f} MiB, "
+          f"formula (4 L + 2) B T C x 4 bytes = {formula / 2**20:.2f} MiB")
+
+
+if __name__ == "__main__":
+    main()
