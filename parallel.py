@@ -107,11 +107,13 @@ class ProcessGrid:
         self.dp_ranks = layout[:, self.pp_rank, self.tp_rank].tolist()
         self.pp_ranks = layout[self.dp_rank, :, self.tp_rank].tolist()
         self.tp_ranks = layout[self.dp_rank, self.pp_rank, :].tolist()
-        self.dp_group = self.tp_group = self.pp_group = None
+        self.dp_group = self.tp_group = self.pp_group = self.embedding_group = None
         if world_size > 1:
             self.dp_group = self._make_groups([layout[:, p, t] for p in range(pp) for t in range(tp)])
             self.pp_group = self._make_groups([layout[d, :, t] for d in range(dp) for t in range(tp)])
             self.tp_group = self._make_groups([layout[d, p, :] for d in range(dp) for p in range(pp)])
+        if pp > 1:  # the first and last stages share the tied embedding / output head
+            self.embedding_group = self._make_groups([layout[d, [0, -1], t] for d in range(dp) for t in range(tp)])
         # pipeline neighbours (world ranks), None at the ends
         self.pp_prev = self.pp_ranks[self.pp_rank - 1] if self.pp_rank > 0 else None
         self.pp_next = self.pp_ranks[self.pp_rank + 1] if self.pp_rank < pp - 1 else None
@@ -425,13 +427,20 @@ def tensor_parallel(model, grid):
 def global_grad_norm(parameters, grid=None):
     """L2 norm of all gradients of the whole model, the sum of squares in fp32.
     A parameter sliced across the TP group holds part of that sum, so the slices'
-    squares are summed over the group; a whole (replicated) one counts once."""
-    grads = [(p.grad.detach().float(), hasattr(p, "tp_split")) for p in parameters if p.grad is not None]
-    sliced = sum((g.pow(2).sum() for g, is_slice in grads if is_slice), torch.zeros((), device=grads[0][0].device))
-    whole = sum((g.pow(2).sum() for g, is_slice in grads if not is_slice), torch.zeros((), device=grads[0][0].device))
+    squares are summed over the group; a whole (replicated) one counts once. Each
+    pipeline stage holds different parameters: their sums add up over the PP group
+    (the last stage's copy of the tied embedding is not counted again)."""
+    grads = [(p.grad.detach().float(), hasattr(p, "tp_split")) for p in parameters
+             if p.grad is not None and not getattr(p, "pp_duplicate", False)]
+    device = grads[0][0].device if grads else None
+    sliced = sum((g.pow(2).sum() for g, is_slice in grads if is_slice), torch.zeros((), device=device))
+    whole = sum((g.pow(2).sum() for g, is_slice in grads if not is_slice), torch.zeros((), device=device))
     if grid is not None and grid.tp > 1:
         dist.all_reduce(sliced, group=grid.tp_group)
-    return torch.sqrt(sliced + whole)
+    total = sliced + whole
+    if grid is not None and grid.pp > 1:
+        dist.all_reduce(total, group=grid.pp_group)
+    return torch.sqrt(total)
 
 
 def check_tensor_parallel_layout(cfg, tp):

@@ -1,0 +1,271 @@
+"""Pipeline parallelism: GPipe and 1F1B schedules over model stages, with a measured, drawn bubble.
+
+Consecutive blocks live on consecutive ranks (stages); activations flow forward
+stage to stage and their gradients flow back. A stage must wait for the one
+before it, so the pipeline fills and drains: the bubble. Cutting the batch
+into m micro-batches shrinks it: with p stages, GPipe idles for a fraction
+
+    (p - 1) / (m + p - 1)
+
+of the time (Huang et al. 2019). 1F1B (PipeDream-Flush, Narayanan et al. 2021)
+has the same bubble but interleaves forwards and backwards, so a stage keeps at
+most p micro-batches of activations instead of m.
+
+A schedule here is a plain function that lists one stage's operations in order,
+("F", i) or ("B", i) for micro-batch i; `run_schedule` executes such a list with
+point-to-point sends and receives, and records when each stage computes and waits.
+
+    python pipeline.py --stages 4 --micro_batches 8    # runs nothing distributed: prints the logical bubbles
+"""
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+# ----------------------------------------------------------------------------
+# Schedules: the order of one stage's operations
+
+
+def gpipe(stages, micro_batches, stage):
+    """All forwards, then all backwards."""
+    return [("F", i) for i in range(micro_batches)] + [("B", i) for i in range(micro_batches)]
+
+
+def one_f_one_b(stages, micro_batches, stage):
+    """Warmup forwards, then one forward and one backward in turn, then the remaining backwards."""
+    warmup = min(stages - stage - 1, micro_batches)  # forwards in flight before the first backward returns
+    order = [("F", i) for i in range(warmup)]  # warmup
+    for i in range(micro_batches - warmup):  # steady state: 1 forward, 1 backward
+        order += [("F", warmup + i), ("B", i)]
+    order += [("B", i) for i in range(micro_batches - warmup, micro_batches)]  # cooldown
+    return order
+
+
+SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
+
+
+def logical_timeline(schedule, stages, micro_batches):
+    """Play a schedule with every operation taking one time slot: F of micro-batch i on stage s
+    waits for F i on s - 1; B i on s waits for B i on s + 1 (and F i on s). Returns, per stage,
+    the list of (kind, i, start, end) slots."""
+    orders = [schedule(stages, micro_batches, s) for s in range(stages)]
+    done, position, free_at = {}, [0] * stages, [0] * stages
+    slots = [[] for _ in range(stages)]
+    while any(position[s] < len(orders[s]) for s in range(stages)):
+        progressed = False
+        for s in range(stages):
+            if position[s] == len(orders[s]):
+                continue
+            kind, i = orders[s][position[s]]
+            needs = [("F", i, s - 1)] if kind == "F" and s > 0 else []
+            needs += [("B", i, s + 1)] if kind == "B" and s < stages - 1 else []
+            if all(n in done for n in needs):
+                start = max([free_at[s]] + [done[n] for n in needs])
+                done[(kind, i, s)] = free_at[s] = start + 1
+                slots[s].append((kind, i, start, start + 1))
+                position[s] += 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError(f"{schedule.__name__} deadlocks with {stages} stages and {micro_batches} micro-batches")
+    return slots
+
+
+def bubble_fraction(timeline):
+    """Idle share of stages x span, from per-stage (kind, i, start, end) records; only
+    forward ("F") and backward ("B") records count as work."""
+    work = [[r for r in stage if r[0] in ("F", "B")] for stage in timeline]
+    start = min(r[2] for stage in work for r in stage)
+    end = max(r[3] for stage in work for r in stage)
+    busy = sum(r[3] - r[2] for stage in work for r in stage)
+    return 1 - busy / (len(timeline) * (end - start))
+
+
+def peak_activations(order):
+    """Most micro-batches whose activations a stage holds at once under this order."""
+    held = peak = 0
+    for kind, _ in order:
+        held += 1 if kind == "F" else -1
+        peak = max(peak, held)
+    return peak
+
+
+# ----------------------------------------------------------------------------
+# A stage of the model
+
+
+def stage_layers(n_layer, stages):
+    """Blocks per stage, balanced: [first, last) block indices of each stage."""
+    bounds, first = [], 0
+    for s in range(stages):
+        count = n_layer // stages + (s < n_layer % stages)
+        bounds.append((first, first + count))
+        first += count
+    return bounds
+
+
+class PipelineStage(nn.Module):
+    """One stage's part of a single-device GPT: its blocks; the embeddings on the first
+    stage; the final norm, the head and the loss on the last. With tied embeddings the first
+    and last stages each hold a copy of the (V, C) matrix; their gradients are summed
+    between them after backward (`sync_tied_embedding`), so both copies take the same step.
+
+    Memory per rank: about 1/p of the blocks' parameters, plus the embedding on the ends.
+    """
+
+    def __init__(self, model, stage, stages):
+        super().__init__()
+        check_pipeline_layout(model.config.n_layer, stages)
+        self.stage, self.stages = stage, stages
+        self.is_first, self.is_last = stage == 0, stage == stages - 1
+        self.first_block, last_block = stage_layers(model.config.n_layer, stages)[stage]
+        self.blocks = nn.ModuleList(model.blocks[self.first_block : last_block])
+        self.embedding = nn.ModuleDict({"wte": model.wte, "wpe": model.wpe, "drop": model.drop}) if self.is_first else None
+        if self.is_last:
+            self.norm_f = model.norm_f
+            self.lm_head = nn.Linear(model.config.n_embd, model.config.vocab_size, bias=False)
+            if self.is_first:
+                self.lm_head.weight = model.wte.weight
+            else:
+                self.lm_head.weight = nn.Parameter(model.wte.weight.detach().clone())
+                self.lm_head.weight.pp_duplicate = True  # counted once, on the first stage, in the grad norm
+            self.clm_loss = model.clm_loss
+
+    def forward(self, x, targets=None):
+        """First stage: x is token ids (B, T); otherwise the activation (B, T, C) from the stage
+        before. Last stage: returns the loss; otherwise the activation (B, T, C) for the next."""
+        if self.is_first:
+            pos = torch.arange(x.shape[1], device=x.device)
+            x = self.embedding["drop"](self.embedding["wte"](x) + self.embedding["wpe"](pos))
+        for block in self.blocks:
+            x = block(x)
+        if not self.is_last:
+            return x
+        return self.clm_loss(self.lm_head(self.norm_f(x)), targets)
+
+    def global_names(self):
+        """{this stage's parameter name: the single-device model's name}."""
+        names = {}
+        for name, _ in self.named_parameters():
+            if name.startswith("blocks."):
+                _, index, rest = name.split(".", 2)
+                names[name] = f"blocks.{self.first_block + int(index)}.{rest}"
+            elif name.startswith("embedding."):
+                names[name] = name.removeprefix("embedding.")
+            else:  # the head's copy of the tied matrix is the single-device model's wte
+                names[name] = "wte.weight" if name == "lm_head.weight" else name
+        return names
+
+
+    def tied_embedding(self):
+        """The tied (V, C) matrix this stage holds, if any: wte on the first, the head on the last."""
+        if self.is_first:
+            return self.embedding["wte"].weight
+        return self.lm_head.weight if self.is_last else None
+
+
+def sync_tied_embedding(stage, grid):
+    """Sum the tied matrix's gradient between the first and last stages (its two copies):
+    together they hold the gradient of the one matrix of the single-device model."""
+    weight = stage.tied_embedding()
+    if grid.pp > 1 and weight is not None and weight.grad is not None:
+        dist.all_reduce(weight.grad, group=grid.embedding_group)
+
+
+def check_pipeline_layout(n_layer, stages):
+    if stages < 1 or n_layer < stages:
+        raise ValueError(f"n_layer {n_layer} < pp {stages}: every pipeline stage needs at least one block; "
+                         f"lower --pp or raise --n_layer")
+
+
+def check_micro_batches(batch_size, micro_batches):
+    if micro_batches < 1:
+        raise ValueError(f"--micro_batches {micro_batches} must be at least 1")
+    if batch_size % micro_batches:
+        raise ValueError(f"batch_size {batch_size} is not divisible by micro_batches {micro_batches}")
+
+
+# ----------------------------------------------------------------------------
+# Running a schedule: point-to-point communication, timed
+
+
+def send_forward(activation, grid, pending):
+    pending.append(dist.isend(activation.detach().contiguous(), grid.pp_next))
+
+
+def recv_forward(shape, grid, dtype):
+    activation = torch.empty(shape, dtype=dtype)
+    dist.recv(activation, grid.pp_prev)
+    return activation.requires_grad_()
+
+
+def send_backward(grad, grid, pending):
+    pending.append(dist.isend(grad.contiguous(), grid.pp_prev))
+
+
+def recv_backward(shape, grid, dtype):
+    grad = torch.empty(shape, dtype=dtype)
+    dist.recv(grad, grid.pp_next)
+    return grad
+
+
+def run_schedule(stage, order, inputs, targets, micro_batches, grid, n_embd, clock=time.perf_counter):
+    """Execute one stage's operation list over m micro-batches of inputs/targets (B, T).
+
+    Sends are non-blocking (waited for at the end) and receives block, so a stage waits
+    only for data it needs: the pipeline cannot deadlock as long as the schedule is valid.
+    Each micro-batch's loss is divided by m, so the summed gradients equal those of the
+    whole batch. Returns (loss or None, records, peak stored activations), records being
+    (kind, i, start, end) for computing ("F"/"B") and for waiting ("wait").
+    """
+    micro_inputs, micro_targets = inputs.chunk(micro_batches), targets.chunk(micro_batches)
+    shape = (*micro_inputs[0].shape, n_embd)  # activations between stages: (B/m, T, C)
+    stored, pending, records, loss, peak = {}, [], [], None, 0
+
+    def timed(kind, i, fn):
+        start = clock()
+        result = fn()
+        records.append((kind, i, start, clock()))
+        return result
+
+    for kind, i in order:
+        if kind == "F":
+            x = micro_inputs[i] if stage.is_first else timed("wait", i, lambda: recv_forward(shape, grid, torch.float32))
+            out = timed("F", i, lambda: stage(x, micro_targets[i] if stage.is_last else None))
+            if stage.is_last:
+                out = out / micro_batches
+                loss = out.detach() if loss is None else loss + out.detach()
+            else:
+                send_forward(out, grid, pending)
+            stored[i] = (x, out)
+            peak = max(peak, len(stored))
+        elif kind == "B":
+            x, out = stored.pop(i)
+            grad = None if stage.is_last else timed("wait", i, lambda: recv_backward(shape, grid, torch.float32))
+            timed("B", i, lambda: out.backward(grad))
+            if not stage.is_first:
+                send_backward(x.grad, grid, pending)
+        else:
+            raise ValueError(f"unknown pipeline operation {kind!r}")
+    for work in pending:
+        work.wait()
+    return loss, records, peak
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stages", type=int, default=4)
+    parser.add_argument("--micro_batches", type=int, default=8)
+    args = parser.parse_args()
+    p, m = args.stages, args.micro_batches
+    for name, schedule in SCHEDULES.items():
+        bubble = bubble_fraction(logical_timeline(schedule, p, m))
+        peak = max(peak_activations(schedule(p, m, s)) for s in range(p))
+        print(f"{name:>6}: logical bubble {bubble:.3f} (formula (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.3f}), "
+              f"peak stored activations per stage {peak}")
+
+
+if __name__ == "__main__":
+    main()
