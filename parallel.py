@@ -31,6 +31,8 @@ class ParallelConfig:
     dp_mode: str = "bucketed"  # bucketed (async all-reduce overlapped with backward) | naive (one per parameter after it)
     bucket_mb: float = 25.0  # gradient bucket size for the bucketed mode
     dist_timeout: int = 300  # seconds a collective waits for a missing rank before the run stops with an error
+    micro_batches: int = 1  # pipeline: each batch_size batch is cut into this many micro-batches
+    schedule: str = "1f1b"  # pipeline schedule: gpipe (all forwards, then all backwards) | 1f1b
 
 
 # ----------------------------------------------------------------------------
@@ -166,7 +168,7 @@ class DataParallel:
     averaged once, which equals averaging each micro-batch.
     """
 
-    def __init__(self, model, group, size, mode="bucketed", bucket_mb=25.0):
+    def __init__(self, model, group, size, mode="bucketed", bucket_mb=25.0, overlap=True):
         if mode not in ("bucketed", "naive"):
             raise ValueError(f"--dp_mode {mode!r}: choose bucketed or naive")
         self.group, self.size, self.mode = group, size, mode
@@ -187,7 +189,9 @@ class DataParallel:
         self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b}
         self.ready = [0] * len(self.buckets)
         self.in_flight = {}  # bucket index -> (flat gradient, async work handle)
-        if mode == "bucketed":
+        # A pipeline stage runs backward once per micro-batch, so gradients are complete only
+        # at the end of the schedule: there (overlap=False) every bucket is launched in finish().
+        if mode == "bucketed" and overlap:
             for p in self.params:
                 p.register_post_accumulate_grad_hook(self._grad_ready)
 

@@ -211,13 +211,13 @@ def recv_backward(shape, grid, dtype):
     return grad
 
 
-def run_schedule(stage, order, inputs, targets, micro_batches, grid, n_embd, clock=time.perf_counter):
+def run_schedule(stage, order, inputs, targets, micro_batches, grid, n_embd, loss_scale=1.0, clock=time.perf_counter):
     """Execute one stage's operation list over m micro-batches of inputs/targets (B, T).
 
     Sends are non-blocking (waited for at the end) and receives block, so a stage waits
     only for data it needs: the pipeline cannot deadlock as long as the schedule is valid.
     Each micro-batch's loss is divided by m, so the summed gradients equal those of the
-    whole batch. Returns (loss or None, records, peak stored activations), records being
+    whole batch (times loss_scale, for gradient accumulation). Returns (loss or None, records, peak stored activations), records being
     (kind, i, start, end) for computing ("F"/"B") and for waiting ("wait").
     """
     micro_inputs, micro_targets = inputs.chunk(micro_batches), targets.chunk(micro_batches)
@@ -237,6 +237,7 @@ def run_schedule(stage, order, inputs, targets, micro_batches, grid, n_embd, clo
             if stage.is_last:
                 out = out / micro_batches
                 loss = out.detach() if loss is None else loss + out.detach()
+                out = out * loss_scale
             else:
                 send_forward(out, grid, pending)
             stored[i] = (x, out)
@@ -279,6 +280,93 @@ def plot_gantt(timeline, path, title):
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+class Pipeline:
+    """What the training loop needs from pipeline parallelism, for one rank's stage."""
+
+    def __init__(self, stage, grid, schedule, micro_batches, n_embd, autocast):
+        self.stage, self.grid, self.micro_batches, self.n_embd, self.autocast = stage, grid, micro_batches, n_embd, autocast
+        self.order = SCHEDULES[schedule](grid.pp, micro_batches, grid.pp_rank)
+        self.records = []  # this stage's timeline of the latest step
+
+    def _from_last_stage(self, loss):
+        """The loss lives on the last stage; every stage gets it, to log and to judge incidents alike."""
+        loss = torch.zeros(()) if loss is None else loss.float()
+        dist.broadcast(loss, src=self.grid.pp_ranks[-1], group=self.grid.pp_group)
+        return loss
+
+    def forward_backward(self, x, y, loss_scale):
+        """One micro-step: the schedule over m micro-batches of (x, y); returns the mean loss."""
+        with self.autocast:
+            loss, self.records, _ = run_schedule(self.stage, self.order, x, y, self.micro_batches, self.grid,
+                                                 self.n_embd, loss_scale)
+        return self._from_last_stage(loss)
+
+    @torch.no_grad()
+    def loss(self, x, y):
+        """Forward only (evaluation): the mean loss of (x, y)."""
+        forwards = [("F", i) for i in range(self.micro_batches)]
+        with self.autocast:
+            loss, _, _ = run_schedule(self.stage, forwards, x, y, self.micro_batches, self.grid, self.n_embd)
+        return self._from_last_stage(loss)
+
+    def after_backward(self):
+        sync_tied_embedding(self.stage, self.grid)
+
+    def gather_timeline(self):
+        """Every stage's records of the latest step, on every rank of the pipeline group."""
+        timeline = [None] * self.grid.pp
+        dist.all_gather_object(timeline, self.records, group=self.grid.pp_group)
+        return timeline
+
+    def _gather(self, mine):
+        pieces = [None] * self.grid.pp
+        dist.all_gather_object(pieces, mine, group=self.grid.pp_group)
+        return {name: value for piece in pieces for name, value in piece.items()}
+
+    def full_state_dict(self):
+        """The single-device state dict of the whole model, gathered from every stage."""
+        names = self.stage.global_names()
+        full = self._gather({names[k]: v.detach().cpu() for k, v in self.stage.named_parameters()})
+        full["lm_head.weight"] = full["wte.weight"]  # tied
+        return full
+
+    def load_full_state_dict(self, full):
+        names = self.stage.global_names()
+        for name, param in self.stage.named_parameters():
+            param.data.copy_(full[names[name]])
+
+    def full_optimizer_state_dict(self, optimizer, groups):
+        """AdamW's state as a single-device run saves it. groups: the single-device parameter
+        names of each optimizer parameter group, in order."""
+        state, by_name = optimizer.state_dict(), self._local_by_name(optimizer)
+        index_of = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+        mine = {name: {k: v.detach().cpu() for k, v in state["state"][index_of[id(p)]].items()}
+                for name, p in by_name.items() if index_of[id(p)] in state["state"]}
+        moments = self._gather(mine)
+        order = [name for names in groups for name in names]
+        param_groups, first = [], 0
+        for group, names in zip(state["param_groups"], groups):
+            param_groups.append(dict(group, params=list(range(first, first + len(names)))))
+            first += len(names)
+        return {"state": {i: moments[name] for i, name in enumerate(order) if name in moments},
+                "param_groups": param_groups}
+
+    def load_full_optimizer_state_dict(self, optimizer, full, groups):
+        order = [name for names in groups for name in names]
+        by_name = self._local_by_name(optimizer)
+        index_of = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+        local = {"state": {index_of[id(by_name[name])]: moments for i, moments in full["state"].items()
+                           if (name := order[i]) in by_name},
+                 "param_groups": [dict(g, params=ours["params"]) for g, ours in
+                                  zip(full["param_groups"], optimizer.state_dict()["param_groups"])]}
+        optimizer.load_state_dict(local)
+
+    def _local_by_name(self, optimizer):
+        """{single-device name: this stage's parameter} (one entry for the tied matrix)."""
+        names = self.stage.global_names()
+        return {names[n]: p for n, p in self.stage.named_parameters()}
 
 
 def main():

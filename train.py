@@ -46,6 +46,8 @@ from parallel import (DataParallel, ParallelConfig, ProcessGrid, all_reduce_mean
                       destroy_distributed, full_optimizer_state_dict, full_state_dict, global_grad_norm,
                       init_distributed, load_full_optimizer_state_dict, load_full_state_dict, run_on_rank0,
                       tensor_parallel)
+from pipeline import (SCHEDULES, Pipeline, PipelineStage, bubble_fraction, check_micro_batches,
+                      check_pipeline_layout, plot_gantt)
 
 # ----------------------------------------------------------------------------
 # Configuration: one dataclass per concern; defaults are the `tiny` preset
@@ -246,7 +248,20 @@ def make_optimizer(model, cfg, device):
     )
 
 
-def optimizer_step(forward, model, optimizer, scaler, next_batch, cfg, lr, autocast, device, dp=None, grid=None):
+def make_forward_backward(forward, autocast, scaler):
+    """(x, y, loss_scale) -> loss: forward under autocast, backward of loss * loss_scale."""
+
+    def forward_backward(x, y, loss_scale):
+        with autocast:
+            _, loss = forward(x, y)
+        scaler.scale(loss * loss_scale).backward()
+        return loss.detach()
+
+    return forward_backward
+
+
+def optimizer_step(forward_backward, model, optimizer, scaler, next_batch, cfg, lr, device, dp=None, grid=None,
+                   after_backward=None):
     """One update at learning rate lr: gradients of the mean loss over
     cfg.gradient_accumulation_steps micro-batches from next_batch(), averaged over
     the data-parallel ranks if dp is given, clipped, then AdamW.
@@ -258,11 +273,10 @@ def optimizer_step(forward, model, optimizer, scaler, next_batch, cfg, lr, autoc
         if dp is not None:  # average across ranks once, after the last micro-batch
             dp.sync = micro_step == cfg.gradient_accumulation_steps - 1
         x, y = (t.to(device, non_blocking=True) for t in next_batch())  # (B, T) each
-        with autocast:
-            _, loss = forward(x, y)
         # dividing by the number of micro-batches makes the summed gradient that of their mean loss
-        scaler.scale(loss / cfg.gradient_accumulation_steps).backward()
-        loss_sum += loss.detach()
+        loss_sum += forward_backward(x, y, 1 / cfg.gradient_accumulation_steps)
+    if after_backward is not None:
+        after_backward()
     if dp is not None:
         dp.finish()
     scaler.unscale_(optimizer)  # clip the true gradients, not the fp16-scaled ones
@@ -274,23 +288,21 @@ def optimizer_step(forward, model, optimizer, scaler, next_batch, cfg, lr, autoc
 
 
 @torch.no_grad()
-def evaluate(model, stream, batches, autocast, device, grid):
+def evaluate(loss_of, module, stream, batches, device, grid):
     """Mean loss over the first `batches` micro-batches of each rank's share of the stream,
     averaged over the DP ranks: the same rows every time, and the same rows for any layout
     that reads the same number of global batches."""
-    model.eval()
+    module.eval()  # no dropout
     stream.load_state_dict({"position": 0})
     loss_sum = torch.zeros((), device=device)
     for _ in range(batches):
         x, y = stream.next_batch()
-        with autocast:
-            _, loss = model(x.to(device), y.to(device))
-        loss_sum += loss.float()
-    model.train()
+        loss_sum += loss_of(x.to(device), y.to(device)).float()
+    module.train()
     return all_reduce_mean(loss_sum / batches, grid.dp_group, grid.dp).item()
 
 
-def timed_step_seconds(model, batch, autocast, device, repeats=3):
+def timed_step_seconds(forward_backward, model, batch, device, repeats=3):
     """The fastest of a few forward + backward passes (the first one warms up), then drop the gradients."""
     x, y = batch
     times = []
@@ -298,9 +310,7 @@ def timed_step_seconds(model, batch, autocast, device, repeats=3):
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with autocast:
-            _, loss = model(x, y)
-        loss.backward()
+        forward_backward(x, y, 1.0)
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
@@ -485,9 +495,15 @@ def set_rng_state(state):
 
 def train(preset, configs):
     mcfg, dcfg, cfg, pcfg, rcfg, scfg = (configs[c] for c in CONFIG_CLASSES)
-    check_tensor_parallel_layout(mcfg, pcfg.tp)  # before any process group work
+    # bad layouts are named before any process group work, which would wait for peers
+    check_tensor_parallel_layout(mcfg, pcfg.tp)
     if pcfg.pp > 1:
-        raise ValueError(f"--pp {pcfg.pp}: the training loop runs data and tensor parallelism only so far")
+        check_pipeline_layout(mcfg.n_layer, pcfg.pp)
+        check_micro_batches(cfg.batch_size, pcfg.micro_batches)
+        if pcfg.schedule not in SCHEDULES:
+            raise ValueError(f"--schedule {pcfg.schedule!r}: choose one of {', '.join(SCHEDULES)}")
+        if pcfg.tp > 1:
+            raise ValueError("--tp with --pp: the training loop combines each with --dp, not yet both")
     launch = init_distributed(pcfg.dist_timeout)
     grid = ProcessGrid(pcfg.dp, pcfg.tp, pcfg.pp, launch.rank, launch.world_size)
     is_rank0 = launch.rank == 0
@@ -496,6 +512,8 @@ def train(preset, configs):
     device = pick_device(cfg.device if cfg.device != "auto" else launch.device)
     dtype = pick_dtype(cfg.dtype, device)
     autocast = autocast_context(device, dtype)
+    if pcfg.pp > 1 and dtype == torch.float16:
+        raise ValueError("--dtype float16 needs loss scaling, which the pipeline path lacks: use bfloat16 or float32")
     out_dir = cfg.out_dir or os.path.join("out", preset)
     data_dir = cfg.data_dir or default_data_dir(dcfg)
 
@@ -527,11 +545,26 @@ def train(preset, configs):
     eval_batches = eval_iters * cfg.gradient_accumulation_steps
 
     model = GPT(mcfg).to(device)  # initialized whole on every rank, so any layout starts from the same weights
+    # the single-device parameter names of each optimizer group: how a checkpoint lists AdamW's state
+    optimizer_groups = [[n for n, p in model.named_parameters() if p.dim() >= 2],
+                        [n for n, p in model.named_parameters() if p.dim() < 2]]
     if grid.tp > 1:
         tensor_parallel(model, grid)  # each rank keeps its slices of the matrices
-    optimizer = make_optimizer(model, cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)  # fp16 needs loss scaling
     forward = torch.compile(model) if cfg.compile else model
+    trained, pipeline = model, None  # trained: the parameters this rank updates
+    if grid.pp > 1:
+        trained = PipelineStage(model, grid.pp_rank, grid.pp)  # this rank keeps only its stage
+        pipeline = Pipeline(trained, grid, pcfg.schedule, pcfg.micro_batches, mcfg.n_embd, autocast)
+        forward_backward, loss_of = pipeline.forward_backward, pipeline.loss
+    else:
+        forward_backward = make_forward_backward(forward, autocast, scaler)
+
+        def loss_of(x, y):
+            with autocast:
+                return forward(x, y)[1]
+
+    optimizer = make_optimizer(trained, cfg, device)
     tokens_per_iter = global_batch * mcfg.block_size
     peak_flops = device_peak_flops(device, cfg.peak_tflops)
     ln_vocab = math.log(meta["vocab_size"])
@@ -544,21 +577,25 @@ def train(preset, configs):
     metrics_path, incidents_path = os.path.join(out_dir, "metrics.jsonl"), os.path.join(out_dir, "incidents.jsonl")
 
     say(f"device {device}, dtype {str(dtype).replace('torch.', '')}, out {out_dir}")
-    step_seconds = timed_step_seconds(forward, (t.to(device) for t in val_stream.next_batch()), autocast, device)
+    step_seconds = timed_step_seconds(forward_backward, trained, [t.to(device) for t in val_stream.next_batch()], device)
     for line in cost_estimate(model, cfg.batch_size, cfg.max_iters, tokens_per_iter, 4 if dtype == torch.float32 else 2,
                               step_seconds * cfg.gradient_accumulation_steps):
         say("cost: " + line)
     # wrapped after the timing pass above, whose backward must not start gradient all-reduces
-    dp = DataParallel(model, grid.dp_group, grid.dp, pcfg.dp_mode, pcfg.bucket_mb) if grid.dp > 1 else None
+    dp = DataParallel(trained, grid.dp_group, grid.dp, pcfg.dp_mode, pcfg.bucket_mb, overlap=pipeline is None) \
+        if grid.dp > 1 else None
 
     # A checkpoint holds all that the next step depends on: weights, AdamW moments, the
     # step (so the LR schedule continues), the data position, the RNG, the monitor's baselines.
     # It is saved as a single-device run would save it (tensor-parallel slices gathered), so
     # any layout can resume it.
     def save(step):
+        if pipeline is None:
+            weights, moments = full_state_dict(model, grid), full_optimizer_state_dict(optimizer, grid)
+        else:
+            weights, moments = pipeline.full_state_dict(), pipeline.full_optimizer_state_dict(optimizer, optimizer_groups)
         state = {
-            "model": full_state_dict(model, grid), "optimizer": full_optimizer_state_dict(optimizer, grid),
-            "scaler": scaler.state_dict(),
+            "model": weights, "optimizer": moments, "scaler": scaler.state_dict(),
             "step": step, "data": train_stream.state_dict(), "rng": rng_state(),
             "monitor": monitor.state_dict(), "recovery": dict(recovery), "config": run, "meta": meta,
         }
@@ -574,9 +611,14 @@ def train(preset, configs):
         changed = config_changes(state["config"], {"GPTConfig": run["GPTConfig"]})
         if changed:
             raise ValueError(f"the checkpoint holds a model of another shape ({'; '.join(changed)})")
-        load_full_state_dict(model, state["model"], grid)
-        if "optimizer" in state:
+        if pipeline is None:
+            load_full_state_dict(model, state["model"], grid)
+        else:
+            pipeline.load_full_state_dict(state["model"])
+        if "optimizer" in state and pipeline is None:
             load_full_optimizer_state_dict(optimizer, state["optimizer"], grid)
+        elif "optimizer" in state:
+            pipeline.load_full_optimizer_state_dict(optimizer, state["optimizer"], optimizer_groups)
         elif not rcfg.reset_optimizer:
             raise ValueError(
                 f"the checkpoint of step {state['step']} in {ckpt_dir} has no optimizer state. Resuming would "
@@ -641,7 +683,7 @@ def train(preset, configs):
         record = {"step": step}
         if step % cfg.eval_interval == 0 or step == cfg.max_iters:
             t0 = time.perf_counter()
-            record["val_loss"] = evaluate(forward, val_stream, eval_batches, autocast, device, grid)
+            record["val_loss"] = evaluate(loss_of, trained, val_stream, eval_batches, device, grid)
             eval_seconds += time.perf_counter() - t0
             fired = monitor.check_eval(record["val_loss"])
             if monitor.is_incident(fired):
@@ -657,11 +699,12 @@ def train(preset, configs):
                 os.kill(os.getpid(), signal.SIGKILL)
             elif fault == "nan":
                 with torch.no_grad():
-                    next(model.parameters()).view(-1)[0] = float("nan")
+                    next(trained.parameters()).view(-1)[0] = float("nan")
             elif fault == "spike":
                 next_batch = garbage_batches(train_stream, meta["vocab_size"], seed=step)
         lr = lr_at(step, cfg) * recovery["lr_scale"]
-        loss, grad_norm = optimizer_step(forward, model, optimizer, scaler, next_batch, cfg, lr, autocast, device, dp, grid)
+        loss, grad_norm = optimizer_step(forward_backward, trained, optimizer, scaler, next_batch, cfg, lr, device, dp,
+                                         grid, pipeline.after_backward if pipeline else None)
         # the logged loss is the mean over DP ranks; the grad norm is already that of the averaged gradient
         loss = all_reduce_mean(loss, grid.dp_group, grid.dp).item()  # .item() waits for the device
         grad_norm = grad_norm.item()
@@ -702,10 +745,18 @@ def train(preset, configs):
     records.append(record)
     say(f"final val loss {val_loss:.4f}, perplexity {math.exp(val_loss):.2f} "
           f"(uniform guessing: {meta['vocab_size']}) after {(time.perf_counter() - run_start) / 60:.1f} min")
-    whole = full_state_dict(model, grid)  # every rank takes part in gathering the slices
+    # every rank takes part in gathering the slices and stages
+    whole = full_state_dict(model, grid) if pipeline is None else pipeline.full_state_dict()
+    timeline = pipeline.gather_timeline() if pipeline else None
     if not is_rank0:
         return
-    if grid.tp > 1:
+    if timeline:  # the last training step, as the pipeline ran it
+        formula = (grid.pp - 1) / (pcfg.micro_batches + grid.pp - 1)
+        say(f"pipeline bubble of the last step: measured {bubble_fraction(timeline):.3f}, "
+            f"(p - 1) / (m + p - 1) = {formula:.3f} ({pcfg.schedule}, p={grid.pp}, m={pcfg.micro_batches})")
+        plot_gantt(timeline, os.path.join(out_dir, "pipeline.png"),
+                   f"{pcfg.schedule}, p={grid.pp}, m={pcfg.micro_batches}: bubble {bubble_fraction(timeline):.2f}")
+    if grid.tp > 1 or grid.pp > 1:
         model = GPT(mcfg).to(device)
         model.load_state_dict(whole)
     append_jsonl(metrics_path, record)

@@ -49,6 +49,7 @@ def timed_steps(mode, rank, world_size, steps, warmup, bucket_mb):
     optimizer = train.make_optimizer(model, cfg, device)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     autocast = train.autocast_context(device, torch.float32)
+    forward_backward = train.make_forward_backward(forward, autocast, scaler)
     generator = torch.Generator().manual_seed(rank)
 
     def next_batch():
@@ -61,7 +62,7 @@ def timed_steps(mode, rank, world_size, steps, warmup, bucket_mb):
                 dist.barrier()
             parallel.tp_traffic.update(forward=0, backward=0)
             t0 = time.perf_counter()
-        train.optimizer_step(forward, model, optimizer, scaler, next_batch, cfg, 1e-3, autocast, device, dp, grid)
+        train.optimizer_step(forward_backward, model, optimizer, scaler, next_batch, cfg, 1e-3, device, dp, grid)
     return time.perf_counter() - t0, sum(parallel.tp_traffic.values())
 
 

@@ -32,6 +32,7 @@ def measure(compiled, steps, warmup, device, dtype, token_file):
     optimizer = train.make_optimizer(model, cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     autocast = train.autocast_context(device, dtype)
+    forward_backward = train.make_forward_backward(forward, autocast, scaler)
     stream = TokenStream(token_file, "uint16", cfg.batch_size, mcfg.block_size, lanes=cfg.lanes)
     t_start = time.perf_counter()
     for step in range(warmup + steps):
@@ -39,7 +40,7 @@ def measure(compiled, steps, warmup, device, dtype, token_file):
             if device.type == "cuda":
                 torch.cuda.synchronize()
             warmup_seconds, t0 = time.perf_counter() - t_start, time.perf_counter()
-        loss, _ = train.optimizer_step(forward, model, optimizer, scaler, stream.next_batch, cfg, 1e-3, autocast, device)
+        loss, _ = train.optimizer_step(forward_backward, model, optimizer, scaler, stream.next_batch, cfg, 1e-3, device)
     loss.item()
     seconds = time.perf_counter() - t0
     tokens = steps * cfg.batch_size * mcfg.block_size

@@ -1,4 +1,4 @@
-"""Training under data and tensor parallelism with real gloo processes: any layout takes the single-process step."""
+"""Training under data, tensor and pipeline parallelism with real gloo processes: any layout takes the single-process step."""
 
 import json
 
@@ -81,8 +81,10 @@ def single(corpus):
         (2, ["--batch_size", 4, "--dp_mode", "naive"]),
         (2, ["--batch_size", 8, "--dp", 1, "--tp", 2]),
         (4, ["--batch_size", 4, "--dp", 2, "--tp", 2]),
+        (2, ["--batch_size", 8, "--dp", 1, "--pp", 2, "--micro_batches", 4, "--schedule", "gpipe"]),
+        (4, ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "1f1b"]),
     ],
-    ids=["dp2", "dp4", "dp2-accumulation", "dp2-naive", "tp2", "dp2xtp2"],
+    ids=["dp2", "dp4", "dp2-accumulation", "dp2-naive", "tp2", "dp2xtp2", "pp2-gpipe", "dp2xpp2-1f1b"],
 )
 def test_layout_matches_single_process(corpus, single, world_size, extra):
     """Same seed, same global batch: every layout takes the single process's steps (fp32 tolerance)."""

@@ -59,7 +59,8 @@ def one_step(tmp_path, batch_size, accumulation, dtype=torch.float32):
     optimizer = train.make_optimizer(model, cfg, torch.device("cpu"))
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     autocast = train.autocast_context(torch.device("cpu"), dtype)
-    loss, norm = optimizer_step(model, model, optimizer, scaler, stream.next_batch, cfg, 1e-3, autocast, torch.device("cpu"))
+    forward_backward = train.make_forward_backward(model, autocast, scaler)
+    loss, norm = optimizer_step(forward_backward, model, optimizer, scaler, stream.next_batch, cfg, 1e-3, torch.device("cpu"))
     return model, loss, norm
 
 
