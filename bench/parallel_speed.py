@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import config  # noqa: E402
 import train  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 import parallel  # noqa: E402
@@ -36,7 +37,7 @@ def timed_steps(mode, rank, world_size, steps, warmup, bucket_mb):
     """Run warmup + steps optimizer steps; return (this rank's seconds, TP bytes) for the timed ones."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=BLOCK, vocab_size=256, n_layer=N_LAYER, n_head=4, n_embd=N_EMBD))
-    cfg = train.TrainConfig(batch_size=GLOBAL_BATCH if mode in ("TP", "one process") else GLOBAL_BATCH // world_size)
+    cfg = config.TrainConfig(batch_size=GLOBAL_BATCH if mode in ("TP", "one process") else GLOBAL_BATCH // world_size)
     device = torch.device("cpu")
     forward, dp, grid = model, None, None
     if mode in ("bucketed DP", "naive DP"):

@@ -17,14 +17,15 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import config  # noqa: E402
 import train  # noqa: E402
 from data import TokenStream  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 
 def measure(compiled, steps, warmup, device, dtype, token_file):
-    preset = train.PRESETS["shakespeare"]
-    cfg = train.TrainConfig(**{k: v for k, v in preset.items() if k in train.TrainConfig.__dataclass_fields__})
+    preset = config.PRESETS["shakespeare"]
+    cfg = config.TrainConfig(**{k: v for k, v in preset.items() if k in config.TrainConfig.__dataclass_fields__})
     mcfg = GPTConfig(**{k: v for k, v in preset.items() if k in GPTConfig.__dataclass_fields__})
     torch.manual_seed(0)
     model = GPT(mcfg).to(device)

@@ -1,7 +1,4 @@
-import math
-
 import pytest
-import torch
 
 from model import GPT, GPTConfig
 from monitor import HealthMonitor, cost_estimate

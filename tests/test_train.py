@@ -1,6 +1,5 @@
 import json
 import math
-import os
 
 import numpy as np
 import pytest
@@ -10,7 +9,8 @@ import train
 from data import TokenStream
 from model import GPT, GPTConfig
 from conftest import ROOT, run_script
-from train import TrainConfig, clip_grad_norm, lr_at, optimizer_step
+from config import TrainConfig
+from train import clip_grad_norm, lr_at, optimizer_step
 
 # a run small enough for a unit test: 2 layers of width 32 on the small corpus
 QUICK = ["--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "16", "--batch_size", "4",

@@ -1,0 +1,138 @@
+"""Configuration: one dataclass per concern, named presets, and the command line that sets them.
+
+Every field of GPTConfig (model.py), DataConfig (data.py), ParallelConfig
+(parallel.py) and the dataclasses below is a flag, `--name value`, type-checked;
+defaults < preset < command line. nanoGPT's names mean the same here.
+
+    python train.py --preset shakespeare --n_layer 6 --learning_rate 3e-4
+"""
+
+import argparse
+import dataclasses
+import difflib
+from dataclasses import dataclass
+
+from data import DataConfig
+from model import GPTConfig
+from parallel import ParallelConfig
+
+# ----------------------------------------------------------------------------
+# The run's settings; defaults are the `tiny` preset
+
+
+@dataclass
+class TrainConfig:
+    out_dir: str = ""  # where the run writes; "" = out/<preset>
+    data_dir: str = ""  # prepared token files; "" = data/<source>-<tokenizer>, prepared on first use
+    overwrite: bool = False  # allow replacing a different run in out_dir
+    seed: int = 1337
+    device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
+    dtype: str = "auto"  # auto (bfloat16 on GPUs that have it, else float16; float32 on CPU) | float32 | bfloat16 | float16
+    compile: bool = False  # torch.compile the model
+    # batch: one optimizer step sees batch_size * gradient_accumulation_steps sequences of block_size tokens
+    batch_size: int = 16  # sequences per forward pass (per process)
+    gradient_accumulation_steps: int = 1
+    lanes: int = 64  # the token file is read as this many interleaved lanes (see data.TokenStream)
+    # AdamW, LR schedule, clipping
+    max_iters: int = 2000
+    learning_rate: float = 2e-3  # peak LR, reached at the end of warmup
+    min_lr: float = 2e-4  # the cosine ends here, at lr_decay_iters
+    warmup_iters: int = 100
+    lr_decay_iters: int = 0  # 0 = max_iters
+    weight_decay: float = 0.1  # on matrices and embeddings; never on norms and biases
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0  # max global grad norm; 0 = no clipping
+    # monitoring
+    log_interval: int = 25
+    eval_interval: int = 250
+    eval_iters: int = 20  # global batches per val-loss estimate: always the first ones of val.bin
+    peak_tflops: float = 0.0  # device peak for MFU; 0 = look it up by GPU name
+
+
+@dataclass
+class RecoveryConfig:
+    ckpt_interval: int = 100  # steps between checkpoints (in out_dir/ckpt/)
+    keep_last: int = 3  # retention, dense recent: the newest keep_last checkpoints...
+    keep_every: int = 1000  # ...and sparse old: every checkpoint at a multiple of this step
+    resume: bool = False  # insist on resuming (a run whose out_dir holds checkpoints resumes anyway)
+    reset_optimizer: bool = False  # accept a checkpoint without optimizer state (fresh AdamW moments)
+    triggers: str = "nonfinite,spike"  # detectors that roll back; of nonfinite,spike,grad_z,val_rise
+    spike_factor: float = 2.0  # spike: loss above this many times the median of recent losses
+    monitor_window: int = 50  # steps in the rolling baselines of loss and grad norm
+    grad_z_threshold: float = 8.0  # grad_z: grad norm this many std above its recent mean
+    val_rise_evals: int = 3  # val_rise: val loss up this many evals in a row while train loss falls
+    incident_lr_scale: float = 0.5  # after each rollback the LR schedule is multiplied by this
+    max_incidents: int = 5  # more incidents than this stop the run
+    inject: str = ""  # faults for teaching and tests: nan@STEP,spike@STEP,crash@STEP
+
+
+@dataclass
+class SampleConfig:
+    prompt: str = ""  # text to continue; "" = start from the end-of-text token
+    num_samples: int = 3
+    max_new_tokens: int = 300
+    temperature: float = 0.8
+    top_k: int = 200
+
+
+PRESETS = {
+    "tiny": {},  # the defaults above: ~0.8M parameters on Python's own source code, minutes on a laptop CPU
+    # nanoGPT's CPU "baby GPT" (README of karpathy/nanoGPT): val loss ~1.88 at 2000 iterations
+    "shakespeare": dict(
+        source="shakespeare", block_size=64, batch_size=12, n_layer=4, n_head=4, n_embd=128,
+        max_iters=2000, learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, beta2=0.99,
+        eval_iters=200, log_interval=10,
+    ),
+    # GPT-2 small (124M) on one GPU: 2^19 tokens per step (16 x 1024 x 32), 19073 steps = 10B tokens.
+    "gpt2-small": dict(
+        tokenizer="gpt2", block_size=1024, n_layer=12, n_head=12, n_embd=768,
+        batch_size=16, gradient_accumulation_steps=32, lanes=512, max_iters=19073,
+        learning_rate=6e-4, min_lr=6e-5, warmup_iters=700, beta2=0.95,
+        log_interval=10, eval_interval=500, eval_iters=4, compile=True,
+    ),
+}
+
+
+def parse_bool(text):
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+CONFIG_CLASSES = (GPTConfig, DataConfig, TrainConfig, ParallelConfig, RecoveryConfig, SampleConfig)
+
+
+def parse_args(argv):
+    """--preset NAME, --sample, and --field value for every field of the config dataclasses.
+
+    Precedence: dataclass default < preset < command line. Returns
+    (preset, sample_mode, {config class: instance}).
+    """
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+    parser.add_argument("--preset", default="tiny", help=f"one of: {', '.join(PRESETS)}")
+    parser.add_argument("--sample", action="store_true", help="sample from the checkpoint in --out_dir")
+    owner = {}
+    for cls in CONFIG_CLASSES:
+        for f in dataclasses.fields(cls):
+            if f.name in ("vocab_size",):  # set from the data, not by hand
+                continue
+            owner[f.name] = cls
+            kind = parse_bool if f.type is bool else f.type
+            parser.add_argument(f"--{f.name}", type=kind, default=None, help=f"{cls.__name__} (default {f.default!r})")
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        flag = unknown[0].split("=")[0]
+        valid = ["--preset", "--sample"] + [f"--{name}" for name in owner]
+        close = difflib.get_close_matches(flag, valid, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        parser.error(f"unknown flag {flag}{hint}. Valid flags: {' '.join(valid)}")
+    if args.preset not in PRESETS:
+        parser.error(f"unknown preset {args.preset!r}: choose one of {', '.join(PRESETS)}")
+    values = {**PRESETS[args.preset], **{k: v for k, v in vars(args).items() if v is not None and k in owner}}
+    configs = {cls: cls(**{k: v for k, v in values.items() if owner[k] is cls}) for cls in CONFIG_CLASSES}
+    return args.preset, args.sample, configs
