@@ -273,7 +273,8 @@ def default_data_dir(dcfg):
     return os.path.join("data", f"{name}-{dcfg.tokenizer}")
 
 
-RUN_FILES = ("run.json", "metrics.jsonl", "incidents.jsonl", "injected.json", "metrics.png", "samples.txt", "ckpt")
+RUN_FILES = ("run.json", "metrics.jsonl", "incidents.jsonl", "injected.json", "metrics.png", "pipeline.png",
+             "samples.txt", "ckpt")
 
 
 def config_changes(old, new):
