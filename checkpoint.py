@@ -55,9 +55,12 @@ def save(ckpt_dir, step, state, healthy):
             json.dump(manifest, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
-        if os.path.exists(final):  # the same step saved again (after a rollback): swap, then drop the old one
-            shutil.rmtree(final)
+        old = final + ".old"
+        if os.path.exists(final):  # the same step saved again (after a rollback): set the old one aside first
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
         os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
         _fsync_dir(ckpt_dir)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)

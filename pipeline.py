@@ -195,8 +195,8 @@ def send_forward(activation, grid, pending):
     pending.append(dist.isend(activation.detach().contiguous(), grid.pp_next))
 
 
-def recv_forward(shape, grid, dtype):
-    activation = torch.empty(shape, dtype=dtype)
+def recv_forward(shape, grid, dtype, device):
+    activation = torch.empty(shape, dtype=dtype, device=device)
     dist.recv(activation, grid.pp_prev)
     return activation.requires_grad_()
 
@@ -205,8 +205,8 @@ def send_backward(grad, grid, pending):
     pending.append(dist.isend(grad.contiguous(), grid.pp_prev))
 
 
-def recv_backward(shape, grid, dtype):
-    grad = torch.empty(shape, dtype=dtype)
+def recv_backward(shape, grid, dtype, device):
+    grad = torch.empty(shape, dtype=dtype, device=device)
     dist.recv(grad, grid.pp_next)
     return grad
 
@@ -222,6 +222,7 @@ def run_schedule(stage, order, inputs, targets, micro_batches, grid, n_embd, los
     """
     micro_inputs, micro_targets = inputs.chunk(micro_batches), targets.chunk(micro_batches)
     shape = (*micro_inputs[0].shape, n_embd)  # activations between stages: (B/m, T, C)
+    device = next(stage.parameters()).device
     stored, pending, records, loss, peak = {}, [], [], None, 0
 
     def timed(kind, i, fn):
@@ -232,7 +233,7 @@ def run_schedule(stage, order, inputs, targets, micro_batches, grid, n_embd, los
 
     for kind, i in order:
         if kind == "F":
-            x = micro_inputs[i] if stage.is_first else timed("wait", i, lambda: recv_forward(shape, grid, torch.float32))
+            x = micro_inputs[i] if stage.is_first else timed("wait", i, lambda: recv_forward(shape, grid, torch.float32, device))
             out = timed("F", i, lambda: stage(x, micro_targets[i] if stage.is_last else None))
             if stage.is_last:
                 out = out / micro_batches
@@ -244,7 +245,7 @@ def run_schedule(stage, order, inputs, targets, micro_batches, grid, n_embd, los
             peak = max(peak, len(stored))
         elif kind == "B":
             x, out = stored.pop(i)
-            grad = None if stage.is_last else timed("wait", i, lambda: recv_backward(shape, grid, torch.float32))
+            grad = None if stage.is_last else timed("wait", i, lambda: recv_backward(shape, grid, torch.float32, device))
             timed("B", i, lambda: out.backward(grad))
             if not stage.is_first:
                 send_backward(x.grad, grid, pending)
@@ -292,7 +293,7 @@ class Pipeline:
 
     def _from_last_stage(self, loss):
         """The loss lives on the last stage; every stage gets it, to log and to judge incidents alike."""
-        loss = torch.zeros(()) if loss is None else loss.float()
+        loss = torch.zeros((), device=next(self.stage.parameters()).device) if loss is None else loss.float()
         dist.broadcast(loss, src=self.grid.pp_ranks[-1], group=self.grid.pp_group)
         return loss
 

@@ -210,7 +210,8 @@ class FaultInjector:
 
     KINDS = ("nan", "spike", "crash")
 
-    def __init__(self, spec, out_dir):
+    def __init__(self, spec, out_dir, active=True):
+        self.active = active  # every rank checks the spec; only the active one fires
         self.path = os.path.join(out_dir, "injected.json")
         self.planned = []
         for item in filter(None, spec.split(",")):
@@ -225,6 +226,8 @@ class FaultInjector:
 
     def due(self, step):
         """Faults planned for this step that have not fired yet; they count as fired from now on."""
+        if not self.active:
+            return []
         due = [f for f in self.planned if f.endswith(f"@{step}") and f not in self.fired]
         if due:
             self.fired += due
@@ -391,7 +394,8 @@ def train(preset, configs):
     dtype = pick_dtype(cfg.dtype, device)
     autocast = autocast_context(device, dtype)
     if pcfg.pp > 1 and dtype == torch.float16:
-        raise ValueError("--dtype float16 needs loss scaling, which the pipeline path lacks: use bfloat16 or float32")
+        raise ValueError(f"--dtype {cfg.dtype} gives float16 here, which needs loss scaling, which the pipeline "
+                         "path lacks: pass --dtype bfloat16 or float32")
     out_dir = cfg.out_dir or os.path.join("out", preset)
     data_dir = cfg.data_dir or default_data_dir(dcfg)
 
@@ -449,7 +453,7 @@ def train(preset, configs):
     monitor = HealthMonitor(rcfg.monitor_window, rcfg.spike_factor, rcfg.grad_z_threshold,
                             rcfg.val_rise_evals, rcfg.triggers.split(","))
     # faults strike one process, the last rank, as a failing machine would
-    injector = FaultInjector(rcfg.inject if launch.rank == launch.world_size - 1 else "", out_dir)
+    injector = FaultInjector(rcfg.inject, out_dir, active=launch.rank == launch.world_size - 1)
     recovery = {"lr_scale": 1.0, "incidents": 0}  # what incidents changed; saved with every checkpoint
     ckpt_dir = os.path.join(out_dir, "ckpt")
     metrics_path, incidents_path = os.path.join(out_dir, "metrics.jsonl"), os.path.join(out_dir, "incidents.jsonl")
@@ -472,12 +476,12 @@ def train(preset, configs):
             weights, moments = full_state_dict(model, grid), full_optimizer_state_dict(optimizer, grid)
         else:
             weights, moments = pipeline.full_state_dict(), pipeline.full_optimizer_state_dict(optimizer, optimizer_groups)
+        healthy = monitor.take_healthy_mark()  # before the monitor's state is captured below
         state = {
             "model": weights, "optimizer": moments, "scaler": scaler.state_dict(),
             "step": step, "data": train_stream.state_dict(), "rng": rng_state(),
             "monitor": monitor.state_dict(), "recovery": dict(recovery), "config": run, "meta": meta,
         }
-        healthy = monitor.take_healthy_mark()
 
         def write():  # one rank writes; every rank may read it back after this returns
             checkpoint.save(ckpt_dir, step, state, healthy)
@@ -505,14 +509,15 @@ def train(preset, configs):
             )
         else:
             say("warning: no optimizer state in the checkpoint; AdamW restarts from zero moments")
-        scaler.load_state_dict(state.get("scaler", {}))
+        if state.get("scaler"):  # empty when the saving run had no fp16 loss scaling
+            scaler.load_state_dict(state["scaler"])
         train_stream.load_state_dict(state["data"])
         set_rng_state(state["rng"])
         monitor.load_state_dict(state["monitor"])
         recovery.update(state["recovery"])
         return state["step"]
 
-    latest = checkpoint.load_latest(ckpt_dir, device, warn=say)
+    latest = checkpoint.load_latest(ckpt_dir, warn=say)  # onto the CPU: RNG states must stay there
     if latest is not None:
         step = restore(latest[1])
         say(f"resuming from the checkpoint of step {step} in {ckpt_dir}")
@@ -536,7 +541,7 @@ def train(preset, configs):
                 f"{incidents_path}, then resume with a lower --learning_rate or a larger --max_incidents."
             )
         bad_end, incidents, lr_scale = train_stream.position, recovery["incidents"], recovery["lr_scale"]
-        latest = checkpoint.load_latest(ckpt_dir, device, healthy_only=True, warn=say)
+        latest = checkpoint.load_latest(ckpt_dir, healthy_only=True, warn=say)
         if latest is None:
             raise ValueError(f"{detector} at step {step}, and no healthy checkpoint in {ckpt_dir} to roll back to")
         restored = restore(latest[1])
@@ -602,7 +607,8 @@ def train(preset, configs):
             line = f"step {step:5d} | loss {loss:.4f} | lr {lr:.2e} | grad norm {grad_norm:.3f}"
             line += f" | {tokens_per_s:,.0f} tok/s"
             if peak_flops:
-                record["mfu"] = model.flops_per_token() * tokens_per_s / peak_flops
+                # tokens/s counts the whole group; each of its devices has this peak
+                record["mfu"] = model.flops_per_token() * tokens_per_s / (peak_flops * grid.world_size)
                 line += f" | MFU {100 * record['mfu']:.1f}%"
             line += f" | ETA {(cfg.max_iters - step - 1) * elapsed / interval_steps / 60:.1f} min"
             if "val_loss" in record:
