@@ -352,10 +352,13 @@ def append_jsonl(path, record):
 
 
 def rng_state():
+    """Every random generator a step may draw from. numpy's key becomes a tensor: a checkpoint
+    holds tensors and plain containers only."""
     numpy_state = np.random.get_state(legacy=False)
+    numpy_key = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
     return {
         "python": random.getstate(),
-        "numpy": {**numpy_state, "state": {**numpy_state["state"], "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))}},
+        "numpy": {**numpy_state, "state": {**numpy_state["state"], "key": numpy_key}},
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
@@ -364,7 +367,8 @@ def rng_state():
 def set_rng_state(state):
     random.setstate(state["python"])
     numpy_state = state["numpy"]
-    np.random.set_state({**numpy_state, "state": {**numpy_state["state"], "key": numpy_state["state"]["key"].numpy().astype(np.uint32)}})
+    numpy_key = numpy_state["state"]["key"].numpy().astype(np.uint32)
+    np.random.set_state({**numpy_state, "state": {**numpy_state["state"], "key": numpy_key}})
     torch.set_rng_state(state["torch"])
     if state["cuda"]:
         torch.cuda.set_rng_state_all(state["cuda"])
