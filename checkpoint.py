@@ -1,6 +1,11 @@
-"""Checkpoints: written atomically, verified before use, loaded without running code, thinned with age.
+"""Checkpoints: in single-device form, written atomically, verified before use, loaded without running code, thinned with age.
 
-A checkpoint is a folder out_dir/ckpt/step_0001000/ holding state.pt and
+Single-device form: whatever the layout (tensor-parallel slices, pipeline
+stages), a checkpoint holds the state dicts a one-process run would hold. The
+slices are gathered whole and the stages merged on the way out, and cut again on
+the way in, so a run saved on one layout resumes on any other.
+
+On disk, a checkpoint is a folder out_dir/ckpt/step_0001000/ holding state.pt and
 manifest.json. state.pt holds only tensors and plain containers (so
 `torch.load(weights_only=True)` reads it and a crafted pickle is refused, not
 run); manifest.json holds the step, a healthy mark and each file's sha256.
@@ -17,6 +22,7 @@ import re
 import shutil
 
 import torch
+import torch.distributed as dist
 
 from data import file_sha256  # the same hashing as the corpus files
 
@@ -24,11 +30,109 @@ STATE_FILE, MANIFEST_FILE = "state.pt", "manifest.json"
 STEP_DIR = re.compile(r"^step_(\d{7})$")
 
 
+# ----------------------------------------------------------------------------
+# Single-device form: from the model as the ranks hold it, and back
+#
+# `model` is the model as this rank holds it (parallel.ShardedModel or
+# pipeline.PipelineModel); its local_parameters() name each parameter as the
+# single-device model does and say how it was cut for tensor parallelism. Every
+# rank must call these functions: they gather over the TP and PP groups.
+
+
+def gather_whole(tensor, cut, grid):
+    """The single-device tensor of which `tensor` is this rank's TP slice (cut None: it is whole)."""
+    if cut is None or grid.tp == 1:
+        return tensor.detach()
+    shards = [torch.empty_like(tensor) for _ in range(grid.tp)]
+    dist.all_gather(shards, tensor.detach().contiguous(), group=grid.tp_group)
+    return cut.unshard(shards)
+
+
+def take_slice(full, cut, grid):
+    """This rank's TP slice of a single-device tensor: the inverse of gather_whole."""
+    if cut is None or grid.tp == 1:
+        return full
+    return cut.shard(full, grid.tp, grid.tp_rank)
+
+
+def _on_cpu(value):
+    if isinstance(value, dict):
+        return {key: _on_cpu(v) for key, v in value.items()}
+    return value.cpu() if torch.is_tensor(value) else value
+
+
+def merge_stages(mine, grid):
+    """{name: value} of every pipeline stage, from this stage's part (moved to the CPU to travel as objects)."""
+    if grid.pp == 1:
+        return mine
+    pieces = [None] * grid.pp
+    dist.all_gather_object(pieces, _on_cpu(mine), group=grid.pp_group)
+    return {name: value for piece in pieces for name, value in piece.items()}
+
+
+def full_state_dict(model, grid):
+    """The single-device GPT's state dict: every slice gathered whole, every stage's part merged."""
+    full = merge_stages({name: gather_whole(p, cut, grid) for name, p, cut in model.local_parameters()}, grid)
+    full["lm_head.weight"] = full["wte.weight"]  # tied: one matrix under both names, as GPT.state_dict() has it
+    return full
+
+
+def load_full_state_dict(model, full, grid):
+    """Each rank takes its part of a single-device state dict: its stage's parameters, cut to its slices."""
+    with torch.no_grad():
+        for name, p, cut in model.local_parameters():
+            p.copy_(take_slice(full[name], cut, grid))
+
+
+def full_optimizer_state_dict(optimizer, model, grid, groups):
+    """AdamW's state dict as a single-device run saves it: moments gathered and merged like the
+    weights, indexed in single-device order. groups: the single-device parameter names of
+    each optimizer parameter group, in order (train.make_optimizer's groups)."""
+    state = optimizer.state_dict()
+    index_of = {id(p): i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
+    mine = {
+        name: {key: gather_whole(value, cut, grid) if value.dim() > 0 else value
+               for key, value in state["state"][index_of[id(p)]].items()}
+        for name, p, cut in model.local_parameters() if index_of[id(p)] in state["state"]
+    }
+    moments = merge_stages(mine, grid)
+    order = [name for names in groups for name in names]
+    param_groups, first = [], 0
+    for group, names in zip(state["param_groups"], groups):
+        param_groups.append(dict(group, params=list(range(first, first + len(names)))))
+        first += len(names)
+    return {"state": {i: moments[name] for i, name in enumerate(order) if name in moments},
+            "param_groups": param_groups}
+
+
+def load_full_optimizer_state_dict(optimizer, full, model, grid, groups):
+    """Each rank takes the moments of its own parameters from a single-device AdamW state dict, cut to its slices."""
+    order = [name for names in groups for name in names]
+    index_of = {id(p): i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
+    local = {name: (p, cut) for name, p, cut in model.local_parameters()}
+    state = {}
+    for i, moments in full["state"].items():
+        if order[i] in local:
+            p, cut = local[order[i]]
+            state[index_of[id(p)]] = {key: take_slice(value, cut, grid) if value.dim() > 0 else value
+                                      for key, value in moments.items()}
+    ours = optimizer.state_dict()["param_groups"]  # the hyperparameters from the checkpoint, our parameter indices
+    optimizer.load_state_dict({"state": state, "param_groups": [dict(g, params=o["params"]) for g, o in zip(full["param_groups"], ours)]})
+
+
+# ----------------------------------------------------------------------------
+# On disk
+
+
 def step_path(ckpt_dir, step):
     return os.path.join(ckpt_dir, f"step_{step:07d}")
 
 
 def _fsync_dir(path):
+    """Make a rename in `path` durable. Windows cannot open a folder as a file; there
+    NTFS journals the rename itself."""
+    if os.name == "nt":
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

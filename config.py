@@ -62,9 +62,18 @@ class RecoveryConfig:
     monitor_window: int = 50  # steps in the rolling baselines of loss and grad norm
     grad_z_threshold: float = 8.0  # grad_z: grad norm this many std above its recent mean
     val_rise_evals: int = 3  # val_rise: val loss up this many evals in a row while train loss falls
-    incident_lr_scale: float = 0.5  # after each rollback the LR schedule is multiplied by this
+    # The runbook (train.respond_to_incident): every incident rolls back to the newest healthy
+    # checkpoint and skips the data that led to it; a repeat within incident_window steps also...
+    incident_window: int = 200
+    repeat_response: str = "lower_lr"  # ...lower_lr: multiplies the LR by incident_lr_scale from then on | rewarm
+    incident_lr_scale: float = 0.5
+    rewarm_iters: int = 0  # rewarm: steps to climb from 0 back to the scheduled LR; 0 = warmup_iters
     max_incidents: int = 5  # more incidents than this stop the run
     inject: str = ""  # faults for teaching and tests: nan@STEP,spike@STEP,crash@STEP
+
+    def __post_init__(self):
+        if self.repeat_response not in ("lower_lr", "rewarm"):
+            raise ValueError(f"--repeat_response {self.repeat_response!r}: choose lower_lr or rewarm")
 
 
 @dataclass
@@ -115,15 +124,17 @@ def parse_args(argv):
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument("--preset", default="tiny", help=f"one of: {', '.join(PRESETS)}")
-    parser.add_argument("--sample", action="store_true", help="sample from the checkpoint in --out_dir")
+    # a boolean flag alone means true (--resume); --resume true|false also works
+    boolean = dict(type=parse_bool, nargs="?", const=True, metavar="true|false")
+    parser.add_argument("--sample", default=False, help="sample from the checkpoint in --out_dir", **boolean)
     owner = {}
     for cls in CONFIG_CLASSES:
         for f in dataclasses.fields(cls):
             if f.name in ("vocab_size",):  # set from the data, not by hand
                 continue
             owner[f.name] = cls
-            kind = parse_bool if f.type is bool else f.type
-            parser.add_argument(f"--{f.name}", type=kind, default=None, help=f"{cls.__name__} (default {f.default!r})")
+            kind = boolean if f.type is bool else dict(type=f.type)
+            parser.add_argument(f"--{f.name}", default=None, help=f"{cls.__name__} (default {f.default!r})", **kind)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         flag = unknown[0].split("=")[0]

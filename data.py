@@ -19,6 +19,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import sysconfig
@@ -227,8 +228,8 @@ def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22):
         if not overwrite:
             changed = [k for k, v in identity.items() if old.get(k) != v]
             raise ValueError(
-                f"{data_dir} already holds data prepared differently ({', '.join(changed)} differ). "
-                "Choose another data directory, or allow replacing it (--overwrite true)."
+                f"{data_dir} already holds data prepared differently ({', '.join(changed)} differ). Choose "
+                f"another --data_dir, or replace it: python data.py --overwrite --out_dir {data_dir} --source ..."
             )
 
     tokenizer = get_tokenizer(config.tokenizer)
@@ -282,6 +283,25 @@ def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22):
         remove_if_exists(tmp_train)
         remove_if_exists(tmp_val)
     print(f"prepared {data_dir}: {n_train:,} train + {n_val:,} val tokens ({meta['dtype']})", flush=True)
+    return meta
+
+
+def default_data_dir(dcfg):
+    """data/<source>-<tokenizer>, the source reduced to a folder-safe name: 'texts/*.txt' -> texts_txt."""
+    name = re.sub(r"[^A-Za-z0-9]+", "_", dcfg.source).strip("_") or "corpus"
+    return os.path.join("data", f"{name}-{dcfg.tokenizer}")
+
+
+def load_or_prepare(dcfg, data_dir):
+    """The meta of data_dir's token files, tokenizing the corpus there first if it has none."""
+    if not os.path.exists(os.path.join(data_dir, "meta.json")):
+        return prepare(dcfg, data_dir)
+    meta = load_meta(data_dir)  # prepared earlier, here or by data.py
+    if meta["tokenizer"] != dcfg.tokenizer:
+        raise ValueError(
+            f"{data_dir} holds data tokenized with {meta['tokenizer']!r}, not --tokenizer {dcfg.tokenizer!r}: "
+            "pass the tokenizer it was prepared with, or another --data_dir"
+        )
     return meta
 
 

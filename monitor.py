@@ -1,4 +1,4 @@
-"""Watching a run: the cost account, the health detectors, the metrics plot.
+"""Watching a run: the cost account, throughput, the health detectors, the metrics plot.
 
 A loss curve "talks": it starts at ln V (uniform guessing), falls fast, then
 flattens. Trouble usually announces itself: the grad norm jumps, or the val
@@ -8,8 +8,10 @@ incidents that call for a rollback: a non-finite loss or grad norm, or a loss
 spike above a robust baseline.
 """
 
+import contextlib
 import math
 import statistics
+import time
 from collections import deque
 
 import torch
@@ -34,11 +36,14 @@ def device_peak_flops(device, peak_tflops=0.0):
     return next((peak for key, peak in GPU_PEAK_FLOPS.items() if key in name), None)
 
 
-def cost_estimate(model, batch_size, max_iters, tokens_per_iter, activation_bytes, step_seconds):
-    """Lines of the run's cost account: compute, memory and time, before training starts."""
-    N, mc = model.num_params(), model.config
+def cost_estimate(mc, num_params, flops_per_token, batch_size, max_iters, tokens_per_iter, activation_bytes,
+                  step_seconds):
+    """Lines of the run's cost account: compute, memory and time, before training starts.
+    mc is the GPTConfig; num_params and flops_per_token count the whole single-device model,
+    whatever share of it one rank holds."""
+    N = num_params
     tokens = max_iters * tokens_per_iter
-    flops = model.flops_per_token() * tokens  # 6 N D + attention
+    flops = flops_per_token * tokens  # 6 N D + attention
     # Activations kept for backward per layer ~ B T C (34 + 5 H T / C) bytes at 16 bits
     # (Korthikanti et al. 2022, no recomputation), plus the logits and their fp32 copy.
     B, T, C, H, L, V = batch_size, mc.block_size, mc.n_embd, mc.n_head, mc.n_layer, mc.vocab_size
@@ -55,6 +60,34 @@ def cost_estimate(model, batch_size, max_iters, tokens_per_iter, activation_byte
         f"for {max_iters} steps on this device",
         f"the same FLOPs on one H100 at 40% MFU: {h100_hours:.3g} GPU-hours (~${2 * h100_hours:.3g} at $2/GPU-hour)",
     ]
+
+
+class Throughput:
+    """Tokens per second over the steps since the last reading, evaluation time left out."""
+
+    def __init__(self, tokens_per_step):
+        self.tokens_per_step = tokens_per_step
+        self._restart()
+
+    def _restart(self):
+        self.start, self.steps, self.paused_seconds = time.perf_counter(), 0, 0.0
+
+    @contextlib.contextmanager
+    def paused(self):
+        t0 = time.perf_counter()
+        yield
+        self.paused_seconds += time.perf_counter() - t0
+
+    def step_done(self):
+        self.steps += 1
+
+    def read(self):
+        """(tokens/s, seconds per step) since the last reading; starts the next interval."""
+        elapsed = time.perf_counter() - self.start - self.paused_seconds
+        tokens_per_s = self.steps * self.tokens_per_step / max(elapsed, 1e-9)
+        seconds_per_step = elapsed / max(self.steps, 1)
+        self._restart()
+        return tokens_per_s, seconds_per_step
 
 
 # ----------------------------------------------------------------------------

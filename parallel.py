@@ -1,4 +1,4 @@
-"""Parallelism written by hand on torch.distributed: the process grid and data parallelism.
+"""Parallelism written by hand on torch.distributed: start-up, the process grid, data and tensor parallelism.
 
 The same code runs as a simulation on one CPU (gloo over loopback) and for
 real on GPUs (NCCL), started by torchrun:
@@ -7,11 +7,17 @@ real on GPUs (NCCL), started by torchrun:
 
 Data parallelism (DP): every rank holds the whole model, reads its own share
 of each batch, and before the shared update the group averages gradients
-with all-reduce, so every rank takes the identical step. Tensor (TP) and
-pipeline (PP) parallelism cut the model itself; the grid below already
-places ranks for all three (3D parallelism).
+with all-reduce, so every rank takes the identical step. Tensor parallelism
+(TP, after Megatron-LM) cuts each layer's matrices across ranks; pipeline
+parallelism (PP, pipeline.py) gives each rank a stage of the layers. The grid
+below places ranks for all three (3D parallelism).
+
+The training loop reaches all of this through one small interface, the model
+as a rank holds it (see "The model as a rank holds it" below): ShardedModel
+here, PipelineModel in pipeline.py.
 """
 
+import contextlib
 import math
 import os
 from dataclasses import dataclass
@@ -243,7 +249,7 @@ class DataParallel:
 # forward (g, after the row-parallel layer) and one backward (f, before the
 # column-parallel one): 2 all-reduces per block forward, 2 backward.
 
-# Bytes all-reduced by the TP operators, by direction: read by bench/tp_speed.py.
+# Bytes all-reduced by the TP operators, by direction: read by bench/parallel_speed.py.
 tp_traffic = {"forward": 0, "backward": 0}
 
 
@@ -280,28 +286,33 @@ class ReduceFromTensorParallel(torch.autograd.Function):
         return grad, None
 
 
-def shard(full, dim, chunks, tp, tp_rank):
-    """This rank's slice of a full tensor cut in tp parts along dim. With chunks > 1 the
-    dim holds that many stacked blocks (q, k, v) and each block is cut separately."""
-    blocks = full.chunk(chunks, dim=dim)
-    return torch.cat([b.chunk(tp, dim=dim)[tp_rank] for b in blocks], dim=dim).contiguous()
+@dataclass(frozen=True)
+class Cut:
+    """How a tensor-parallel parameter is cut from its single-device tensor: into tp equal
+    slices along `dim`. With chunks > 1 that dim holds stacked blocks (q, k, v), each
+    block cut separately, so every rank gets matching heads of q, k and v. With rows set,
+    dim 0 (the vocabulary) is first padded with zero rows from `rows` up to a multiple of tp."""
+
+    dim: int
+    chunks: int = 1
+    rows: int | None = None
+
+    def shard(self, full, tp, tp_rank):
+        """This rank's slice of the single-device tensor."""
+        if self.rows is not None:
+            full = F.pad(full, (0, 0, 0, -(-self.rows // tp) * tp - full.shape[0]))  # (V, C) -> (V padded, C)
+        blocks = full.chunk(self.chunks, dim=self.dim)
+        return torch.cat([b.chunk(tp, dim=self.dim)[tp_rank] for b in blocks], dim=self.dim).contiguous()
+
+    def unshard(self, shards):
+        """The single-device tensor from the tp slices, in rank order: the inverse of shard."""
+        pieces = [s.chunk(self.chunks, dim=self.dim) for s in shards]
+        full = torch.cat([torch.cat([p[c] for p in pieces], dim=self.dim) for c in range(self.chunks)], dim=self.dim)
+        return full[: self.rows]  # drop the padding rows, if any
 
 
-def unshard(shards, dim, chunks):
-    """Inverse of shard: the full tensor from the tp slices, in rank order."""
-    pieces = [s.chunk(chunks, dim=dim) for s in shards]
-    return torch.cat([torch.cat([p[c] for p in pieces], dim=dim) for c in range(chunks)], dim=dim)
-
-
-def _sharded_parameter(full, dim, chunks, grid):
-    p = nn.Parameter(shard(full.detach(), dim, chunks, grid.tp, grid.tp_rank))
-    p.tp_split = (dim, chunks)  # marks the parameter as this rank's slice; how to reassemble it
-    return p
-
-
-def _padded_rows(tensor, rows):
-    """tensor with zero rows appended up to `rows` (dim 0)."""
-    return F.pad(tensor, (0, 0, 0, rows - tensor.shape[0]))
+def _sharded_parameter(full, cut, grid):
+    return nn.Parameter(cut.shard(full.detach(), grid.tp, grid.tp_rank))
 
 
 class ColumnParallelLinear(nn.Module):
@@ -311,16 +322,18 @@ class ColumnParallelLinear(nn.Module):
         Y = [X W_1^T, ..., X W_tp^T]  rank i computes its columns Y_i: (B, T, out/tp)
 
     X must be the same on every rank; its gradient is summed across ranks by f.
+    The bias, if any, is cut like the rows of W.
     """
 
-    def __init__(self, weight, bias, group):
+    def __init__(self, weight, bias, group, cut):
         super().__init__()
-        self.weight, self.bias, self.group = weight, bias, group
+        self.weight, self.bias, self.group, self.cut = weight, bias, group, cut
 
     @classmethod
     def from_linear(cls, linear, grid, chunks=1):
-        bias = None if linear.bias is None else _sharded_parameter(linear.bias, 0, chunks, grid)
-        return cls(_sharded_parameter(linear.weight, 0, chunks, grid), bias, grid.tp_group)
+        cut = Cut(dim=0, chunks=chunks)
+        bias = None if linear.bias is None else _sharded_parameter(linear.bias, cut, grid)
+        return cls(_sharded_parameter(linear.weight, cut, grid), bias, grid.tp_group, cut)
 
     def forward(self, x):  # (B, T, in) -> (B, T, out/tp)
         return F.linear(CopyToTensorParallel.apply(x, self.group), self.weight, self.bias)
@@ -331,16 +344,17 @@ class RowParallelLinear(nn.Module):
 
         W = [W_1, W_2, ..., W_tp]     rank i holds W_i: (out, in/tp)
         X = [X_1, X_2, ..., X_tp]     rank i holds X_i: (B, T, in/tp), a column-parallel output
-        Y = sum_i X_i W_i^T           partial products, summed by g; the bias is added once, after
+        Y = sum_i X_i W_i^T           partial products, summed by g; the bias is whole, added once, after
     """
 
     def __init__(self, weight, bias, group):
         super().__init__()
         self.weight, self.bias, self.group = weight, bias, group
+        self.cut = Cut(dim=1)
 
     @classmethod
     def from_linear(cls, linear, grid):
-        return cls(_sharded_parameter(linear.weight, 1, 1, grid), linear.bias, grid.tp_group)
+        return cls(_sharded_parameter(linear.weight, Cut(dim=1), grid), linear.bias, grid.tp_group)
 
     def forward(self, x):  # (B, T, in/tp) -> (B, T, out)
         y = ReduceFromTensorParallel.apply(F.linear(x, self.weight), self.group)
@@ -348,15 +362,16 @@ class RowParallelLinear(nn.Module):
 
 
 class VocabParallelEmbedding(nn.Module):
-    """The token embedding cut by vocabulary: rank i holds rows [i V/tp, (i+1) V/tp).
-    A rank looks up the ids it owns, writes zeros for the others, and the all-reduce (g)
-    fills in every row from its owner."""
+    """The token embedding cut by vocabulary: rank i holds rows [i V/tp, (i+1) V/tp) of the
+    vocabulary padded to a multiple of tp. A rank looks up the ids it owns, writes zeros
+    for the others, and the all-reduce (g) fills in every row from its owner."""
 
-    def __init__(self, weight, grid):
+    def __init__(self, embedding, grid):
         super().__init__()
-        self.weight, self.group = weight, grid.tp_group
-        self.start = grid.tp_rank * weight.shape[0]
-        self.end = self.start + weight.shape[0]  # may pass V: padding rows, never looked up
+        self.cut = Cut(dim=0, rows=embedding.weight.shape[0])
+        self.weight, self.group = _sharded_parameter(embedding.weight, self.cut, grid), grid.tp_group  # (V/tp, C)
+        self.start = grid.tp_rank * self.weight.shape[0]
+        self.end = self.start + self.weight.shape[0]  # may pass V: padding rows, never looked up
 
     def forward(self, idx):  # (B, T) -> (B, T, C)
         outside = (idx < self.start) | (idx >= self.end)
@@ -409,42 +424,26 @@ def tensor_parallel(model, grid):
     """Cut a single-device GPT across the TP group, in place, from its own initialization
     (same seed, same math): attention by heads (q, k, v column parallel, output projection
     row parallel), the MLP column then row, the tied embedding / head and the loss by
-    vocabulary. Norm weights and position embeddings stay whole on every rank."""
-    cfg, tp = model.config, grid.tp
-    check_tensor_parallel_layout(cfg, tp)
-    V = cfg.vocab_size
-    padded_vocab = -(-V // tp) * tp  # V rounded up to a multiple of tp
+    vocabulary. Norm weights and position embeddings stay whole on every rank.
+
+    Returns {parameter name: Cut} for every parameter that is now a slice: what gathering
+    a checkpoint and the global grad norm need to know."""
+    check_tensor_parallel_layout(model.config, grid.tp)
     for block in model.blocks:
         block.attn.c_attn = ColumnParallelLinear.from_linear(block.attn.c_attn, grid, chunks=3)  # heads h*H/tp...
         block.attn.c_proj = RowParallelLinear.from_linear(block.attn.c_proj, grid)
         block.mlp.c_fc = ColumnParallelLinear.from_linear(block.mlp.c_fc, grid)
         block.mlp.c_proj = RowParallelLinear.from_linear(block.mlp.c_proj, grid)
-    vocab_slice = _sharded_parameter(_padded_rows(model.wte.weight, padded_vocab), 0, 1, grid)  # (V/tp, C)
-    vocab_slice.tp_rows = V  # the padding rows are dropped when the full matrix is gathered
-    model.wte = VocabParallelEmbedding(vocab_slice, grid)
-    model.lm_head = ColumnParallelLinear(vocab_slice, None, grid.tp_group)  # tied: the same slice scores
-    start, group = model.wte.start, grid.tp_group
+    model.wte = VocabParallelEmbedding(model.wte, grid)
+    model.lm_head = ColumnParallelLinear(model.wte.weight, None, grid.tp_group, model.wte.cut)  # tied: the same slice scores
+    start, V, group = model.wte.start, model.config.vocab_size, grid.tp_group
     model.clm_loss = lambda logits, targets: VocabParallelCrossEntropy.apply(logits, targets, start, V, group)
-    return model
-
-
-def global_grad_norm(parameters, grid=None):
-    """L2 norm of all gradients of the whole model, the sum of squares in fp32.
-    A parameter sliced across the TP group holds part of that sum, so the slices'
-    squares are summed over the group; a whole (replicated) one counts once. Each
-    pipeline stage holds different parameters: their sums add up over the PP group
-    (the last stage's copy of the tied embedding is not counted again)."""
-    grads = [(p.grad.detach().float(), hasattr(p, "tp_split")) for p in parameters
-             if p.grad is not None and not getattr(p, "pp_duplicate", False)]
-    device = grads[0][0].device if grads else None
-    sliced = sum((g.pow(2).sum() for g, is_slice in grads if is_slice), torch.zeros((), device=device))
-    whole = sum((g.pow(2).sum() for g, is_slice in grads if not is_slice), torch.zeros((), device=device))
-    if grid is not None and grid.tp > 1:
-        dist.all_reduce(sliced, group=grid.tp_group)
-    total = sliced + whole
-    if grid is not None and grid.pp > 1:
-        dist.all_reduce(total, group=grid.pp_group)
-    return torch.sqrt(total)
+    cuts = {}
+    for name, module in model.named_modules():
+        if isinstance(module, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
+            sliced = ("weight", "bias") if isinstance(module, ColumnParallelLinear) else ("weight",)
+            cuts.update({f"{name}.{p}": module.cut for p in sliced if getattr(module, p, None) is not None})
+    return cuts
 
 
 def check_tensor_parallel_layout(cfg, tp):
@@ -456,57 +455,80 @@ def check_tensor_parallel_layout(cfg, tp):
                          f"of n_head, or --n_head a multiple of {tp} (with --n_embd a multiple of it)")
 
 
-def gather_full(tensor, param, grid):
-    """The whole tensor of which `tensor` is this rank's slice, cut as `param` is (tensor is
-    param itself, or shaped like it, as an AdamW moment); a copy if param is whole.
-    Every TP rank must call it."""
-    if not hasattr(param, "tp_split") or grid.tp == 1:
-        return tensor.detach()
-    shards = [torch.empty_like(tensor) for _ in range(grid.tp)]
-    dist.all_gather(shards, tensor.detach().contiguous(), group=grid.tp_group)
-    return unshard(shards, *param.tp_split)[: getattr(param, "tp_rows", None)]
+def global_grad_norm(sliced, whole, grid=None):
+    """L2 norm of the whole model's gradient, the sum of squares in fp32.
+
+    sliced: this rank's gradients of tensor-parallel slices; their squares are summed
+    over the TP group. whole: gradients every TP rank holds in full (norm weights,
+    positions); they count once. Each pipeline stage holds other parameters, so the
+    stages' sums add up over the PP group."""
+    device = (sliced + whole)[0].device if sliced + whole else None
+    sliced_sq = sum((g.detach().float().pow(2).sum() for g in sliced), torch.zeros((), device=device))
+    whole_sq = sum((g.detach().float().pow(2).sum() for g in whole), torch.zeros((), device=device))
+    if grid is not None and grid.tp > 1:
+        dist.all_reduce(sliced_sq, group=grid.tp_group)
+    total = sliced_sq + whole_sq
+    if grid is not None and grid.pp > 1:
+        dist.all_reduce(total, group=grid.pp_group)
+    return torch.sqrt(total)
 
 
-def take_slice(full, param, grid):
-    """This rank's slice of a whole tensor, cut as param is: the inverse of gather_full."""
-    if not hasattr(param, "tp_split") or grid.tp == 1:
-        return full
-    if hasattr(param, "tp_rows"):
-        full = _padded_rows(full, param.shape[0] * grid.tp)
-    return shard(full, *param.tp_split, grid.tp, grid.tp_rank)
+# ----------------------------------------------------------------------------
+# The model as a rank holds it: what the training loop needs from a layout
+#
+# The loop never asks which layout it runs on. It talks to one small interface,
+# implemented here for a rank that runs every layer (ShardedModel: the whole GPT,
+# or its tensor-parallel slices) and in pipeline.py for a rank that runs one
+# stage of the layers (PipelineModel). Both are data-parallel over dp replicas.
+#
+#   module                                   the nn.Module of the parameters this rank holds and updates
+#   device
+#   forward_backward(x, y, loss_scale, scaler, sync) -> loss    one micro-batch; sync: last before the update
+#   loss(x, y) -> loss                       forward only, for evaluation
+#   reduce_gradients()                       after the last micro-batch: the DP average (and tied copies summed)
+#   grad_norm() -> norm                      the global L2 norm over every rank's share
+#   local_parameters() -> (single-device name, parameter, Cut or None), each parameter once
+#   report(out_dir, say, is_rank0)           the layout's own account at the end of the run
 
 
-def full_state_dict(model, grid):
-    """The single-device state dict of a (possibly) tensor-parallel model."""
-    return {name: gather_full(p, p, grid) for name, p in model.state_dict(keep_vars=True).items()}
+class ShardedModel:
+    """A rank that runs every layer of the GPT: all of each matrix (tp = 1), or its
+    tensor-parallel slices (tp > 1); gradients averaged over the dp replicas."""
 
+    def __init__(self, model, grid, autocast=contextlib.nullcontext(), compile=False, dp_mode="bucketed",
+                 bucket_mb=25.0):
+        self.cuts = tensor_parallel(model, grid) if grid.tp > 1 else {}  # each rank keeps its slices
+        self.module, self.grid, self.autocast = model, grid, autocast
+        self.device = next(model.parameters()).device
+        self.forward = torch.compile(model) if compile else model
+        self.dp = DataParallel(model, grid.dp_group, grid.dp, dp_mode, bucket_mb) if grid.dp > 1 else None
 
-def load_full_state_dict(model, full, grid):
-    """Load a single-device state dict into a (possibly) tensor-parallel model: each rank takes its slices."""
-    model.load_state_dict({name: take_slice(full[name], p, grid) for name, p in model.state_dict(keep_vars=True).items()})
+    def forward_backward(self, x, y, loss_scale, scaler, sync=True):
+        if self.dp is not None:
+            self.dp.sync = sync  # under accumulation only the last micro-batch starts the all-reduces
+        with self.autocast:
+            _, loss = self.forward(x, y)
+        scaler.scale(loss * loss_scale).backward()
+        return loss.detach()
 
+    def loss(self, x, y):
+        with self.autocast:
+            return self.forward(x, y)[1]
 
-def full_optimizer_state_dict(optimizer, grid):
-    """AdamW's state dict with every moment gathered whole, as a single-device run would save it."""
-    state = optimizer.state_dict()
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    state["state"] = {  # new dicts: state_dict() shares the live ones
-        index: {key: gather_full(value, params[index], grid) if value.dim() > 0 else value
-                for key, value in moments.items()}
-        for index, moments in state["state"].items()
-    }
-    return state
+    def reduce_gradients(self):
+        if self.dp is not None:
+            self.dp.finish()
 
+    def grad_norm(self):
+        named = [(name, p.grad) for name, p in self.module.named_parameters() if p.grad is not None]
+        return global_grad_norm([g for name, g in named if name in self.cuts],
+                                [g for name, g in named if name not in self.cuts], self.grid)
 
-def load_full_optimizer_state_dict(optimizer, full, grid):
-    """Load a single-device AdamW state dict, each rank taking the slices of its parameters."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    local = dict(full, state={
-        index: {key: take_slice(value, params[index], grid) if value.dim() > 0 else value
-                for key, value in moments.items()}
-        for index, moments in full["state"].items()
-    })
-    optimizer.load_state_dict(local)
+    def local_parameters(self):
+        return [(name, p, self.cuts.get(name)) for name, p in self.module.named_parameters()]
+
+    def report(self, out_dir, say, is_rank0):
+        pass  # every rank ran every layer: nothing beyond the run's own account
 
 
 # ----------------------------------------------------------------------------
@@ -529,3 +551,25 @@ def run_on_rank0(fn, is_rank0):
     if error is not None:
         raise ValueError(error)
     return result
+
+
+def check_visible_everywhere(paths):
+    """Raise on every rank if some rank cannot see a file that rank 0 just wrote.
+
+    Rank 0 alone prepares the data and writes run.json and the checkpoints; every rank
+    reads them. On several machines that works only if the folders are on a file
+    system that every machine mounts: a rank that sees no checkpoint would silently
+    start from step 0 while the others resume."""
+    if not dist.is_initialized():
+        return
+    missing = [path for path in paths if not os.path.exists(path)]
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, missing)
+    blind = {rank: m for rank, m in enumerate(everyone) if m}
+    if blind:
+        rank, missed = next(iter(blind.items()))
+        raise ValueError(
+            f"rank(s) {', '.join(map(str, blind))} cannot see what rank 0 wrote (rank {rank} misses {missed[0]}). "
+            "Every rank reads the data and the checkpoints that rank 0 writes: on several machines put "
+            "--data_dir and --out_dir on a file system that every machine mounts (NFS, Lustre, ...)."
+        )

@@ -19,11 +19,15 @@ point-to-point sends and receives, and records when each stage computes and wait
 """
 
 import argparse
+import contextlib
+import os
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+
+from parallel import DataParallel, global_grad_norm
 
 # ----------------------------------------------------------------------------
 # Schedules: the order of one stage's operations
@@ -130,7 +134,6 @@ class PipelineStage(nn.Module):
                 self.lm_head.weight = model.wte.weight
             else:
                 self.lm_head.weight = nn.Parameter(model.wte.weight.detach().clone())
-                self.lm_head.weight.pp_duplicate = True  # counted once, on the first stage, in the grad norm
             self.clm_loss = model.clm_loss
 
     def forward(self, x, targets=None):
@@ -158,12 +161,16 @@ class PipelineStage(nn.Module):
                 names[name] = "wte.weight" if name == "lm_head.weight" else name
         return names
 
-
     def tied_embedding(self):
         """The tied (V, C) matrix this stage holds, if any: wte on the first, the head on the last."""
         if self.is_first:
             return self.embedding["wte"].weight
         return self.lm_head.weight if self.is_last else None
+
+    def tied_copy(self):
+        """The last stage's copy of the tied matrix (None on the first stage, which holds the
+        original): the grad norm counts the matrix once, on the first stage."""
+        return self.lm_head.weight if self.is_last and not self.is_first else None
 
 
 def sync_tied_embedding(stage, grid):
@@ -283,24 +290,36 @@ def plot_gantt(timeline, path, title):
     plt.close(fig)
 
 
-class Pipeline:
-    """What the training loop needs from pipeline parallelism, for one rank's stage."""
+class PipelineModel:
+    """The model as a pipeline rank holds it: one stage, run under a schedule over
+    micro_batches micro-batches; gradients averaged over the dp replicas of the stage.
+    The interface the training loop uses is described in parallel.py ("The model as a
+    rank holds it")."""
 
-    def __init__(self, stage, grid, schedule, micro_batches, n_embd, autocast):
-        self.stage, self.grid, self.micro_batches, self.n_embd, self.autocast = stage, grid, micro_batches, n_embd, autocast
+    def __init__(self, model, grid, schedule="1f1b", micro_batches=1, autocast=contextlib.nullcontext(),
+                 dp_mode="bucketed", bucket_mb=25.0):
+        self.module = PipelineStage(model, grid.pp_rank, grid.pp)  # this rank keeps only its stage
+        self.grid, self.micro_batches, self.autocast = grid, micro_batches, autocast
+        self.device = next(self.module.parameters()).device
+        self.n_embd, self.schedule = model.config.n_embd, schedule
         self.order = SCHEDULES[schedule](grid.pp, micro_batches, grid.pp_rank)
         self.records = []  # this stage's timeline of the latest step
+        # A stage runs backward once per micro-batch, so its gradients are complete only at the end
+        # of the schedule: there (overlap=False) every DP bucket is launched at once.
+        self.dp = DataParallel(self.module, grid.dp_group, grid.dp, dp_mode, bucket_mb, overlap=False) \
+            if grid.dp > 1 else None
 
     def _from_last_stage(self, loss):
         """The loss lives on the last stage; every stage gets it, to log and to judge incidents alike."""
-        loss = torch.zeros((), device=next(self.stage.parameters()).device) if loss is None else loss.float()
+        loss = torch.zeros((), device=self.device) if loss is None else loss.float()
         dist.broadcast(loss, src=self.grid.pp_ranks[-1], group=self.grid.pp_group)
         return loss
 
-    def forward_backward(self, x, y, loss_scale):
-        """One micro-step: the schedule over m micro-batches of (x, y); returns the mean loss."""
+    def forward_backward(self, x, y, loss_scale, scaler, sync=True):
+        """One micro-step: the schedule over m micro-batches of (x, y); returns the mean loss.
+        The scaler stays unused: train.py refuses float16 for pipelines, so it is disabled."""
         with self.autocast:
-            loss, self.records, _ = run_schedule(self.stage, self.order, x, y, self.micro_batches, self.grid,
+            loss, self.records, _ = run_schedule(self.module, self.order, x, y, self.micro_batches, self.grid,
                                                  self.n_embd, loss_scale)
         return self._from_last_stage(loss)
 
@@ -309,65 +328,34 @@ class Pipeline:
         """Forward only (evaluation): the mean loss of (x, y)."""
         forwards = [("F", i) for i in range(self.micro_batches)]
         with self.autocast:
-            loss, _, _ = run_schedule(self.stage, forwards, x, y, self.micro_batches, self.grid, self.n_embd)
+            loss, _, _ = run_schedule(self.module, forwards, x, y, self.micro_batches, self.grid, self.n_embd)
         return self._from_last_stage(loss)
 
-    def after_backward(self):
-        sync_tied_embedding(self.stage, self.grid)
+    def reduce_gradients(self):
+        sync_tied_embedding(self.module, self.grid)
+        if self.dp is not None:
+            self.dp.finish()
 
-    def gather_timeline(self):
-        """Every stage's records of the latest step, on every rank of the pipeline group."""
+    def grad_norm(self):
+        copy = self.module.tied_copy()
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None and p is not copy]
+        return global_grad_norm([], grads, self.grid)
+
+    def local_parameters(self):
+        names = self.module.global_names()
+        return [(names[name], p, None) for name, p in self.module.named_parameters()]
+
+    def report(self, out_dir, say, is_rank0):
+        """The last training step as the pipeline ran it: measured bubble beside the formula, and its Gantt chart."""
         timeline = [None] * self.grid.pp
         dist.all_gather_object(timeline, self.records, group=self.grid.pp_group)
-        return timeline
-
-    def _gather(self, mine):
-        pieces = [None] * self.grid.pp
-        dist.all_gather_object(pieces, mine, group=self.grid.pp_group)
-        return {name: value for piece in pieces for name, value in piece.items()}
-
-    def full_state_dict(self):
-        """The single-device state dict of the whole model, gathered from every stage."""
-        names = self.stage.global_names()
-        full = self._gather({names[k]: v.detach().cpu() for k, v in self.stage.named_parameters()})
-        full["lm_head.weight"] = full["wte.weight"]  # tied
-        return full
-
-    def load_full_state_dict(self, full):
-        names = self.stage.global_names()
-        for name, param in self.stage.named_parameters():
-            param.data.copy_(full[names[name]])
-
-    def full_optimizer_state_dict(self, optimizer, groups):
-        """AdamW's state as a single-device run saves it. groups: the single-device parameter
-        names of each optimizer parameter group, in order."""
-        state, by_name = optimizer.state_dict(), self._local_by_name(optimizer)
-        index_of = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
-        mine = {name: {k: v.detach().cpu() for k, v in state["state"][index_of[id(p)]].items()}
-                for name, p in by_name.items() if index_of[id(p)] in state["state"]}
-        moments = self._gather(mine)
-        order = [name for names in groups for name in names]
-        param_groups, first = [], 0
-        for group, names in zip(state["param_groups"], groups):
-            param_groups.append(dict(group, params=list(range(first, first + len(names)))))
-            first += len(names)
-        return {"state": {i: moments[name] for i, name in enumerate(order) if name in moments},
-                "param_groups": param_groups}
-
-    def load_full_optimizer_state_dict(self, optimizer, full, groups):
-        order = [name for names in groups for name in names]
-        by_name = self._local_by_name(optimizer)
-        index_of = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
-        local = {"state": {index_of[id(by_name[name])]: moments for i, moments in full["state"].items()
-                           if (name := order[i]) in by_name},
-                 "param_groups": [dict(g, params=ours["params"]) for g, ours in
-                                  zip(full["param_groups"], optimizer.state_dict()["param_groups"])]}
-        optimizer.load_state_dict(local)
-
-    def _local_by_name(self, optimizer):
-        """{single-device name: this stage's parameter} (one entry for the tied matrix)."""
-        names = self.stage.global_names()
-        return {names[n]: p for n, p in self.stage.named_parameters()}
+        if not is_rank0:
+            return
+        p, m = self.grid.pp, self.micro_batches
+        measured = bubble_fraction(timeline)
+        say(f"pipeline bubble of the last step: measured {measured:.3f}, (p - 1) / (m + p - 1) = "
+            f"{(p - 1) / (m + p - 1):.3f} ({self.schedule}, p={p}, m={m})")
+        plot_gantt(timeline, os.path.join(out_dir, "pipeline.png"), f"{self.schedule}, p={p}, m={m}: bubble {measured:.2f}")
 
 
 def main():

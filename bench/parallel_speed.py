@@ -27,7 +27,7 @@ import config  # noqa: E402
 import train  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 import parallel  # noqa: E402
-from parallel import DataParallel, ProcessGrid, tensor_parallel  # noqa: E402
+from parallel import ProcessGrid, ShardedModel  # noqa: E402
 
 GLOBAL_BATCH, BLOCK, N_LAYER, N_EMBD = 16, 128, 4, 128
 MODES = ("bucketed DP", "naive DP", "DDP", "TP", "one process")
@@ -36,21 +36,19 @@ MODES = ("bucketed DP", "naive DP", "DDP", "TP", "one process")
 def timed_steps(mode, rank, world_size, steps, warmup, bucket_mb):
     """Run warmup + steps optimizer steps; return (this rank's seconds, TP bytes) for the timed ones."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=BLOCK, vocab_size=256, n_layer=N_LAYER, n_head=4, n_embd=N_EMBD))
+    gpt = GPT(GPTConfig(block_size=BLOCK, vocab_size=256, n_layer=N_LAYER, n_head=4, n_embd=N_EMBD))
     cfg = config.TrainConfig(batch_size=GLOBAL_BATCH if mode in ("TP", "one process") else GLOBAL_BATCH // world_size)
-    device = torch.device("cpu")
-    forward, dp, grid = model, None, None
     if mode in ("bucketed DP", "naive DP"):
-        dp = DataParallel(model, dist.group.WORLD, world_size, mode.split()[0], bucket_mb=bucket_mb)
-    elif mode == "DDP":
-        forward = torch.nn.parallel.DistributedDataParallel(model)
+        model = ShardedModel(gpt, ProcessGrid(world_size, 1, 1, rank, world_size), dp_mode=mode.split()[0],
+                             bucket_mb=bucket_mb)
     elif mode == "TP":
-        grid = ProcessGrid(1, world_size, 1, rank, world_size)
-        tensor_parallel(model, grid)
-    optimizer = train.make_optimizer(model, cfg, device)
+        model = ShardedModel(gpt, ProcessGrid(1, world_size, 1, rank, world_size))
+    else:  # one process, or DDP: torch's own data parallelism wraps the forward of a one-rank layout
+        model = ShardedModel(gpt, ProcessGrid(1, 1, 1))
+        if mode == "DDP":
+            model.forward = torch.nn.parallel.DistributedDataParallel(gpt)
+    optimizer = train.make_optimizer(model.module, cfg, model.device)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    autocast = train.autocast_context(device, torch.float32)
-    forward_backward = train.make_forward_backward(forward, autocast, scaler)
     generator = torch.Generator().manual_seed(rank)
 
     def next_batch():
@@ -63,7 +61,7 @@ def timed_steps(mode, rank, world_size, steps, warmup, bucket_mb):
                 dist.barrier()
             parallel.tp_traffic.update(forward=0, backward=0)
             t0 = time.perf_counter()
-        train.optimizer_step(forward_backward, model, optimizer, scaler, next_batch, cfg, 1e-3, device, dp, grid)
+        train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)
     return time.perf_counter() - t0, sum(parallel.tp_traffic.values())
 
 

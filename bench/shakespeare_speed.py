@@ -21,6 +21,7 @@ import config  # noqa: E402
 import train  # noqa: E402
 from data import TokenStream  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from parallel import ProcessGrid, ShardedModel  # noqa: E402
 
 
 def measure(compiled, steps, warmup, device, dtype, token_file):
@@ -28,12 +29,9 @@ def measure(compiled, steps, warmup, device, dtype, token_file):
     cfg = config.TrainConfig(**{k: v for k, v in preset.items() if k in config.TrainConfig.__dataclass_fields__})
     mcfg = GPTConfig(**{k: v for k, v in preset.items() if k in GPTConfig.__dataclass_fields__})
     torch.manual_seed(0)
-    model = GPT(mcfg).to(device)
-    forward = torch.compile(model) if compiled else model
-    optimizer = train.make_optimizer(model, cfg, device)
+    model = ShardedModel(GPT(mcfg).to(device), ProcessGrid(1, 1, 1), train.autocast_context(device, dtype), compiled)
+    optimizer = train.make_optimizer(model.module, cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    autocast = train.autocast_context(device, dtype)
-    forward_backward = train.make_forward_backward(forward, autocast, scaler)
     stream = TokenStream(token_file, "uint16", cfg.batch_size, mcfg.block_size, lanes=cfg.lanes)
     t_start = time.perf_counter()
     for step in range(warmup + steps):
@@ -41,7 +39,7 @@ def measure(compiled, steps, warmup, device, dtype, token_file):
             if device.type == "cuda":
                 torch.cuda.synchronize()
             warmup_seconds, t0 = time.perf_counter() - t_start, time.perf_counter()
-        loss, _ = train.optimizer_step(forward_backward, model, optimizer, scaler, stream.next_batch, cfg, 1e-3, device)
+        loss, _ = train.optimizer_step(model, optimizer, scaler, stream.next_batch, 1e-3, cfg)
     loss.item()
     seconds = time.perf_counter() - t0
     tokens = steps * cfg.batch_size * mcfg.block_size

@@ -8,6 +8,7 @@ import torch
 import checkpoint
 import train
 from conftest import ROOT, write_word_corpus, run_ranks, run_script
+from model import GPT, GPTConfig
 from parallel import ProcessGrid
 
 MODEL = ["--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--max_iters", "20",
@@ -178,6 +179,72 @@ def test_torchrun_end_to_end(corpus, single):
     out = corpus / "torchrun"
     result = run_script([*launcher, ROOT / "train.py", *args(corpus, out, "--dp", 2, "--batch_size", 4)],
                         cwd=corpus, timeout=300)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[:3000]
     assert "ProcessGrid(rank 0/2: dp 0/2" in result.stdout and result.stdout.count("final val loss") == 1
+    assert_same_run(out, single)
+
+
+def test_spawned_ranks_take_the_same_steps(corpus, single):
+    """The start method of macOS and Windows: fresh interpreters instead of forks of this one."""
+    out = corpus / "dp2-spawn"
+    outcome = run_ranks(2, train.main, args(corpus, out, "--dp", 2, "--batch_size", 4), timeout=180,
+                        start_method="spawn")
+    assert all(status == "ok" for status, _ in outcome.values()), outcome
+    assert_same_run(out, single)
+
+
+def test_mfu_counts_the_whole_model_under_tensor_parallelism(corpus):
+    """Each TP rank holds 1/tp of the matrices, but the group trains the whole model: MFU counts all of it."""
+    out = corpus / "tp2-mfu"
+    train_ranks(2, args(corpus, out, "--dp", 1, "--tp", 2, "--batch_size", 8, "--max_iters", 5, "--peak_tflops", 1))
+    whole = GPT(GPTConfig(block_size=32, vocab_size=256, n_layer=2, n_head=2, n_embd=32))  # MODEL's shape
+    logged = [r for r in metrics(out) if "mfu" in r]
+    assert len(logged) == 5
+    for r in logged:  # tokens/s of the group x FLOPs per token of the whole model / (2 devices x 1 TFLOP/s)
+        assert r["mfu"] == pytest.approx(whole.flops_per_token() * r["tokens_per_s"] / (2 * 1e12), rel=1e-12)
+
+
+def _check_visibility(paths_by_rank):
+    from parallel import check_visible_everywhere, destroy_distributed, init_distributed
+
+    launch = init_distributed(30)
+    try:
+        check_visible_everywhere(paths_by_rank[launch.rank])
+    finally:
+        destroy_distributed()
+
+
+def test_a_rank_that_cannot_see_rank_0s_files_stops_every_rank(tmp_path):
+    """Two machines without a shared file system: rank 0 wrote run.json, rank 1 (elsewhere) cannot see it."""
+    written = tmp_path / "run.json"
+    written.write_text("{}")
+    outcome = run_ranks(2, _check_visibility, {0: [str(written)], 1: [str(tmp_path / "elsewhere" / "run.json")]},
+                        timeout=60)
+    for status, message in outcome.values():  # every rank stops, with the same advice
+        assert status == "error" and "rank(s) 1 cannot see what rank 0 wrote" in message, outcome
+        assert "a file system that every machine mounts" in message
+
+
+def _train_with_a_late_rank(argv):
+    """train.main, with rank 1 arriving 2 s late at the start: long after rank 0 saved step 0."""
+    import os
+    import time
+
+    if os.environ["RANK"] == "1":
+        set_up = train.set_up
+
+        def late_set_up(*a, **kw):
+            run = set_up(*a, **kw)
+            time.sleep(2)
+            return run
+
+        train.set_up = late_set_up
+    return train.main(argv)
+
+
+def test_every_rank_resumes_from_the_checkpoint_rank_0_chose(corpus, single):
+    """A late rank must not find step 0, written a moment ago, and resume while rank 0 starts afresh."""
+    out = corpus / "dp2-late-rank"
+    outcome = run_ranks(2, _train_with_a_late_rank, args(corpus, out, "--dp", 2, "--batch_size", 4), timeout=90)
+    assert all(status == "ok" for status, _ in outcome.values()), outcome
     assert_same_run(out, single)

@@ -66,7 +66,8 @@ def test_unknown_trigger_is_named():
 
 def test_cost_estimate_counts_6nd():
     model = GPT(GPTConfig(block_size=64, vocab_size=256, n_layer=2, n_head=2, n_embd=32))
-    lines = cost_estimate(model, batch_size=4, max_iters=100, tokens_per_iter=256, activation_bytes=4, step_seconds=0.01)
+    lines = cost_estimate(model.config, model.num_params(), model.flops_per_token(), batch_size=4, max_iters=100,
+                          tokens_per_iter=256, activation_bytes=4, step_seconds=0.01)
     flops = model.flops_per_token() * 100 * 256
     assert f"{flops:.3g} FLOPs" in lines[1] and f"6 N D = {6 * model.num_params() * 25600:.3g}" in lines[1]
     assert "~0.0 min for 100 steps" in lines[3]

@@ -6,8 +6,8 @@ import torch
 from conftest import run_ranks
 from model import GPT, GPTConfig
 from parallel import ProcessGrid, destroy_distributed, global_grad_norm, init_distributed
-from pipeline import (SCHEDULES, PipelineStage, bubble_fraction, check_micro_batches, check_pipeline_layout,
-                      logical_timeline, peak_activations, run_schedule, sync_tied_embedding)
+from pipeline import (SCHEDULES, PipelineModel, bubble_fraction, check_micro_batches, check_pipeline_layout,
+                      logical_timeline, peak_activations, run_schedule)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -47,19 +47,19 @@ def _pipeline_against_single_device(schedule, m):
     torch.manual_seed(0)
     single = GPT(GPTConfig(**CFG))
     torch.manual_seed(0)
-    stage = PipelineStage(GPT(GPTConfig(**CFG)), grid.pp_rank, p)
+    model = PipelineModel(GPT(GPTConfig(**CFG)), grid, schedule, m)
+    stage = model.module
     x = torch.randint(64, (4, 16), generator=torch.Generator().manual_seed(1))
     y = torch.randint(64, (4, 16), generator=torch.Generator().manual_seed(2))
     _, loss = single(x, y)
     loss.backward()
-    order = SCHEDULES[schedule](p, m, grid.pp_rank)
-    pipe_loss, records, peak = run_schedule(stage, order, x, y, m, grid, CFG["n_embd"])
-    sync_tied_embedding(stage, grid)
-    names, reference = stage.global_names(), dict(single.named_parameters())
-    for name, param in stage.named_parameters():
-        torch.testing.assert_close(param.grad, reference[names[name]].grad, msg=name)
-    norm = global_grad_norm(list(stage.parameters()), grid)
-    reference_norm = global_grad_norm(list(single.parameters()))
+    pipe_loss, records, peak = run_schedule(stage, model.order, x, y, m, grid, CFG["n_embd"])
+    model.reduce_gradients()  # sums the tied matrix's two copies
+    reference = dict(single.named_parameters())
+    for name, param, _ in model.local_parameters():
+        torch.testing.assert_close(param.grad, reference[name].grad, msg=name)
+    norm = model.grad_norm()
+    reference_norm = global_grad_norm([], [p.grad for p in single.parameters()])
     destroy_distributed()
     return {"loss": None if pipe_loss is None else (pipe_loss.item(), loss.item()),
             "norm": (norm.item(), reference_norm.item()), "peak": peak,

@@ -1,5 +1,6 @@
 """Checkpoints, exact resume and automatic incident recovery, with real processes killed for real."""
 
+import dataclasses
 import json
 import os
 import pickle
@@ -15,7 +16,8 @@ import pytest
 import torch
 
 import checkpoint
-from train import read_jsonl
+from config import RecoveryConfig, TrainConfig
+from train import Recovery, lr_at, read_jsonl, runbook_response
 from conftest import ROOT, write_word_corpus, run_script
 
 BASE = ["--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--batch_size", "4",
@@ -72,7 +74,7 @@ def test_sigkill_between_checkpoints_resumes_bitwise(workdir, clean):
     assert process.returncode == -signal.SIGKILL
     done = len(losses(out))
     assert done < len(losses(clean))  # it really died mid-run
-    resumed = run_train(workdir, out)
+    resumed = run_train(workdir, out, "--resume")  # a bare boolean flag: insist on resuming
     assert resumed.returncode == 0, resumed.stderr
     restart = int(re.search(r"resuming from the checkpoint of step (\d+)", resumed.stdout).group(1))
     assert restart % 10 == 0 and 20 <= restart <= done
@@ -112,8 +114,9 @@ def test_injected_fault_is_recovered_automatically(workdir, clean, fault):
     assert len(incidents) == 1
     incident = incidents[0]
     assert incident["step"] == 52 and incident["detector"] == {"nan": "nonfinite", "spike": "spike"}[fault]
+    assert (incident["rung"], incident["response"]) == (1, "skip")  # a first incident: skip the data, keep the LR
     action = incident["action"]
-    assert action["restored_step"] == 50 and action["lr_scale"] == 0.5
+    assert action["restored_step"] == 50 and action["lr_scale"] == 1.0
     assert action["skipped_rows"] == [50 * 4, 53 * 4]  # from the checkpoint's data position past the bad batch
     final, clean_final = losses(out)[-1][2], losses(clean)[-1][2]
     assert abs(final - clean_final) / clean_final < 0.02, (final, clean_final)
@@ -125,7 +128,8 @@ def test_too_many_incidents_stop_the_run_with_good_checkpoints(workdir):
     out = workdir / "doomed"
     result = run_train(workdir, out, "--inject", "nan@33,nan@37", "--max_incidents", "1")
     assert result.returncode != 0
-    assert "stopping after 2 incidents (--max_incidents 1)" in result.stderr
+    assert "stopping after 2 incidents (--max_incidents 1)" in result.stderr and "suspect something deeper" in result.stderr
+    assert [(i["rung"], i["response"]) for i in read_jsonl(out / "incidents.jsonl")] == [(1, "skip"), (3, "stop")]
     kept = checkpoint.list_steps(out / "ckpt")
     assert kept and all(checkpoint.verify(checkpoint.step_path(out / "ckpt", s)) is None for s in kept)
 
@@ -136,10 +140,10 @@ def test_checkpoint_without_optimizer_state_is_refused(workdir):
     step, state = checkpoint.load_latest(out / "ckpt")
     del state["optimizer"]
     checkpoint.save(out / "ckpt", step, state, healthy=True)
-    refused = run_train(workdir, out, "--max_iters", "10")
+    refused = run_train(workdir, out, "--max_iters", "20")
     assert refused.returncode != 0 and "has no optimizer state" in refused.stderr
-    assert "--reset_optimizer true" in refused.stderr
-    accepted = run_train(workdir, out, "--max_iters", "10", "--reset_optimizer", "true")
+    assert "--reset_optimizer" in refused.stderr
+    accepted = run_train(workdir, out, "--max_iters", "20", "--reset_optimizer")
     assert accepted.returncode == 0 and "AdamW restarts from zero moments" in accepted.stdout
 
 
@@ -212,5 +216,42 @@ def test_full_disk_keeps_previous_checkpoints(tmp_path, monkeypatch):
 
 
 def test_resume_flag_without_a_checkpoint_is_an_error(workdir):
-    result = run_train(workdir, workdir / "fresh", "--resume", "true")
-    assert result.returncode != 0 and "--resume true, but" in result.stderr and "holds no checkpoint" in result.stderr
+    result = run_train(workdir, workdir / "fresh", "--resume")
+    assert result.returncode != 0 and "--resume, but" in result.stderr and "holds no checkpoint" in result.stderr
+
+
+# --- the runbook's ladder ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("response", ["lower_lr", "rewarm"])
+def test_a_repeat_within_the_window_climbs_to_rung_2(workdir, response):
+    out = workdir / f"repeat-{response}"
+    result = run_train(workdir, out, "--inject", "nan@33,nan@37", "--repeat_response", response, "--rewarm_iters", "8")
+    assert result.returncode == 0, result.stdout + result.stderr
+    first, second = read_jsonl(out / "incidents.jsonl")
+    assert (first["rung"], first["response"], first["action"]["lr_scale"]) == (1, "skip", 1.0)
+    assert (second["rung"], second["response"]) == (2, response)
+    assert first["action"]["restored_step"] == second["action"]["restored_step"] == 30
+    records = {r["step"]: r for r in read_jsonl(out / "metrics.jsonl")}
+    cfg = TrainConfig(max_iters=60, warmup_iters=10, learning_rate=3e-3, min_lr=2e-4)  # BASE's schedule
+    if response == "lower_lr":  # half the scheduled LR for the rest of the run
+        assert second["action"]["lr_scale"] == 0.5
+        assert all(records[s]["lr"] == pytest.approx(0.5 * lr_at(s, cfg)) for s in (30, 45, 59))
+    else:  # from 1/8 of the schedule back up to it in 8 steps, then the schedule as planned
+        assert second["action"]["lr_scale"] == 1.0 and second["action"]["rewarm_from"] == 30
+        assert records[30]["lr"] == pytest.approx(lr_at(30, cfg) / 8)
+        assert records[34]["lr"] == pytest.approx(lr_at(34, cfg) * 5 / 8)
+        assert all(records[s]["lr"] == pytest.approx(lr_at(s, cfg)) for s in (38, 45, 59))
+
+
+def test_runbook_response_climbs_one_rung_per_repeat():
+    rcfg = RecoveryConfig(incident_window=100, max_incidents=3)
+    assert runbook_response(Recovery(), 500, rcfg) == "skip"  # the first incident
+    after_one = Recovery(incidents=1, last_incident_step=500)
+    assert runbook_response(after_one, 520, rcfg) == "lower_lr"  # again within the window
+    assert runbook_response(after_one, 480, rcfg) == "lower_lr"  # again while replaying after the rollback
+    assert runbook_response(after_one, 600, rcfg) == "skip"  # a window later: a first incident again
+    assert runbook_response(after_one, 520, dataclasses.replace(rcfg, repeat_response="rewarm")) == "rewarm"
+    assert runbook_response(Recovery(incidents=3, last_incident_step=0), 5000, rcfg) == "stop"
+    with pytest.raises(ValueError, match="--repeat_response 'panic': choose lower_lr or rewarm"):
+        RecoveryConfig(repeat_response="panic")

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
+import checkpoint
 import train
 from conftest import run_ranks
 from model import GPT, GPTConfig
-from parallel import (ColumnParallelLinear, ProcessGrid, RowParallelLinear, VocabParallelEmbedding,
-                      check_tensor_parallel_layout, destroy_distributed, full_state_dict, gather_full,
-                      init_distributed, tensor_parallel)
+from parallel import (ColumnParallelLinear, Cut, ProcessGrid, RowParallelLinear, ShardedModel, VocabParallelEmbedding,
+                      check_tensor_parallel_layout, destroy_distributed, global_grad_norm, init_distributed)
 
 
 def _compare_with_single_device(cfg_kwargs, tp):
@@ -19,7 +19,8 @@ def _compare_with_single_device(cfg_kwargs, tp):
     torch.manual_seed(0)
     single = GPT(cfg)
     torch.manual_seed(0)
-    sliced = tensor_parallel(GPT(cfg), grid)
+    model = ShardedModel(GPT(cfg), grid)
+    sliced = model.module
     x = torch.randint(cfg.vocab_size, (3, cfg.block_size), generator=torch.Generator().manual_seed(1))
     y = torch.randint(cfg.vocab_size, (3, cfg.block_size), generator=torch.Generator().manual_seed(2))
     logits, loss = single(x, y)
@@ -33,13 +34,18 @@ def _compare_with_single_device(cfg_kwargs, tp):
     width = min(V_local, cfg.vocab_size - start)
     torch.testing.assert_close(local_logits[..., :width], logits[..., start : start + width])
     grads = dict(single.named_parameters())
-    for name, p in sliced.named_parameters():
-        torch.testing.assert_close(gather_full(p.grad, p, grid), grads[name].grad, msg=name)
-    full = full_state_dict(sliced, grid)
+    for name, p, cut in model.local_parameters():
+        torch.testing.assert_close(checkpoint.gather_whole(p.grad, cut, grid), grads[name].grad, msg=name)
+    full = checkpoint.full_state_dict(model, grid)
+    assert list(full) == list(single.state_dict())
     for name, value in single.state_dict().items():
         torch.testing.assert_close(full[name], value, msg=name)
-    norm = train.clip_grad_norm(sliced.parameters(), 0.5, grid)
-    reference = train.clip_grad_norm(single.parameters(), 0.5)
+    norm = model.grad_norm()
+    reference = global_grad_norm([], [p.grad for p in single.parameters()])
+    train.clip_gradients(sliced.parameters(), norm, 0.5)
+    train.clip_gradients(single.parameters(), reference, 0.5)
+    for name, p, cut in model.local_parameters():  # clipped by the same factor as the single-device gradient
+        torch.testing.assert_close(checkpoint.gather_whole(p.grad, cut, grid), grads[name].grad, msg=name)
     result["norm"] = (norm.item(), reference.item())
     # the sliced layers hold exactly 1/tp of the parameters
     counts = []
@@ -78,3 +84,13 @@ def test_bad_layouts_are_named_before_any_process_group(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:  # no launcher, no process group: it must not wait for peers
         train.main(["--tp", "8", "--out_dir", str(tmp_path / "o"), "--data_dir", str(tmp_path / "d")])
     assert "n_head 4 is not divisible by tp 8" in str(exit_info.value.code)
+
+
+@pytest.mark.parametrize("cut", [Cut(dim=0), Cut(dim=1), Cut(dim=0, chunks=3), Cut(dim=0, rows=10)],
+                         ids=["rows", "columns", "qkv-blocks", "padded-vocab"])
+@pytest.mark.parametrize("tp", [2, 3, 4])
+def test_cut_shard_then_unshard_is_the_identity(cut, tp):
+    full = torch.randn(10 if cut.rows else 12 * tp, 6 * tp)
+    shards = [cut.shard(full, tp, rank) for rank in range(tp)]
+    assert len({s.shape for s in shards}) == 1  # equal slices: what all_gather needs
+    assert torch.equal(cut.unshard(shards), full)

@@ -1,3 +1,4 @@
+import ast
 import json
 import math
 
@@ -9,8 +10,9 @@ import train
 from data import TokenStream
 from model import GPT, GPTConfig
 from conftest import ROOT, run_script
-from config import TrainConfig
-from train import clip_grad_norm, lr_at, optimizer_step
+from config import TrainConfig, parse_args
+from parallel import ProcessGrid, ShardedModel, global_grad_norm
+from train import clip_gradients, lr_at, optimizer_step
 
 # a run small enough for a unit test: 2 layers of width 32 on the small corpus
 QUICK = ["--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "16", "--batch_size", "4",
@@ -34,7 +36,8 @@ def test_clipping_bounds_the_global_norm():
     for p in params:
         p.grad = 5 * torch.randn_like(p)
     reference = [p.grad.clone() for p in params]
-    norm = clip_grad_norm(params, max_norm=1.0)
+    norm = global_grad_norm([], [p.grad for p in params])
+    clip_gradients(params, norm, max_norm=1.0)
     assert norm.item() == pytest.approx(torch.cat([g.flatten() for g in reference]).norm().item(), rel=1e-5)
     assert torch.cat([p.grad.flatten() for p in params]).norm().item() == pytest.approx(1.0, rel=1e-4)
     twins = [torch.nn.Parameter(torch.zeros_like(g)) for g in reference]
@@ -43,8 +46,11 @@ def test_clipping_bounds_the_global_norm():
     assert torch.nn.utils.clip_grad_norm_(twins, 1.0).item() == pytest.approx(norm.item(), rel=1e-5)  # torch agrees
     for p, g in zip(params, reference):  # one factor for all: directions are kept
         torch.testing.assert_close(p.grad, g * (1.0 / norm), rtol=1e-4, atol=1e-6)
-    small = clip_grad_norm(params, max_norm=10.0)  # below the threshold: untouched
+    before = [p.grad.clone() for p in params]
+    small = global_grad_norm([], [p.grad for p in params])
+    clip_gradients(params, small, max_norm=10.0)  # below the threshold: untouched
     assert small.item() == pytest.approx(1.0, rel=1e-4)
+    assert all(torch.equal(p.grad, b) for p, b in zip(params, before))
 
 
 def one_step(tmp_path, batch_size, accumulation, dtype=torch.float32):
@@ -53,15 +59,14 @@ def one_step(tmp_path, batch_size, accumulation, dtype=torch.float32):
     if not tokens.exists():
         np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint16).tofile(tokens)
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=2, n_head=2, n_embd=32))
+    gpt = GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=2, n_head=2, n_embd=32))
+    model = ShardedModel(gpt, ProcessGrid(1, 1, 1), train.autocast_context(torch.device("cpu"), dtype))
     cfg = TrainConfig(batch_size=batch_size, gradient_accumulation_steps=accumulation, lanes=4)
     stream = TokenStream(str(tokens), "uint16", batch_size, 16, lanes=cfg.lanes)
-    optimizer = train.make_optimizer(model, cfg, torch.device("cpu"))
+    optimizer = train.make_optimizer(gpt, cfg, torch.device("cpu"))
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    autocast = train.autocast_context(torch.device("cpu"), dtype)
-    forward_backward = train.make_forward_backward(model, autocast, scaler)
-    loss, norm = optimizer_step(forward_backward, model, optimizer, scaler, stream.next_batch, cfg, 1e-3, torch.device("cpu"))
-    return model, loss, norm
+    loss, norm = optimizer_step(model, optimizer, scaler, stream.next_batch, 1e-3, cfg)
+    return gpt, loss, norm
 
 
 def test_accumulation_equals_one_big_batch(tmp_path):
@@ -121,8 +126,64 @@ def test_short_run_in_process_and_out_dir_protection(small_corpus, tmp_path, cap
     code, text = run_main([*args, "--n_layer", "3"], capsys)
     assert "holds a different run" in str(code) and "n_layer: 2 -> 3" in str(code) and "--overwrite" in str(code)
     assert (out / "metrics.jsonl").read_text() == metrics  # nothing overwritten
-    train.main([str(a) for a in [*args, "--n_layer", "3", "--overwrite", "true"]])
+    train.main([str(a) for a in [*args, "--n_layer", "3", "--overwrite"]])
     assert json.loads((out / "run.json").read_text())["GPTConfig"]["n_layer"] == 3
+
+
+def snapshot(folder):
+    """{relative path: bytes} of every file under folder."""
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_finished_run_says_so_and_exits_nonzero(small_corpus, tmp_path, capsys):
+    """The same command twice: the second finds the run finished, says what to do, and changes nothing."""
+    out = tmp_path / "run"
+    args = ["--source", small_corpus, "--data_dir", tmp_path / "data", "--out_dir", out, "--max_iters", "3", *QUICK]
+    train.main([str(a) for a in args])
+    before, _ = snapshot(out), capsys.readouterr()
+    code, text = run_main(args, capsys)
+    message = str(code)
+    assert code != 0 and "holds a finished run" in message and str(out) in message
+    assert "step 3" in message and "--max_iters is 3" in message
+    assert all(hint in message for hint in ("a larger --max_iters", "--overwrite", "another --out_dir"))
+    assert "cost:" not in text and snapshot(out) == before  # refused before any work, nothing rewritten
+    # what the message offers works: a larger --max_iters trains on from step 3
+    train.main([str(a) for a in [*args, "--max_iters", "5"]])
+    steps = [r["step"] for r in train.read_jsonl(out / "metrics.jsonl")]
+    assert steps == [0, 1, 2, 3, 4, 5] and json.loads((out / "run.json").read_text())["TrainConfig"]["max_iters"] == 5
+
+
+def test_a_folder_that_is_not_a_run_is_refused_and_left_untouched(small_corpus, tmp_path, capsys):
+    foreign = tmp_path / "results"
+    (foreign / "plots").mkdir(parents=True)
+    (foreign / "metrics.jsonl").write_text('{"epoch": 1, "accuracy": 0.93}\n')
+    (foreign / "plots" / "a.png").write_bytes(b"\x89PNG not ours")
+    before = snapshot(foreign)
+    for extra in ([], ["--overwrite"]):  # not even --overwrite takes over a folder that is not a run of ours
+        code, _ = run_main(["--source", small_corpus, "--data_dir", tmp_path / "data", "--out_dir", foreign,
+                            "--max_iters", "2", *QUICK, *extra], capsys)
+        assert code != 0 and "not a run of ours" in str(code) and str(foreign) in str(code)
+        assert snapshot(foreign) == before and sorted(p.name for p in foreign.iterdir()) == ["metrics.jsonl", "plots"]
+
+
+@pytest.mark.parametrize("flag, field", [("--resume", "resume"), ("--overwrite", "overwrite"),
+                                         ("--compile", "compile"), ("--reset_optimizer", "reset_optimizer")])
+def test_boolean_flags_work_bare_or_with_a_value(flag, field):
+    def value(argv):
+        configs = parse_args(argv)[2]
+        return next(getattr(c, field) for c in configs.values() if hasattr(c, field))
+
+    assert value([flag]) is True and value([flag, "--n_layer", "3"]) is True  # bare, also before another flag
+    assert value([flag, "true"]) is True and value([flag, "false"]) is False and value([]) is False
+    assert parse_args(["--sample"])[1] is True and parse_args(["--sample", "false"])[1] is False
+
+
+def test_train_py_reads_on_one_screen():
+    """The loop fits one screen and no function of train.py outgrows a page (counted with ast)."""
+    tree = ast.parse((ROOT / "train.py").read_text())
+    lengths = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    assert lengths["train"] <= 60, lengths["train"]
+    assert max(lengths.values()) <= 80, {name: n for name, n in lengths.items() if n > 80}
 
 
 @pytest.mark.parametrize(
