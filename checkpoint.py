@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from data import file_sha256  # the same hashing as the corpus files
+from model import GPT
 
 STATE_FILE, MANIFEST_FILE = "state.pt", "manifest.json"
 STEP_DIR = re.compile(r"^step_(\d{7})$")
@@ -73,7 +74,7 @@ def merge_stages(mine, grid):
 def full_state_dict(model, grid):
     """The single-device GPT's state dict: every slice gathered whole, every stage's part merged."""
     full = merge_stages({name: gather_whole(p, cut, grid) for name, p, cut in model.local_parameters()}, grid)
-    full["lm_head.weight"] = full["wte.weight"]  # tied: one matrix under both names, as GPT.state_dict() has it
+    full.update({alias: full[name] for alias, name in GPT.TIED.items()})  # one matrix, both names
     return full
 
 
@@ -84,19 +85,25 @@ def load_full_state_dict(model, full, grid):
             p.copy_(take_slice(full[name], cut, grid))
 
 
+def _optimizer_indices(optimizer, groups):
+    """(this optimizer's index of each local parameter, by identity; the single-device names in
+    index order). AdamW's state dict numbers parameters across its groups, in group order."""
+    local = {id(p): i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
+    return local, [name for names in groups for name in names]
+
+
 def full_optimizer_state_dict(optimizer, model, grid, groups):
     """AdamW's state dict as a single-device run saves it: moments gathered and merged like the
     weights, indexed in single-device order. groups: the single-device parameter names of
     each optimizer parameter group, in order (train.make_optimizer's groups)."""
     state = optimizer.state_dict()
-    index_of = {id(p): i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
+    local, order = _optimizer_indices(optimizer, groups)
     mine = {
         name: {key: gather_whole(value, cut, grid) if value.dim() > 0 else value
-               for key, value in state["state"][index_of[id(p)]].items()}
-        for name, p, cut in model.local_parameters() if index_of[id(p)] in state["state"]
+               for key, value in state["state"][local[id(p)]].items()}
+        for name, p, cut in model.local_parameters() if local[id(p)] in state["state"]
     }
     moments = merge_stages(mine, grid)
-    order = [name for names in groups for name in names]
     param_groups, first = [], 0
     for group, names in zip(state["param_groups"], groups):
         param_groups.append(dict(group, params=list(range(first, first + len(names)))))
@@ -107,17 +114,17 @@ def full_optimizer_state_dict(optimizer, model, grid, groups):
 
 def load_full_optimizer_state_dict(optimizer, full, model, grid, groups):
     """Each rank takes the moments of its own parameters from a single-device AdamW state dict, cut to its slices."""
-    order = [name for names in groups for name in names]
-    index_of = {id(p): i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
-    local = {name: (p, cut) for name, p, cut in model.local_parameters()}
+    local, order = _optimizer_indices(optimizer, groups)
+    mine = {name: (p, cut) for name, p, cut in model.local_parameters()}
     state = {}
     for i, moments in full["state"].items():
-        if order[i] in local:
-            p, cut = local[order[i]]
-            state[index_of[id(p)]] = {key: take_slice(value, cut, grid) if value.dim() > 0 else value
-                                      for key, value in moments.items()}
+        if order[i] in mine:
+            p, cut = mine[order[i]]
+            state[local[id(p)]] = {key: take_slice(value, cut, grid) if value.dim() > 0 else value
+                                   for key, value in moments.items()}
     ours = optimizer.state_dict()["param_groups"]  # the hyperparameters from the checkpoint, our parameter indices
-    optimizer.load_state_dict({"state": state, "param_groups": [dict(g, params=o["params"]) for g, o in zip(full["param_groups"], ours)]})
+    optimizer.load_state_dict({"state": state, "param_groups": [dict(g, params=o["params"])
+                                                                for g, o in zip(full["param_groups"], ours)]})
 
 
 # ----------------------------------------------------------------------------

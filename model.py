@@ -133,6 +133,9 @@ def clm_loss(logits, targets):
 
 
 class GPT(nn.Module):
+    # state_dict() lists the tied matrix under both names; named_parameters() only under the first
+    TIED = {"lm_head.weight": "wte.weight"}
+
     def __init__(self, config):
         super().__init__()
         self.config = config

@@ -54,7 +54,7 @@ def cost_estimate(mc, num_params, flops_per_token, batch_size, max_iters, tokens
     return [
         f"parameters: {N / 1e6:.2f}M; planned tokens: {tokens / 1e6:.1f}M ({tokens / N:.1f} per parameter)",
         f"training compute: {flops:.3g} FLOPs (6 N D = {6 * N * tokens:.3g}, plus attention)",
-        f"memory: weights {4 * N / gib:.3f} GiB + grads {4 * N / gib:.3f} + AdamW {8 * N / gib:.3f} "
+        f"memory of the whole model: weights {4 * N / gib:.3f} GiB + grads {4 * N / gib:.3f} + AdamW {8 * N / gib:.3f} "
         f"+ activations ~{activations / gib:.3f} per micro-batch",
         f"measured forward + backward: {step_seconds * 1e3:.0f} ms per step -> ~{minutes:.1f} min "
         f"for {max_iters} steps on this device",

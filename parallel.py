@@ -347,14 +347,15 @@ class RowParallelLinear(nn.Module):
         Y = sum_i X_i W_i^T           partial products, summed by g; the bias is whole, added once, after
     """
 
+    cut = Cut(dim=1)
+
     def __init__(self, weight, bias, group):
         super().__init__()
         self.weight, self.bias, self.group = weight, bias, group
-        self.cut = Cut(dim=1)
 
     @classmethod
     def from_linear(cls, linear, grid):
-        return cls(_sharded_parameter(linear.weight, Cut(dim=1), grid), linear.bias, grid.tp_group)
+        return cls(_sharded_parameter(linear.weight, cls.cut, grid), linear.bias, grid.tp_group)
 
     def forward(self, x):  # (B, T, in/tp) -> (B, T, out)
         y = ReduceFromTensorParallel.apply(F.linear(x, self.weight), self.group)
@@ -438,12 +439,13 @@ def tensor_parallel(model, grid):
     model.lm_head = ColumnParallelLinear(model.wte.weight, None, grid.tp_group, model.wte.cut)  # tied: the same slice scores
     start, V, group = model.wte.start, model.config.vocab_size, grid.tp_group
     model.clm_loss = lambda logits, targets: VocabParallelCrossEntropy.apply(logits, targets, start, V, group)
-    cuts = {}
-    for name, module in model.named_modules():
+    cut_of = {}  # parameter -> its cut (parameters hash by identity)
+    for module in model.modules():
         if isinstance(module, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
-            sliced = ("weight", "bias") if isinstance(module, ColumnParallelLinear) else ("weight",)
-            cuts.update({f"{name}.{p}": module.cut for p in sliced if getattr(module, p, None) is not None})
-    return cuts
+            cut_of[module.weight] = module.cut
+            if isinstance(module, ColumnParallelLinear) and module.bias is not None:
+                cut_of[module.bias] = module.cut  # a row-parallel bias stays whole
+    return {name: cut_of[p] for name, p in model.named_parameters() if p in cut_of}
 
 
 def check_tensor_parallel_layout(cfg, tp):
@@ -553,23 +555,28 @@ def run_on_rank0(fn, is_rank0):
     return result
 
 
+def raise_on_every_rank(problem):
+    """Gather every rank's problem (a message, or None); if any rank has one, every rank raises
+    it as a ValueError, so no rank waits in a collective for one that gave up. A barrier too."""
+    problems = [problem]
+    if dist.is_initialized():
+        problems = [None] * dist.get_world_size()
+        dist.all_gather_object(problems, problem)
+    failed = [p for p in problems if p]
+    if failed:
+        raise ValueError(failed[0] + (f" (and {len(failed) - 1} more rank(s) alike)" if len(failed) > 1 else ""))
+
+
 def check_visible_everywhere(paths):
-    """Raise on every rank if some rank cannot see a file that rank 0 just wrote.
+    """Stop every rank if some rank cannot see a file that rank 0 just wrote.
 
     Rank 0 alone prepares the data and writes run.json and the checkpoints; every rank
     reads them. On several machines that works only if the folders are on a file
-    system that every machine mounts: a rank that sees no checkpoint would silently
+    system that every machine mounts: a rank that saw no checkpoint would silently
     start from step 0 while the others resume."""
-    if not dist.is_initialized():
-        return
     missing = [path for path in paths if not os.path.exists(path)]
-    everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, missing)
-    blind = {rank: m for rank, m in enumerate(everyone) if m}
-    if blind:
-        rank, missed = next(iter(blind.items()))
-        raise ValueError(
-            f"rank(s) {', '.join(map(str, blind))} cannot see what rank 0 wrote (rank {rank} misses {missed[0]}). "
-            "Every rank reads the data and the checkpoints that rank 0 writes: on several machines put "
-            "--data_dir and --out_dir on a file system that every machine mounts (NFS, Lustre, ...)."
-        )
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    raise_on_every_rank(None if not missing else (
+        f"rank {rank} cannot see {missing[0]}, which rank 0 wrote. Every rank reads the data and the "
+        "checkpoints that rank 0 writes: on several machines put --data_dir and --out_dir on a file system "
+        "that every machine mounts (NFS, Lustre, ...)."))

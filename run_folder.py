@@ -26,9 +26,12 @@ def run_identity(mcfg, cfg, meta, global_batch):
     }
 
 
-RUN_FILES = ("run.json", "metrics.jsonl", "incidents.jsonl", "injected.json", "metrics.png", "pipeline.png",
-             "samples.txt", "ckpt")
-CONTINUABLE = ("max_iters", "lr_decay_iters")  # a run may go on with these changed: a larger max_iters trains further
+# run.json last: an --overwrite cut short leaves a folder that is still recognisably a run of ours
+RUN_FILES = ("metrics.jsonl", "incidents.jsonl", "injected.json", "metrics.png", "pipeline.png", "samples.txt",
+             "ckpt", "run.json")
+# A run may continue with these changed: a larger max_iters trains further, and a lower LR (or a
+# longer warmup) is what the runbook asks of a person after repeated incidents.
+CONTINUABLE = ("max_iters", "lr_decay_iters", "learning_rate", "min_lr", "warmup_iters")
 
 
 def config_changes(old, new, ignore=()):
@@ -41,16 +44,23 @@ def config_changes(old, new, ignore=()):
     ]
 
 
-def prepare_out_dir(out_dir, identity, overwrite):
-    """Make out_dir this run's folder, refusing to mix two runs in one: a folder of another run
-    is refused unless --overwrite starts this one afresh there, and a folder that holds
-    anything but a run of ours is refused and left untouched."""
-    path = os.path.join(out_dir, "run.json")
-    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or (os.listdir(out_dir) and not os.path.exists(path))):
+def check_out_dir_is_ours(out_dir):
+    """Refuse, before anything is written, a folder that holds anything but a run of ours."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"--out_dir {out_dir} is a file, not a folder: choose another --out_dir")
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.exists(os.path.join(out_dir, "run.json")):
         raise ValueError(
             f"--out_dir {out_dir} is not empty and holds no run.json, so it is not a run of ours; nothing in it "
             "was touched. Choose a new or empty --out_dir."
         )
+
+
+def prepare_out_dir(out_dir, identity, overwrite):
+    """Make out_dir this run's folder, refusing to mix two runs in one: a folder of another run is
+    refused unless --overwrite starts this one afresh there. Returns the CONTINUABLE fields that
+    differ from the run already there, for the caller to record (record_identity) once it has
+    decided that the run goes on."""
+    path = os.path.join(out_dir, "run.json")
     os.makedirs(out_dir, exist_ok=True)
     if overwrite:
         for name in RUN_FILES:
@@ -59,15 +69,31 @@ def prepare_out_dir(out_dir, identity, overwrite):
                 shutil.rmtree(target)
             else:
                 remove_if_exists(target)
-    elif os.path.exists(path):
-        with open(path) as f:
-            changed = config_changes(json.load(f), identity, ignore=CONTINUABLE)
-        if changed:
-            raise ValueError(
-                f"{out_dir} holds a different run, whose checkpoints cannot continue with this config "
-                f"({'; '.join(changed)}). Choose another --out_dir, or start over there with --overwrite."
-            )
-    write_json_atomic(path, identity)
+    if not os.path.exists(path):
+        record_identity(out_dir, identity)
+        return []
+    with open(path) as f:
+        old = json.load(f)
+    changed = config_changes(old, identity, ignore=CONTINUABLE)
+    if changed:
+        raise ValueError(
+            f"{out_dir} holds a different run, whose checkpoints cannot continue with this config "
+            f"({'; '.join(changed)}). Choose another --out_dir, or start over there with --overwrite."
+        )
+    return config_changes(old, identity)
+
+
+def record_identity(out_dir, identity):
+    write_json_atomic(os.path.join(out_dir, "run.json"), identity)
+
+
+def is_finished(metrics_path, step, max_iters):
+    """Whether a run whose newest checkpoint is at `step` has nothing left to do: it is past
+    max_iters, or at it with the final check logged (the last record: a val loss and no train
+    loss). A run that died between its last checkpoint and its final check is not finished."""
+    if step != max_iters:
+        return step > max_iters
+    return any(r["step"] == step and "loss" not in r for r in read_jsonl(metrics_path))
 
 
 def read_jsonl(path):

@@ -8,8 +8,9 @@
 
 Read `train()` first: the chapter's loop, on one screen. What it calls comes
 before it in the order the math needs it (the defenses, one optimizer step,
-evaluation) and after it in the order a run lives it (set-up; start or resume;
-what a checkpoint holds; the incident runbook; logging; the final check).
+evaluation) and after it in the order a run lives it (set-up; start, resume
+and the final check; what a checkpoint holds; the incident runbook; logging;
+sampling).
 
 The four stability defenses: LR warmup then cosine decay (`lr_at`), global
 grad-norm clipping (`clip_gradients`), mixed precision with fp32 master weights
@@ -43,9 +44,11 @@ from faults import FaultInjector
 from model import GPT, GPTConfig
 from monitor import HealthMonitor, Throughput, cost_estimate, device_peak_flops, plot_metrics
 from parallel import (ProcessGrid, ShardedModel, all_reduce_mean, check_tensor_parallel_layout,
-                      check_visible_everywhere, destroy_distributed, init_distributed, run_on_rank0)
+                      check_visible_everywhere, destroy_distributed, init_distributed, raise_on_every_rank,
+                      run_on_rank0)
 from pipeline import SCHEDULES, PipelineModel, check_micro_batches, check_pipeline_layout
-from run_folder import append_jsonl, config_changes, prepare_out_dir, read_jsonl, run_identity, write_jsonl
+from run_folder import (append_jsonl, check_out_dir_is_ours, config_changes, is_finished, prepare_out_dir,
+                        read_jsonl, record_identity, run_identity, write_jsonl)
 
 # ----------------------------------------------------------------------------
 # The defenses that live in the loop: LR schedule, clipping, precision
@@ -224,8 +227,8 @@ def train(preset, configs):
 
 @dataclass
 class Run:
-    """What the loop and its stages share. set_up builds it; afterwards the stages reassign
-    only `recovery` and `records` (restore_checkpoint, respond_to_incident, log_step), while
+    """What the loop and its stages share. set_up builds it; afterwards the stages change only
+    `recovery` and `records` (start, restore_checkpoint, respond_to_incident, log_step), while
     the objects it holds (model, optimizer, streams, monitor) change state as they work."""
 
     cfg: TrainConfig
@@ -236,6 +239,7 @@ class Run:
     say: object  # print on rank 0, silence elsewhere: one voice for the whole group
     out_dir: str
     identity: dict  # what makes two runs the same run (run.json)
+    continued: list  # the schedule fields that differ from the run already in out_dir ("max_iters: 2000 -> 3000")
     meta: dict  # the token files' meta.json
     train_stream: TokenStream
     val_stream: TokenStream
@@ -300,12 +304,13 @@ def set_up(preset, configs):
     out_dir = cfg.out_dir or os.path.join("out", preset)
     data_dir = cfg.data_dir or default_data_dir(dcfg)
 
+    run_on_rank0(lambda: check_out_dir_is_ours(out_dir), grid.rank == 0)  # before the data may land inside it
     meta = run_on_rank0(lambda: load_or_prepare(dcfg, data_dir), grid.rank == 0)
     # Pad V to a multiple of 64 for fast matmuls (50257 -> 50304); the extra ids are never targets.
     mcfg = dataclasses.replace(mcfg, vocab_size=64 * math.ceil(meta["vocab_size"] / 64))
     global_batch = grid.dp * cfg.batch_size * cfg.gradient_accumulation_steps  # sequences per optimizer step
     identity = run_identity(mcfg, cfg, meta, global_batch)
-    run_on_rank0(lambda: prepare_out_dir(out_dir, identity, cfg.overwrite), grid.rank == 0)
+    continued = run_on_rank0(lambda: prepare_out_dir(out_dir, identity, cfg.overwrite), grid.rank == 0)
     check_visible_everywhere([os.path.join(data_dir, "meta.json"), os.path.join(out_dir, "run.json")])
     say(f"{grid}" if grid.world_size > 1 else "single process")
     say(f"data {data_dir}: {meta['source']}, {meta['tokenizer']} tokens, "
@@ -328,7 +333,8 @@ def set_up(preset, configs):
     else:
         model = ShardedModel(whole, grid, autocast, cfg.compile, pcfg.dp_mode, pcfg.bucket_mb)
     return Run(
-        cfg=cfg, rcfg=rcfg, scfg=scfg, mcfg=mcfg, grid=grid, say=say, out_dir=out_dir, identity=identity, meta=meta,
+        cfg=cfg, rcfg=rcfg, scfg=scfg, mcfg=mcfg, grid=grid, say=say, out_dir=out_dir, identity=identity,
+        continued=continued, meta=meta,
         train_stream=train_stream, val_stream=val_stream, eval_batches=eval_iters * cfg.gradient_accumulation_steps,
         model=model, optimizer_groups=optimizer_groups, optimizer=make_optimizer(model.module, cfg, device),
         scaler=torch.amp.GradScaler(device.type, enabled=dtype == torch.float16), dtype=dtype,
@@ -349,14 +355,18 @@ def start(run):
     """The run's first moments: refuse a finished run, print the cost account, then resume
     from the newest checkpoint that verifies, or save step 0. Returns the first step."""
     latest = load_checkpoint(run)
-    if latest is not None and latest[0] >= run.cfg.max_iters:
-        hint = f" (add --lr_decay_iters {latest[0]} to stay at min_lr instead)" if not run.cfg.lr_decay_iters else ""
+    if latest is not None and run_on_rank0(lambda: is_finished(run.metrics_path, latest[0], run.cfg.max_iters),
+                                           run.is_rank0):
+        hint = f"; --lr_decay_iters {latest[0]} keeps it at min_lr instead" if not run.cfg.lr_decay_iters else ""
         raise ValueError(
             f"{run.out_dir} holds a finished run: its newest checkpoint is at step {latest[0]} and --max_iters is "
             f"{run.cfg.max_iters}, so there is nothing to train. To train it further, pass a larger --max_iters "
-            f"(the LR schedule stretches to the new end{hint}); to start over there, --overwrite; or choose another "
-            f"--out_dir. To sample from it: python train.py --sample --out_dir {run.out_dir}"
+            f"(the LR schedule stretches to the new end{hint}); to start over there, --overwrite; or choose "
+            f"another --out_dir. To sample from it: python train.py --sample --out_dir {run.out_dir}"
         )
+    if run.continued:
+        run.say(f"continuing the run in {run.out_dir} with {'; '.join(run.continued)}")
+        run_on_rank0(lambda: record_identity(run.out_dir, run.identity), run.is_rank0)
     # the measured step runs before the RNG is restored or first saved, so every start draws alike
     print_cost_account(run)
     if latest is not None:
@@ -499,9 +509,10 @@ def load_checkpoint(run, healthy_only=False):
     """(step, state) of the newest checkpoint that verifies (and is marked healthy, if asked), or None.
 
     Rank 0 chooses and every rank loads its choice: a rank that looked for itself could find
-    a checkpoint rank 0 wrote a moment ago, and resume while the others start afresh.
-    Loaded onto the CPU: the RNG states must stay there."""
-    latest = None
+    a checkpoint rank 0 wrote a moment ago, and resume while the others start afresh. Every
+    rank then confirms its load, so none goes on (and rank 0 re-saves that step) while
+    another still reads it. Loaded onto the CPU: the RNG states must stay there."""
+    latest, problem = None, None
 
     def choose():
         nonlocal latest
@@ -510,7 +521,12 @@ def load_checkpoint(run, healthy_only=False):
 
     step = run_on_rank0(choose, run.is_rank0)
     if step is not None and not run.is_rank0:
-        latest = step, checkpoint.load(checkpoint.step_path(run.ckpt_dir, step))
+        path = checkpoint.step_path(run.ckpt_dir, step)
+        try:
+            latest = step, checkpoint.load(path)
+        except Exception as e:  # unreadable here: stop every rank with the reason, rather than hang them
+            problem = f"rank {run.grid.rank} could not load {path}, which rank 0 chose ({type(e).__name__}: {e})"
+    raise_on_every_rank(problem)
     return latest
 
 
@@ -561,7 +577,8 @@ def runbook_response(recovery, step, rcfg):
     if recovery.incidents + 1 > rcfg.max_incidents:
         return "stop"
     # after a rollback the step counter goes back, so an incident before the last one is a repeat too
-    repeat = recovery.last_incident_step >= 0 and step - recovery.last_incident_step < rcfg.incident_window
+    repeat = rcfg.incident_window > 0 and recovery.last_incident_step >= 0 and \
+        step - recovery.last_incident_step < rcfg.incident_window
     return rcfg.repeat_response if repeat else "skip"
 
 
@@ -582,12 +599,14 @@ def respond_to_incident(run, step, fired):
     if response == "stop":
         if run.is_rank0:
             append_jsonl(run.incidents_path, incident)
+        tried = "rolling back and skipping data" + (
+            f" and an LR lowered to x{run.recovery.lr_scale:.3g}" if run.recovery.lr_scale < 1 else "")
         raise ValueError(
             f"stopping after {run.recovery.incidents + 1} incidents (--max_incidents {run.rcfg.max_incidents}); "
-            f"the last: {detector} at step {step} {values}. Skipping data and lowering the LR did not hold, so "
-            f"suspect something deeper: the data around the skipped rows, --dtype, the init. The healthy "
-            f"checkpoints in {run.ckpt_dir} are intact: read {run.incidents_path}, then resume with a lower "
-            "--learning_rate or a larger --max_incidents."
+            f"the last: {detector} at step {step} {values}. {tried.capitalize()} did not end them, so suspect "
+            f"something deeper: the data around the skipped rows (in {run.incidents_path}), --dtype, the init. "
+            f"The healthy checkpoints in {run.ckpt_dir} are intact: resume from them with a lower --learning_rate "
+            "or a longer --warmup_iters, or a larger --max_incidents."
         )
     bad_end = run.train_stream.position  # the data up to here led to the incident
     recovery = dataclasses.replace(run.recovery, incidents=run.recovery.incidents + 1, last_incident_step=step)

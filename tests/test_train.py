@@ -147,10 +147,37 @@ def test_a_finished_run_says_so_and_exits_nonzero(small_corpus, tmp_path, capsys
     assert "step 3" in message and "--max_iters is 3" in message
     assert all(hint in message for hint in ("a larger --max_iters", "--overwrite", "another --out_dir"))
     assert "cost:" not in text and snapshot(out) == before  # refused before any work, nothing rewritten
+    code, _ = run_main([*args, "--max_iters", "2"], capsys)  # a smaller max_iters: finished all the more
+    assert "holds a finished run" in str(code) and snapshot(out) == before
     # what the message offers works: a larger --max_iters trains on from step 3
     train.main([str(a) for a in [*args, "--max_iters", "5"]])
+    assert "continuing the run in" in capsys.readouterr().out
     steps = [r["step"] for r in train.read_jsonl(out / "metrics.jsonl")]
     assert steps == [0, 1, 2, 3, 4, 5] and json.loads((out / "run.json").read_text())["TrainConfig"]["max_iters"] == 5
+
+
+def test_a_run_that_died_before_its_final_check_finishes_on_the_next_command(small_corpus, tmp_path, capsys):
+    """The last checkpoint is written before the final eval, plot and samples: dying between them is not finishing."""
+    out = tmp_path / "run"
+    args = ["--source", small_corpus, "--data_dir", tmp_path / "data", "--out_dir", out, "--max_iters", "3", *QUICK]
+    train.main([str(a) for a in args])
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # as if killed after the checkpoint of step 3
+    (out / "samples.txt").unlink()
+    train.main([str(a) for a in args])
+    assert "resuming from the checkpoint of step 3" in capsys.readouterr().out
+    assert (out / "metrics.jsonl").read_text().splitlines() == lines and (out / "samples.txt").exists()
+
+
+def test_data_may_live_inside_the_run_folder_and_a_file_is_no_folder(small_corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    train.main([str(a) for a in ["--source", small_corpus, "--data_dir", out / "data", "--out_dir", out,
+                                 "--max_iters", "2", *QUICK]])
+    assert (out / "data" / "meta.json").exists() and (out / "run.json").exists()
+    (tmp_path / "notes.txt").write_text("mine")
+    code, _ = run_main(["--source", small_corpus, "--data_dir", out / "data", "--out_dir", tmp_path / "notes.txt",
+                        *QUICK], capsys)
+    assert "is a file, not a folder" in str(code) and (tmp_path / "notes.txt").read_text() == "mine"
 
 
 def test_a_folder_that_is_not_a_run_is_refused_and_left_untouched(small_corpus, tmp_path, capsys):
