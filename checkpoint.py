@@ -136,11 +136,12 @@ def step_path(ckpt_dir, step):
 
 
 def _fsync_dir(path):
-    """Make a rename in `path` durable. Windows cannot open a folder as a file; there
-    NTFS journals the rename itself."""
-    if os.name == "nt":
+    """Make a rename in `path` durable. Where a folder cannot be opened as a file (Windows:
+    PermissionError), there is nothing to fsync: NTFS journals the rename itself."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
         return
-    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

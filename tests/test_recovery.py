@@ -255,3 +255,18 @@ def test_runbook_response_climbs_one_rung_per_repeat():
     assert runbook_response(Recovery(incidents=3, last_incident_step=0), 5000, rcfg) == "stop"
     with pytest.raises(ValueError, match="--repeat_response 'panic': choose lower_lr or rewarm"):
         RecoveryConfig(repeat_response="panic")
+
+
+def test_saving_works_where_a_folder_cannot_be_opened_as_a_file(tmp_path, monkeypatch):
+    """Windows: os.open on a folder fails, so the folder's fsync after the rename is skipped there."""
+    real_open = os.open
+
+    def windows_open(path, flags, *args, **kwargs):
+        if os.path.isdir(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", windows_open)
+    checkpoint.save(tmp_path, 10, small_state(10), healthy=True)
+    step, state = checkpoint.load_latest(tmp_path)
+    assert step == 10 and torch.equal(state["weights"], small_state(10)["weights"])
