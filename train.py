@@ -9,8 +9,7 @@
 Read `train()` first: the chapter's loop, on one screen. What it calls comes
 before it in the order the math needs it (the defenses, one optimizer step,
 evaluation) and after it in the order a run lives it (set-up; start, resume
-and the final check; what a checkpoint holds; the incident runbook; logging;
-sampling).
+and the final check; what a checkpoint holds; the incident runbook; logging).
 
 The four stability defenses: LR warmup then cosine decay (`lr_at`), global
 grad-norm clipping (`clip_gradients`), mixed precision with fp32 master weights
@@ -31,7 +30,6 @@ import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from itertools import groupby
 
 import numpy as np
 import torch
@@ -47,6 +45,7 @@ from parallel import (ProcessGrid, ShardedModel, all_reduce_mean, check_tensor_p
                       check_visible_everywhere, destroy_distributed, init_distributed, raise_on_every_rank,
                       run_on_rank0)
 from pipeline import SCHEDULES, PipelineModel, check_micro_batches, check_pipeline_layout
+from sample import sample, sample_texts, single_device_model
 from run_folder import (append_jsonl, check_out_dir_is_ours, config_changes, is_finished, prepare_out_dir,
                         read_jsonl, record_identity, run_identity, write_jsonl)
 
@@ -661,50 +660,13 @@ def log_step(run, record, throughput):
         append_jsonl(run.metrics_path, record)
 
 
-# ----------------------------------------------------------------------------
-# Sampling
-
-
-def single_device_model(gpt_config, state_dict, device):
-    """A plain GPT on one device from a single-device state dict, whatever layout trained it."""
-    model = GPT(GPTConfig(**gpt_config)).to(device)
-    model.load_state_dict(state_dict)
-    return model
-
-
-def sample_texts(model, tokenizer, scfg, device):
-    """num_samples continuations of the prompt; document boundaries shown as <|endoftext|>."""
-    prompt = tokenizer.encode(scfg.prompt) if scfg.prompt else [tokenizer.eot]
-    idx = torch.tensor([prompt] * scfg.num_samples, dtype=torch.long, device=device)
-    model.eval()
-    out = model.generate(idx, scfg.max_new_tokens, temperature=scfg.temperature, top_k=scfg.top_k or None)
-    model.train()
-    texts = []
-    for row in out[:, len(prompt) :].tolist():
-        # cut at end-of-text; a padded-vocab id (never a target, rarely sampled) has no text either
-        pieces = groupby(row, key=lambda t: t == tokenizer.eot or t >= tokenizer.vocab_size)
-        texts.append(scfg.prompt + "\n<|endoftext|>\n".join(tokenizer.decode(list(g)) for cut, g in pieces if not cut))
-    return texts
-
-
-def sample(preset, configs):
-    cfg, scfg = configs[TrainConfig], configs[SampleConfig]
-    device = pick_device(cfg.device)
-    torch.manual_seed(cfg.seed)
-    ckpt_dir = os.path.join(cfg.out_dir or os.path.join("out", preset), "ckpt")
-    latest = checkpoint.load_latest(ckpt_dir, device)
-    if latest is None:
-        raise ValueError(f"no checkpoint in {ckpt_dir}: train first (python train.py --out_dir ...)")
-    state = latest[1]
-    model = single_device_model(state["config"]["GPTConfig"], state["model"], device)
-    for text in sample_texts(model, get_tokenizer(state["meta"]["tokenizer"]), scfg, device):
-        print(text, "\n==========")
-
-
 def main(argv=None):
     try:
         preset, sample_mode, configs = parse_args(sys.argv[1:] if argv is None else argv)
-        (sample if sample_mode else train)(preset, configs)
+        if sample_mode:
+            sample(preset, configs, pick_device(configs[TrainConfig].device))
+        else:
+            train(preset, configs)
     except ValueError as e:
         sys.exit(f"error: {e}")
     except RuntimeError as e:
