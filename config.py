@@ -33,6 +33,7 @@ class TrainConfig:
     batch_size: int = 16  # sequences per forward pass (per process)
     gradient_accumulation_steps: int = 1
     lanes: int = 64  # the token file is read as this many interleaved lanes (see data.TokenStream)
+    data_order: int = 0  # 0: the file's order (in lanes); N > 0: the same windows shuffled by seed N
     # AdamW, LR schedule, clipping
     max_iters: int = 2000
     learning_rate: float = 2e-3  # peak LR, reached at the end of warmup
@@ -57,6 +58,9 @@ class RecoveryConfig:
     keep_every: int = 1000  # ...and sparse old: every checkpoint at a multiple of this step
     resume: bool = False  # insist on resuming (a run whose out_dir holds checkpoints resumes anyway)
     reset_optimizer: bool = False  # accept a checkpoint without optimizer state (fresh AdamW moments)
+    # teaching: resume as if the checkpoint had not saved these, of optimizer,data_position,schedule
+    # (fresh AdamW moments; train.bin read again from its start; the LR schedule restarted from warmup)
+    resume_without: str = ""
     triggers: str = "nonfinite,spike"  # detectors that roll back; of nonfinite,spike,grad_z,val_rise
     spike_factor: float = 2.0  # spike: loss above this many times the median of recent losses
     monitor_window: int = 50  # steps in the rolling baselines of loss and grad norm
@@ -71,9 +75,18 @@ class RecoveryConfig:
     max_incidents: int = 5  # more incidents than this stop the run
     inject: str = ""  # faults for teaching and tests: nan@STEP,spike@STEP,crash@STEP
 
+    RESUMABLE = ("optimizer", "data_position", "schedule")
+
     def __post_init__(self):
         if self.repeat_response not in ("lower_lr", "rewarm"):
             raise ValueError(f"--repeat_response {self.repeat_response!r}: choose lower_lr or rewarm")
+        unknown = set(self.forgotten_on_resume) - set(self.RESUMABLE)
+        if unknown:
+            raise ValueError(f"--resume_without {','.join(sorted(unknown))}: choose from {','.join(self.RESUMABLE)}")
+
+    @property
+    def forgotten_on_resume(self):
+        return [part for part in self.resume_without.split(",") if part]
 
 
 @dataclass

@@ -353,13 +353,18 @@ class TokenStream:
     lanes=1 it is a plain front-to-back walk; each epoch reads lanes * (W //
     lanes) windows, each once, and the last W mod lanes windows sit out.
 
+    order_seed > 0 reads the same windows in another order: window w becomes
+    window perm[w] of a random permutation seeded by order_seed, the same in
+    every epoch. Two runs that differ only in it see the same data, each window
+    once per epoch, in different sequences.
+
     The only state is `position`: how many rows the whole data-parallel group
     has read. Rank `rank` of `world_size` takes rows position + rank*B ...
     position + rank*B + B - 1, then position moves on by world_size * B; so the
     same position serves any world size with the same global batch.
     """
 
-    def __init__(self, path, dtype, batch_size, block_size, rank=0, world_size=1, lanes=1):
+    def __init__(self, path, dtype, batch_size, block_size, rank=0, world_size=1, lanes=1, order_seed=0):
         self.tokens = np.memmap(path, dtype=dtype, mode="r")
         self.batch_size, self.block_size = batch_size, block_size
         self.rank, self.world_size = rank, world_size
@@ -372,11 +377,16 @@ class TokenStream:
         self.lanes = min(lanes, n_windows)
         self.lane_length = n_windows // self.lanes
         self.windows_per_epoch = self.lanes * self.lane_length
+        self.permutation = None  # (n_windows,) or None: the file's own order
+        if order_seed:
+            index_dtype = np.uint32 if n_windows < 2**32 else np.int64
+            self.permutation = np.random.default_rng(order_seed).permutation(n_windows).astype(index_dtype)
         self.position = 0
 
     def window(self, row):
         r = row % self.windows_per_epoch
-        return (r % self.lanes) * self.lane_length + r // self.lanes
+        w = (r % self.lanes) * self.lane_length + r // self.lanes
+        return w if self.permutation is None else int(self.permutation[w])
 
     def next_batch(self):
         B, T = self.batch_size, self.block_size

@@ -180,6 +180,17 @@ class HealthMonitor:
         self.warned = state["warned"]
 
 
+def layer_grad_norms(module):
+    """[L2 norm of block i's gradient for each transformer block] of a single-device GPT, after
+    backward. How the gradient is spread over depth shows why Post-LN needs warmup at depth:
+    its gradients grow toward the output layers, where Pre-LN's stay level (Xiong et al. 2020)."""
+    squares = [torch.zeros(()) for _ in module.blocks]
+    for name, p in module.named_parameters():
+        if name.startswith("blocks.") and p.grad is not None:
+            squares[int(name.split(".")[1])] += p.grad.detach().float().pow(2).sum().cpu()
+    return [s.sqrt().item() for s in squares]
+
+
 # ----------------------------------------------------------------------------
 # The picture of a run
 

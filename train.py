@@ -315,11 +315,12 @@ def set_up(preset, configs):
     say(f"data {data_dir}: {meta['source']}, {meta['tokenizer']} tokens, "
         f"{meta['train_tokens']:,} train + {meta['val_tokens']:,} val")
 
-    def stream(split):  # each DP rank reads its share of every batch
+    def stream(split, order_seed=0):  # each DP rank reads its share of every batch
         return TokenStream(os.path.join(data_dir, f"{split}.bin"), meta["dtype"], cfg.batch_size, mcfg.block_size,
-                           grid.dp_rank, grid.dp, cfg.lanes)
+                           grid.dp_rank, grid.dp, cfg.lanes, order_seed)
 
-    train_stream, val_stream = stream("train"), stream("val")
+    # --data_order shuffles the training data only: every run is judged on the same val rows
+    train_stream, val_stream = stream("train", cfg.data_order), stream("val")
     # an eval reads eval_iters global batches (fewer if val.bin is smaller), in this rank's micro-batches
     eval_iters = max(1, min(cfg.eval_iters, val_stream.windows_per_epoch // global_batch))
 
@@ -369,7 +370,7 @@ def start(run):
     # the measured step runs before the RNG is restored or first saved, so every start draws alike
     print_cost_account(run)
     if latest is not None:
-        step = restore_checkpoint(run, latest[1])
+        step = restore_checkpoint(run, latest[1], forget=run.rcfg.forgotten_on_resume)
         run.say(f"resuming from the checkpoint of step {step} in {run.ckpt_dir}")
     elif run.rcfg.resume:
         raise ValueError(f"--resume, but {run.ckpt_dir} holds no checkpoint that verifies")
@@ -478,29 +479,37 @@ def checkpoint_state(run, step):
     }
 
 
-def restore_checkpoint(run, state):
-    """The inverse of checkpoint_state: every rank takes its share. Returns the checkpoint's step."""
+def restore_checkpoint(run, state, forget=()):
+    """The inverse of checkpoint_state: every rank takes its share. Returns the checkpoint's step.
+
+    forget (--resume_without) leaves out some of the chapter's three pieces, to show what each
+    one is for: "optimizer" (AdamW restarts from zero moments), "data_position" (train.bin is
+    read again from its start) or "schedule" (the LR schedule starts over, warmup first)."""
     changed = config_changes(state["config"], {"GPTConfig": run.identity["GPTConfig"]})
     if changed:
         raise ValueError(f"the checkpoint holds a model of another shape ({'; '.join(changed)})")
+    if forget:
+        run.say(f"warning: resuming without the checkpoint's {', '.join(forget)} (--resume_without)")
     checkpoint.load_full_state_dict(run.model, state["model"], run.grid)
-    if "optimizer" in state:
+    if "optimizer" in state and "optimizer" not in forget:
         checkpoint.load_full_optimizer_state_dict(run.optimizer, state["optimizer"], run.model, run.grid,
                                                   run.optimizer_groups)
-    elif not run.rcfg.reset_optimizer:
+    elif not (run.rcfg.reset_optimizer or "optimizer" in forget):
         raise ValueError(
             f"the checkpoint of step {state['step']} in {run.ckpt_dir} has no optimizer state. Resuming would "
             "restart AdamW's moment estimates from zero, a jolt in update size and direction that weights "
             "alone cannot undo. Pass --reset_optimizer to accept that and continue anyway."
         )
     else:
-        run.say("warning: no optimizer state in the checkpoint; AdamW restarts from zero moments")
+        run.say("warning: no optimizer state taken from the checkpoint; AdamW restarts from zero moments")
     if state.get("scaler"):  # empty when the saving run had no fp16 loss scaling
         run.scaler.load_state_dict(state["scaler"])
-    run.train_stream.load_state_dict(state["data"])
+    run.train_stream.load_state_dict({"position": 0} if "data_position" in forget else state["data"])
     set_rng_state(state["rng"])
     run.monitor.load_state_dict(state["monitor"])
     run.recovery = Recovery(**state["recovery"])
+    if "schedule" in forget:
+        run.recovery.schedule_from = state["step"]
     return state["step"]
 
 
@@ -560,12 +569,14 @@ def save_checkpoint(run, step):
 
 @dataclass
 class Recovery:
-    """What incidents have done to the run; saved with every checkpoint, so a resumed run keeps it."""
+    """What incidents (and a resume) have done to the run's LR and step; saved with every
+    checkpoint, so a resumed run keeps it."""
 
     incidents: int = 0
     lr_scale: float = 1.0  # the product of the LR cuts of rung 2 (lower_lr)
     last_incident_step: int = -1  # -1: none yet
     rewarm_from: int = -1  # rung 2 (rewarm): the step from which the LR climbs back; -1: none
+    schedule_from: int = 0  # the step the LR schedule counts from: 0, unless --resume_without schedule
 
 
 RUNGS = {"skip": 1, "lower_lr": 2, "rewarm": 2, "stop": 3}
@@ -583,7 +594,7 @@ def runbook_response(recovery, step, rcfg):
 
 def learning_rate(run, step):
     """The LR of this step: the schedule (lr_at), times what the runbook did to it."""
-    lr = lr_at(step, run.cfg) * run.recovery.lr_scale
+    lr = lr_at(step - run.recovery.schedule_from, run.cfg) * run.recovery.lr_scale
     rewarm_iters, rewarm_from = run.rcfg.rewarm_iters or run.cfg.warmup_iters, run.recovery.rewarm_from
     if 0 <= rewarm_from <= step < rewarm_from + rewarm_iters:
         lr *= (step - rewarm_from + 1) / rewarm_iters

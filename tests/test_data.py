@@ -183,6 +183,23 @@ def test_token_stream_shards_by_rank_and_resumes(tmp_path):
     assert torch.equal(resumed.next_batch()[0], single.next_batch()[0])
 
 
+def test_a_seeded_order_reads_the_same_windows_in_another_sequence(tmp_path):
+    T, B, n_windows = 4, 2, 32
+    write_tokens(tmp_path / "t.bin", T * n_windows + 1)
+    path = str(tmp_path / "t.bin")
+
+    def epoch(order_seed, **kwargs):
+        stream = TokenStream(path, "uint16", B, T, lanes=4, order_seed=order_seed, **kwargs)
+        return [row[0].item() for _ in range(n_windows // B) for row in stream.next_batch()[0]]
+
+    plain, shuffled = epoch(0), epoch(7)
+    assert sorted(shuffled) == sorted(plain) == list(range(0, T * n_windows, T))  # each window once
+    assert shuffled != plain and epoch(7) == shuffled and epoch(8) != shuffled  # another order, fixed by the seed
+    ranks = [TokenStream(path, "uint16", B // 2, T, rank=r, world_size=2, lanes=4, order_seed=7) for r in range(2)]
+    sharded = [row[0].item() for _ in range(n_windows // B) for s in ranks for row in s.next_batch()[0]]
+    assert sharded == shuffled  # the ranks still split the same global batches
+
+
 def test_token_stream_too_small_for_a_block(tmp_path):
     write_tokens(tmp_path / "t.bin", 5)
     with pytest.raises(ValueError, match="fewer than one block.*--block_size"):

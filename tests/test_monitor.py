@@ -1,7 +1,10 @@
+import math
+
 import pytest
+import torch
 
 from model import GPT, GPTConfig
-from monitor import HealthMonitor, cost_estimate
+from monitor import HealthMonitor, cost_estimate, layer_grad_norms
 
 
 def warmed(triggers=("nonfinite", "spike"), **overrides):
@@ -71,3 +74,18 @@ def test_cost_estimate_counts_6nd():
     flops = model.flops_per_token() * 100 * 256
     assert f"{flops:.3g} FLOPs" in lines[1] and f"6 N D = {6 * model.num_params() * 25600:.3g}" in lines[1]
     assert "~0.0 min for 100 steps" in lines[3]
+
+
+def test_layer_grad_norms_split_the_blocks_gradient_by_depth():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=16, block_size=8, vocab_size=64))
+    x = torch.randint(64, (2, 8))
+    model(x, x)[1].backward()
+    norms = layer_grad_norms(model)
+    assert len(norms) == 3 and all(n > 0 for n in norms)
+    blocks = [p.grad for name, p in model.named_parameters() if name.startswith("blocks.")]
+    whole = torch.cat([g.flatten() for g in blocks]).norm().item()
+    assert math.sqrt(sum(n * n for n in norms)) == pytest.approx(whole, rel=1e-5)
+    for p in model.blocks[1].parameters():
+        p.grad = None
+    assert layer_grad_norms(model)[1] == 0.0

@@ -6,6 +6,7 @@ import os
 import pickle
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,6 +146,23 @@ def test_checkpoint_without_optimizer_state_is_refused(workdir):
     assert "--reset_optimizer" in refused.stderr
     accepted = run_train(workdir, out, "--max_iters", "20", "--reset_optimizer")
     assert accepted.returncode == 0 and "AdamW restarts from zero moments" in accepted.stdout
+
+
+def test_resume_without_the_three_pieces_forgets_each(workdir, clean):
+    """--resume_without optimizer,data_position,schedule: the run continues from the weights alone."""
+    out = workdir / "forgetful"
+    shutil.copytree(clean, out)
+    checkpoint.discard_after(out / "ckpt", 40)  # as if the machine died after step 40's checkpoint
+    result = run_train(workdir, out, "--resume_without", "optimizer,data_position,schedule")
+    assert result.returncode == 0, result.stderr
+    assert "resuming without the checkpoint's optimizer, data_position, schedule" in result.stdout
+    resumed = {r[0]: r for r in losses(out)}
+    assert resumed[39] == losses(clean)[39]  # the timeline up to the checkpoint is kept
+    assert resumed[40][3] == pytest.approx(lr_at(0, TrainConfig(learning_rate=3e-3, warmup_iters=10)))
+    _, state = checkpoint.load_latest(out / "ckpt")
+    assert state["step"] == 60 and state["recovery"]["schedule_from"] == 40
+    assert state["data"]["position"] == 20 * 4  # rows read since the resume, from the start of train.bin
+    assert {s["step"].item() for s in state["optimizer"]["state"].values()} == {20}  # AdamW's own count restarted
 
 
 def test_resume_with_another_model_shape_names_the_fields(workdir, clean):

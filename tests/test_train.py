@@ -224,6 +224,7 @@ def test_train_py_reads_on_one_screen():
         (["--dtype", "float8"], ["--dtype 'float8'"]),
         (["--tokenizer", "bpe-9"], ["unknown tokenizer 'bpe-9'"]),
         (["--source", "no/such/corpus.txt"], ["--source 'no/such/corpus.txt': no such file"]),
+        (["--resume_without", "optimizer,weights"], ["--resume_without weights", "data_position"]),
     ],
 )
 def test_bad_input_is_named(argv, expected, tmp_path, capsys):
