@@ -28,6 +28,7 @@ class GPTConfig:
     bias: bool = False  # biases in Linear and LayerNorm; GPT-2 had them, modern models drop them
     norm: str = "rmsnorm"  # rmsnorm | layernorm
     norm_position: str = "pre"  # pre (Pre-LN: x + f(norm(x))) | post (Post-LN: norm(x + f(x)))
+    naive_init_std: float = 0.0  # 0: the width-scaled init (GPT._init_weights); > 0: N(0, std^2) everywhere, to compare
 
     def __post_init__(self):
         if self.n_embd % self.n_head:
@@ -41,6 +42,8 @@ class GPTConfig:
             raise ValueError(f"norm {self.norm!r} must be rmsnorm or layernorm")
         if self.norm_position not in ("pre", "post"):
             raise ValueError(f"norm_position {self.norm_position!r} must be pre or post")
+        if self.naive_init_std < 0:
+            raise ValueError(f"naive_init_std {self.naive_init_std} must be 0 (width-scaled init) or positive")
 
 
 class RMSNorm(nn.Module):
@@ -163,6 +166,9 @@ class GPT(nn.Module):
     #   far above it; as the embedding it is a small input that the first norm rescales.
     # - Position embedding: the same std as the token embedding it is added to.
     # - Norm weights 1, biases 0.
+    # --naive_init_std s > 0 replaces all of it by one fixed std for every matrix and embedding, with no
+    # residual scaling: the naive init whose failures (a first loss far above ln V, a residual stream
+    # that grows with depth) the notebooks measure.
     @staticmethod
     def init_std(n_embd):
         return math.sqrt(2 / (5 * n_embd))
@@ -172,8 +178,13 @@ class GPT(nn.Module):
         return 0.25 / math.sqrt(n_embd)
 
     def _init_weights(self, module):
-        C, L = self.config.n_embd, self.config.n_layer
-        if isinstance(module, nn.Embedding):
+        C, L, naive = self.config.n_embd, self.config.n_layer, self.config.naive_init_std
+        if naive:
+            if isinstance(module, (nn.Embedding, nn.Linear)) and module is not self.lm_head:
+                nn.init.normal_(module.weight, std=naive)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, std=self.embedding_std(C))
         elif isinstance(module, (CausalSelfAttention, MLP)):
             nn.init.normal_(module.c_proj.weight, std=self.init_std(C) / math.sqrt(2 * L))

@@ -65,11 +65,24 @@ def test_init_std_follows_the_stated_rule():
     assert model.lm_head.weight is model.wte.weight  # the head is the tied embedding
 
 
+def test_naive_init_uses_one_std_everywhere_and_starts_far_above_ln_v():
+    torch.manual_seed(0)
+    cfg = GPTConfig(**SMALL, naive_init_std=1.0)
+    model = GPT(cfg)
+    for name, p in model.named_parameters():
+        if p.dim() == 2:
+            assert p.std().item() == pytest.approx(1.0, rel=0.05), name  # c_proj too: no residual scaling
+    x = torch.randint(cfg.vocab_size, (8, cfg.block_size))
+    assert model(x, x)[1].item() > 3 * math.log(cfg.vocab_size)  # confidently wrong from the first step
+
+
 def test_config_errors_name_the_values():
     with pytest.raises(ValueError, match="n_embd 130 is not divisible by n_head 4"):
         GPTConfig(n_embd=130, n_head=4)
     with pytest.raises(ValueError, match="norm 'batchnorm'"):
         GPTConfig(norm="batchnorm")
+    with pytest.raises(ValueError, match="naive_init_std -1"):
+        GPTConfig(naive_init_std=-1)
 
 
 def test_counts_and_generate():
