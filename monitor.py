@@ -197,12 +197,10 @@ def layer_grad_norms(module):
 
 def plot_metrics(records, incidents, path, ln_vocab):
     """loss and val loss against ln V, grad norm, LR; a red line at each incident."""
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: drawing to a file leaves a notebook's plotting alone
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig = Figure(figsize=(15, 4))
+    axes = fig.subplots(1, 3)
     train = [r for r in records if "loss" in r]  # the final record holds only the val loss
     steps = [r["step"] for r in train]
     val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
@@ -221,4 +219,3 @@ def plot_metrics(records, incidents, path, ln_vocab):
     axes[2].set(xlabel="step", title="learning rate")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -265,14 +265,13 @@ def run_schedule(stage, order, inputs, targets, micro_batches, grid, n_embd, los
 
 def plot_gantt(timeline, path, title):
     """One row per stage: forwards and backwards in two colours, waits hatched, idle blank."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: drawing to a file leaves a notebook's plotting alone
+    from matplotlib.patches import Patch
 
     t0 = min(r[2] for stage in timeline for r in stage)
     colours = {"F": "tab:blue", "B": "tab:orange", "wait": "lightgray"}
-    fig, ax = plt.subplots(figsize=(12, 0.6 * len(timeline) + 1.5))
+    fig = Figure(figsize=(12, 0.6 * len(timeline) + 1.5))
+    ax = fig.subplots()
     for s, stage in enumerate(timeline):
         for kind, i, start, end in stage:
             ax.broken_barh([(1e3 * (start - t0), 1e3 * (end - start))], (s - 0.4, 0.8), color=colours[kind],
@@ -282,12 +281,10 @@ def plot_gantt(timeline, path, title):
     ax.set(yticks=range(len(timeline)), yticklabels=[f"stage {s}" for s in range(len(timeline))],
            xlabel="ms", title=title)
     ax.invert_yaxis()
-    handles = [matplotlib.patches.Patch(color=c, label={"F": "forward", "B": "backward", "wait": "waiting"}[k])
-               for k, c in colours.items()]
+    handles = [Patch(color=c, label={"F": "forward", "B": "backward", "wait": "waiting"}[k]) for k, c in colours.items()]
     ax.legend(handles=handles, loc="upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 class PipelineModel:
