@@ -182,8 +182,8 @@ class HealthMonitor:
 
 def layer_grad_norms(module):
     """[L2 norm of block i's gradient for each transformer block] of a single-device GPT, after
-    backward. How the gradient is spread over depth shows why Post-LN needs warmup at depth:
-    its gradients grow toward the output layers, where Pre-LN's stay level (Xiong et al. 2020)."""
+    backward: how the gradient is spread over depth, which is where Pre-LN and Post-LN differ
+    (Xiong et al. 2020; notebooks/02_four_defenses.ipynb measures it)."""
     squares = [torch.zeros(()) for _ in module.blocks]
     for name, p in module.named_parameters():
         if name.startswith("blocks.") and p.grad is not None:

@@ -8,16 +8,27 @@ value it asserts instead: an honest "no" is a result, a silent one a regression.
 """
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import needs_gpt2  # notebook 01 compares bytes with GPT-2 BPE
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
 VERDICT_MIME = "application/vnd.minipretrain.verdict+json"
-# (notebook, claim) -> a check of the measured text, for claims this code measures differently from the textbook
-DISAGREES = {}
+# (notebook, claim) -> a check of the measured text, for the claims our measurement contradicts (each
+# notebook says why beside its table): the test pins what was measured instead.
+DISAGREES = {
+    # 2 bytes per GPT-2 token: a trillion tokens take terabytes, not "tens to hundreds of GB"
+    ("01_from_corpus_to_base_model", "The token file of trillions of tokens is tens to hundreds of GB"):
+        lambda measured: "2 bytes per token" in measured and "1T tokens = 2,000 GB" in measured,
+    # a short run far from convergence gains more from the extra high-LR steps than it loses by the second warmup
+    ("04_resume_needs_three_things", "... and costs final val loss"):
+        lambda measured: float(re.search(r"\(([-+][\d.]+)\)", measured).group(1)) <= 0.005,
+}
 
 
 def execute(path, timeout=900):
@@ -54,7 +65,8 @@ def strip(notebook):
 
 
 @pytest.mark.notebooks
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", [pytest.param(p, marks=needs_gpt2) if p.stem.startswith("01") else p
+                                  for p in NOTEBOOKS], ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_and_its_verdicts_hold(path):
     rows = verdicts(execute(path).cells)
     assert rows, f"{path.name} ends without a verdict table"
