@@ -202,7 +202,10 @@ def train(preset, configs):
         # the logged loss is the mean over DP ranks; the grad norm is already that of the averaged gradient
         loss = all_reduce_mean(loss, run.grid.dp_group, run.grid.dp).item()  # .item() waits for the device
         grad_norm = grad_norm.item()
-        grad_norm_z, fired = monitor.check_step(loss, grad_norm)
+        # fp16: gradients that overflow are the loss scaler's business, not an incident: it skipped
+        # this step and lowered its scale, as it is meant to (a rollback would restore the old scale)
+        overflow_skipped = run.scaler.is_enabled() and math.isfinite(loss) and not math.isfinite(grad_norm)
+        grad_norm_z, fired = (0.0, []) if overflow_skipped else monitor.check_step(loss, grad_norm)
         fired += eval_warnings
         if monitor.is_incident(fired):
             step = respond_to_incident(run, step, fired)
@@ -212,7 +215,9 @@ def train(preset, configs):
         throughput.step_done()
 
         record.update(loss=loss, lr=lr, grad_norm=grad_norm, grad_norm_z=grad_norm_z)
-        if step % cfg.log_interval == 0 or "val_loss" in record or step == cfg.max_iters - 1:
+        if overflow_skipped:
+            record["skipped"] = f"fp16 overflow; loss scale now {run.scaler.get_scale():g}"
+        if step % cfg.log_interval == 0 or "val_loss" in record or step == cfg.max_iters - 1 or overflow_skipped:
             log_step(run, record, throughput)
         step += 1
         if step % run.rcfg.ckpt_interval == 0 or step == cfg.max_iters:
@@ -662,6 +667,8 @@ def log_step(run, record, throughput):
     line += f" | ETA {(run.cfg.max_iters - step - 1) * seconds_per_step / 60:.1f} min"
     if "val_loss" in record:
         line += f" | val loss {record['val_loss']:.4f}"
+    if "skipped" in record:
+        line += f" | step skipped: {record['skipped']}"
     if step == 0:
         vocab = run.meta["vocab_size"]
         line += f"\n  a fresh model guesses uniformly: loss ~ ln(vocab) = ln {vocab} = {math.log(vocab):.4f}"

@@ -165,6 +165,17 @@ def test_resume_without_the_three_pieces_forgets_each(workdir, clean):
     assert {s["step"].item() for s in state["optimizer"]["state"].values()} == {20}  # AdamW's own count restarted
 
 
+def test_fp16_overflow_is_a_skipped_step_not_an_incident(workdir):
+    """The loss scaler skips an overflowing fp16 step and lowers its scale; rolling back would undo that."""
+    out = workdir / "fp16"
+    result = run_train(workdir, out, "--max_iters", "30", "--dtype", "float16", "--naive_init_std", "1.0")
+    assert result.returncode == 0, result.stderr
+    skipped = [r for r in read_jsonl(out / "metrics.jsonl") if "skipped" in r]
+    assert skipped and all("fp16 overflow" in r["skipped"] for r in skipped)
+    assert "loss scale now 32768" in result.stdout  # halved from 65536 at the first overflow
+    assert not read_jsonl(out / "incidents.jsonl")
+
+
 def test_resume_with_another_model_shape_names_the_fields(workdir, clean):
     result = run_train(workdir, clean, "--n_embd", "64")
     assert result.returncode != 0
