@@ -14,13 +14,18 @@ leaves the previous checkpoints and at most a .tmp folder that nothing reads.
 
 "Latest" is the newest checkpoint whose files match their manifest; a
 truncated or corrupted one is skipped with a warning.
+
+What a checkpoint holds is train.py's decision (`checkpoint_state`); this file
+provides the means, the random generators' states as tensors among them.
 """
 
 import json
 import os
+import random
 import re
 import shutil
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -260,3 +265,30 @@ def discard_after(ckpt_dir, step):
     for s in dropped:
         shutil.rmtree(step_path(ckpt_dir, s))
     return dropped
+
+
+# ----------------------------------------------------------------------------
+# Random generators, as tensors
+
+
+def rng_state():
+    """Every random generator a step may draw from. numpy's key becomes a tensor: a checkpoint
+    holds tensors and plain containers only."""
+    numpy_state = np.random.get_state(legacy=False)
+    numpy_key = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
+    return {
+        "python": random.getstate(),
+        "numpy": {**numpy_state, "state": {**numpy_state["state"], "key": numpy_key}},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state):
+    random.setstate(state["python"])
+    numpy_state = state["numpy"]
+    numpy_key = numpy_state["state"]["key"].numpy().astype(np.uint32)
+    np.random.set_state({**numpy_state, "state": {**numpy_state["state"], "key": numpy_key}})
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -26,12 +26,10 @@ import contextlib
 import dataclasses
 import math
 import os
-import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -441,29 +439,6 @@ def finish(run, val_loss):
 # What a checkpoint holds
 
 
-def rng_state():
-    """Every random generator a step may draw from. numpy's key becomes a tensor: a checkpoint
-    holds tensors and plain containers only."""
-    numpy_state = np.random.get_state(legacy=False)
-    numpy_key = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
-    return {
-        "python": random.getstate(),
-        "numpy": {**numpy_state, "state": {**numpy_state["state"], "key": numpy_key}},
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
-def set_rng_state(state):
-    random.setstate(state["python"])
-    numpy_state = state["numpy"]
-    numpy_key = numpy_state["state"]["key"].numpy().astype(np.uint32)
-    np.random.set_state({**numpy_state, "state": {**numpy_state["state"], "key": numpy_key}})
-    torch.set_rng_state(state["torch"])
-    if state["cuda"]:
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def checkpoint_state(run, step):
     """Everything the next step depends on. The chapter's three pieces are the weights with
     AdamW's moments, the step (where the LR schedule continues) and the data position; the
@@ -476,7 +451,7 @@ def checkpoint_state(run, step):
         "scaler": run.scaler.state_dict(),  # empty unless fp16 loss scaling is on
         "step": step,
         "data": run.train_stream.state_dict(),
-        "rng": rng_state(),
+        "rng": checkpoint.rng_state(),
         "monitor": run.monitor.state_dict(),
         "recovery": asdict(run.recovery),
         "config": run.identity,
@@ -510,7 +485,7 @@ def restore_checkpoint(run, state, forget=()):
     if state.get("scaler"):  # empty when the saving run had no fp16 loss scaling
         run.scaler.load_state_dict(state["scaler"])
     run.train_stream.load_state_dict({"position": 0} if "data_position" in forget else state["data"])
-    set_rng_state(state["rng"])
+    checkpoint.set_rng_state(state["rng"])
     run.monitor.load_state_dict(state["monitor"])
     run.recovery = Recovery(**state["recovery"])
     if "schedule" in forget:
