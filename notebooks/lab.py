@@ -1,7 +1,7 @@
 """What every notebook needs around the project's modules: a quiet training run, and the verdict table.
 
-A notebook does `from lab import *` in its first cell. That makes the project's
-root folder the working directory and importable, so the notebook uses the
+A notebook does `from lab import plt, run, verdict` in its first cell. That makes
+the project's root folder the working directory and importable, so the notebook uses the
 same modules as `python train.py`, and its runs write under out/notebooks/.
 Nothing here trains or measures by itself: runs go through train.main, with
 the same flags as the command line.

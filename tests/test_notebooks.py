@@ -18,7 +18,7 @@ from conftest import needs_gpt2  # notebook 01 compares bytes with GPT-2 BPE
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
-VERDICT_MIME = "application/vnd.minipretrain.verdict+json"
+VERDICT_MIME = "application/vnd.minipretrain.verdict+json"  # as notebooks/lab.py writes it (importing lab would chdir)
 # (notebook, claim) -> a check of the measured text, for the claims our measurement contradicts (each
 # notebook says why beside its table): the test pins what was measured instead.
 DISAGREES = {
