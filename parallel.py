@@ -148,6 +148,45 @@ def all_reduce_mean(value, group, size):
 
 
 # ----------------------------------------------------------------------------
+# Communication, counted per dimension
+#
+# Every all-reduce and send that carries a training step's gradients or
+# activations hands its tensor through counted(dimension, tensor), which adds
+# the payload's bytes to this rank's count for that dimension: an integer add on
+# the host, no device work, no synchronization, so counting is free when nobody
+# reads it. Not counted: the few scalars of a step (loss, grad norm), the start-up
+# broadcast and checkpoint gathers. Evaluation's forwards count too, so
+# train.optimizer_step starts each step's count from zero. A ring all-reduce of P
+# bytes in a group of n puts 2 (n - 1) / n P on each rank's link; the count is P.
+
+comm_bytes = {"dp": 0, "tp": 0, "pp": 0}  # bytes this rank handed over since the last take_comm_bytes()
+
+
+def counted(dimension, tensor):
+    """tensor, after adding its bytes to this rank's count for dimension dp, tp or pp."""
+    comm_bytes[dimension] += tensor.numel() * tensor.element_size()
+    return tensor
+
+
+def take_comm_bytes():
+    """{dimension: bytes} counted since the last call; the counts start again from zero."""
+    taken = dict(comm_bytes)
+    comm_bytes.update(dp=0, tp=0, pp=0)
+    return taken
+
+
+def take_busiest_comm_bytes(device):
+    """{dimension: the most bytes any rank counted since its last take}: the rank that sets the
+    pace in each dimension. A collective (an int64 max over the world): every rank calls it."""
+    taken = take_comm_bytes()
+    if dist.is_initialized():
+        counts = torch.tensor(list(taken.values()), dtype=torch.int64, device=device)
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+        taken = dict(zip(taken, counts.tolist()))
+    return taken
+
+
+# ----------------------------------------------------------------------------
 # Data parallelism
 
 
@@ -211,14 +250,14 @@ class DataParallel:
 
     def _launch(self, i):
         flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
-        self.in_flight[i] = (flat, dist.all_reduce(flat, group=self.group, async_op=True))
+        self.in_flight[i] = (flat, dist.all_reduce(counted("dp", flat), group=self.group, async_op=True))
 
     def finish(self):
         """Block until every gradient is the DP average; call after the last backward of a step."""
         if self.mode == "naive":
             for p in self.params:
                 if p.grad is not None:
-                    dist.all_reduce(p.grad, group=self.group)
+                    dist.all_reduce(counted("dp", p.grad), group=self.group)
                     p.grad /= self.size
             return
         for i, bucket in enumerate(self.buckets):
@@ -249,15 +288,6 @@ class DataParallel:
 # forward (g, after the row-parallel layer) and one backward (f, before the
 # column-parallel one): 2 all-reduces per block forward, 2 backward.
 
-# Bytes all-reduced by the TP operators, by direction: read by bench/parallel_speed.py.
-tp_traffic = {"forward": 0, "backward": 0}
-
-
-def _all_reduce_counted(x, group, direction):
-    tp_traffic[direction] += x.numel() * x.element_size()
-    dist.all_reduce(x, group=group)
-    return x
-
 
 class CopyToTensorParallel(torch.autograd.Function):
     """f: identity forward, all-reduce backward. Each rank's column-parallel layer sends
@@ -270,7 +300,9 @@ class CopyToTensorParallel(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_reduce_counted(grad.contiguous(), ctx.group, "backward"), None
+        grad = grad.contiguous()
+        dist.all_reduce(counted("tp", grad), group=ctx.group)
+        return grad, None
 
 
 class ReduceFromTensorParallel(torch.autograd.Function):
@@ -279,7 +311,9 @@ class ReduceFromTensorParallel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        return _all_reduce_counted(x.contiguous(), group, "forward")
+        x = x.contiguous()
+        dist.all_reduce(counted("tp", x), group=group)
+        return x
 
     @staticmethod
     def backward(ctx, grad):
@@ -398,16 +432,16 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
         ids = start + torch.arange(logits.shape[-1], device=logits.device)
         logits = logits.masked_fill(ids >= vocab_size, -math.inf)  # padding rows: probability 0
         global_max = logits.max(dim=-1).values  # (B, T)
-        dist.all_reduce(global_max, op=dist.ReduceOp.MAX, group=group)
+        dist.all_reduce(counted("tp", global_max), op=dist.ReduceOp.MAX, group=group)
         shifted = logits - global_max.unsqueeze(-1)  # (B, T, V/tp)
         exp = shifted.exp()
         sum_exp = exp.sum(dim=-1)  # (B, T)
-        dist.all_reduce(sum_exp, group=group)
+        dist.all_reduce(counted("tp", sum_exp), group=group)
         local_target = targets - start
         owned = (local_target >= 0) & (local_target < logits.shape[-1])
         picked = shifted.gather(-1, local_target.clamp(0, logits.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
         target_logit = picked.masked_fill(~owned, 0.0)  # (B, T), nonzero on the owning rank only
-        dist.all_reduce(target_logit, group=group)
+        dist.all_reduce(counted("tp", target_logit), group=group)
         loss = sum_exp.log() - target_logit  # (B, T)
         ctx.save_for_backward(exp / sum_exp.unsqueeze(-1), local_target, owned)
         return loss.mean()

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from parallel import DataParallel, global_grad_norm
+from parallel import DataParallel, counted, global_grad_norm, tensor_parallel
 
 # ----------------------------------------------------------------------------
 # Schedules: the order of one stage's operations
@@ -111,10 +111,11 @@ def stage_layers(n_layer, stages):
 
 
 class PipelineStage(nn.Module):
-    """One stage's part of a single-device GPT: its blocks; the embeddings on the first
-    stage; the final norm, the head and the loss on the last. With tied embeddings the first
-    and last stages each hold a copy of the (V, C) matrix; their gradients are summed
-    between them after backward (`sync_tied_embedding`), so both copies take the same step.
+    """One stage's part of a GPT (whole, or already cut for tensor parallelism): its blocks;
+    the embeddings on the first stage; the final norm, the head and the loss on the last.
+    With tied embeddings the first and last stages each hold a copy of the (V, C) matrix
+    (of its TP slice); their gradients are summed between them after backward
+    (`sync_tied_embedding`), so both copies take the same step.
 
     Memory per rank: about 1/p of the blocks' parameters, plus the embedding on the ends.
     """
@@ -128,13 +129,10 @@ class PipelineStage(nn.Module):
         self.blocks = nn.ModuleList(model.blocks[self.first_block : last_block])
         self.embedding = nn.ModuleDict({"wte": model.wte, "wpe": model.wpe, "drop": model.drop}) if self.is_first else None
         if self.is_last:
-            self.norm_f = model.norm_f
-            self.lm_head = nn.Linear(model.config.n_embd, model.config.vocab_size, bias=False)
-            if self.is_first:
-                self.lm_head.weight = model.wte.weight
-            else:
-                self.lm_head.weight = nn.Parameter(model.wte.weight.detach().clone())
-            self.clm_loss = model.clm_loss
+            # The head is tied to wte: one Parameter on the first stage; on a separate last stage this
+            # rank's own copy, as this rank never holds the embedding. Under tensor parallelism both
+            # are the same vocabulary slice of it, scored by a vocab-parallel loss.
+            self.norm_f, self.lm_head, self.clm_loss = model.norm_f, model.lm_head, model.clm_loss
 
     def forward(self, x, targets=None):
         """First stage: x is token ids (B, T); otherwise the activation (B, T, C) from the stage
@@ -178,7 +176,7 @@ def sync_tied_embedding(stage, grid):
     together they hold the gradient of the one matrix of the single-device model."""
     weight = stage.tied_embedding()
     if grid.pp > 1 and weight is not None and weight.grad is not None:
-        dist.all_reduce(weight.grad, group=grid.embedding_group)
+        dist.all_reduce(counted("pp", weight.grad), group=grid.embedding_group)
 
 
 def check_pipeline_layout(n_layer, stages):
@@ -199,7 +197,7 @@ def check_micro_batches(batch_size, micro_batches):
 
 
 def send_forward(activation, grid, pending):
-    pending.append(dist.isend(activation.detach().contiguous(), grid.pp_next))
+    pending.append(dist.isend(counted("pp", activation.detach().contiguous()), grid.pp_next))
 
 
 def recv_forward(shape, grid, dtype, device):
@@ -209,7 +207,7 @@ def recv_forward(shape, grid, dtype, device):
 
 
 def send_backward(grad, grid, pending):
-    pending.append(dist.isend(grad.contiguous(), grid.pp_prev))
+    pending.append(dist.isend(counted("pp", grad.contiguous()), grid.pp_prev))
 
 
 def recv_backward(shape, grid, dtype, device):
@@ -288,14 +286,16 @@ def plot_gantt(timeline, path, title):
 
 
 class PipelineModel:
-    """The model as a pipeline rank holds it: one stage, run under a schedule over
-    micro_batches micro-batches; gradients averaged over the dp replicas of the stage.
+    """The model as a pipeline rank holds it: one stage (its matrices cut across the TP group
+    when tp > 1), run under a schedule over micro_batches micro-batches; gradients averaged
+    over the dp replicas of the stage.
     The interface the training loop uses is described in parallel.py ("The model as a
     rank holds it")."""
 
     def __init__(self, model, grid, schedule="1f1b", micro_batches=1, autocast=contextlib.nullcontext(),
                  dp_mode="bucketed", bucket_mb=25.0):
-        self.module = PipelineStage(model, grid.pp_rank, grid.pp)  # this rank keeps only its stage
+        self.cuts = tensor_parallel(model, grid) if grid.tp > 1 else {}  # {single-device name: Cut}
+        self.module = PipelineStage(model, grid.pp_rank, grid.pp)  # this rank keeps only its stage (its TP slices)
         self.grid, self.micro_batches, self.autocast = grid, micro_batches, autocast
         self.device = next(self.module.parameters()).device
         self.n_embd, self.schedule = model.config.n_embd, schedule
@@ -335,12 +335,13 @@ class PipelineModel:
 
     def grad_norm(self):
         copy = self.module.tied_copy()
-        grads = [p.grad for p in self.module.parameters() if p.grad is not None and p is not copy]
-        return global_grad_norm([], grads, self.grid)
+        named = [(name, p.grad) for name, p, _ in self.local_parameters() if p.grad is not None and p is not copy]
+        return global_grad_norm([g for name, g in named if name in self.cuts],
+                                [g for name, g in named if name not in self.cuts], self.grid)
 
     def local_parameters(self):
         names = self.module.global_names()
-        return [(names[name], p, None) for name, p in self.module.named_parameters()]
+        return [(names[name], p, self.cuts.get(names[name])) for name, p in self.module.named_parameters()]
 
     def report(self, out_dir, say, is_rank0):
         """The last training step as the pipeline ran it: measured bubble beside the formula, and its Gantt chart."""

@@ -38,10 +38,10 @@ from config import CONFIG_CLASSES, RecoveryConfig, SampleConfig, TrainConfig, pa
 from data import TokenStream, default_data_dir, get_tokenizer, load_or_prepare
 from faults import FaultInjector
 from model import GPT, GPTConfig
-from monitor import HealthMonitor, Throughput, cost_estimate, device_peak_flops, plot_metrics
+from monitor import HealthMonitor, Throughput, comm_bytes_per_step, cost_estimate, device_peak_flops, plot_metrics
 from parallel import (ProcessGrid, ShardedModel, all_reduce_mean, check_tensor_parallel_layout,
                       check_visible_everywhere, destroy_distributed, init_distributed, raise_on_every_rank,
-                      run_on_rank0)
+                      run_on_rank0, take_busiest_comm_bytes, take_comm_bytes)
 from pipeline import SCHEDULES, PipelineModel, check_micro_batches, check_pipeline_layout
 from sample import sample, sample_texts, single_device_model
 from run_folder import (append_jsonl, check_out_dir_is_ours, config_changes, is_finished, prepare_out_dir,
@@ -139,6 +139,7 @@ def optimizer_step(model, optimizer, scaler, next_batch, lr, cfg):
     Returns (this rank's mean loss, global grad norm before clipping), both 0-dim tensors."""
     for group in optimizer.param_groups:
         group["lr"] = lr
+    take_comm_bytes()  # this step's communication is counted from zero (log_step reads it)
     micro_steps = cfg.gradient_accumulation_steps
     loss_sum = torch.zeros((), device=model.device)
     for micro_step in range(micro_steps):
@@ -230,7 +231,7 @@ def train(preset, configs):
 @dataclass
 class Run:
     """What the loop and its stages share. set_up builds it; afterwards the stages change only
-    `recovery` and `records` (start, restore_checkpoint, respond_to_incident, log_step), while
+    `recovery`, `records` and `comm_compared` (start, restore_checkpoint, respond_to_incident, log_step), while
     the objects it holds (model, optimizer, streams, monitor) change state as they work."""
 
     cfg: TrainConfig
@@ -257,6 +258,8 @@ class Run:
     num_params: int  # of the whole single-device model, whatever share this rank holds
     flops_per_token: float  # the same
     peak_flops: float | None  # one device's peak, for MFU; None on CPU
+    comm_formula: dict  # {dimension: (bytes, formula)} per step on the busiest rank, in closed form
+    comm_compared: bool = False  # the first logged step printed its measured bytes beside comm_formula
     recovery: "Recovery" = field(default_factory=lambda: Recovery())  # the runbook's state, defined with it below
     records: list = field(default_factory=list)  # logged metrics of the current timeline, for the plot
     started: float = field(default_factory=time.perf_counter)
@@ -286,8 +289,6 @@ def check_layout(mcfg, cfg, pcfg):
         check_micro_batches(cfg.batch_size, pcfg.micro_batches)
         if pcfg.schedule not in SCHEDULES:
             raise ValueError(f"--schedule {pcfg.schedule!r}: choose one of {', '.join(SCHEDULES)}")
-        if pcfg.tp > 1:
-            raise ValueError("--tp with --pp: the training loop combines each with --dp, not yet both")
 
 
 def set_up(preset, configs):
@@ -347,6 +348,9 @@ def set_up(preset, configs):
         injector=FaultInjector(rcfg.inject, out_dir, meta["vocab_size"], grid.rank, grid.rank == grid.world_size - 1),
         tokens_per_step=global_batch * mcfg.block_size, num_params=num_params, flops_per_token=flops_per_token,
         peak_flops=device_peak_flops(device, cfg.peak_tflops),
+        comm_formula={d: max(comm_bytes_per_step(mcfg, grid.dp, grid.tp, grid.pp, stage, cfg.batch_size,
+                                                 cfg.gradient_accumulation_steps, 4 if dtype == torch.float32 else 2)[d]
+                             for stage in range(grid.pp)) for d in ("dp", "tp", "pp")},
     )
 
 
@@ -647,7 +651,14 @@ def log_step(run, record, throughput):
     if step == 0:
         vocab = run.meta["vocab_size"]
         line += f"\n  a fresh model guesses uniformly: loss ~ ln(vocab) = ln {vocab} = {math.log(vocab):.4f}"
+    if run.grid.world_size > 1:  # the step's communication, each dimension on its busiest rank
+        record.update({f"comm_bytes_{d}": b for d, b in take_busiest_comm_bytes(run.model.device).items()})
     run.say(line, flush=True)
+    if run.grid.world_size > 1 and not run.comm_compared:
+        run.say("communication of that step, payload bytes on the busiest rank: measured | closed form")
+        for d, (formula, how) in run.comm_formula.items():
+            run.say(f"  {d} {record[f'comm_bytes_{d}']:>13,} | {formula:>13,} = {how}")
+        run.comm_compared = True
     run.records.append(record)
     if run.is_rank0:
         append_jsonl(run.metrics_path, record)

@@ -1,7 +1,7 @@
 """Tokens/s of hand-written parallelism on 2 ranks over gloo, on the same model and global batch:
 our bucketed DP, our naive DP, torch's DistributedDataParallel, our tensor parallelism
-(tp=2), and one process. For TP it also counts the bytes the f/g operators all-reduce per
-step, beside the formula.
+(tp=2), and one process. For TP it also counts the bytes the f/g operators and the loss
+all-reduce per step, beside the closed form.
 
     python bench/parallel_speed.py [--steps 30] [--world_size 2]
 
@@ -26,17 +26,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import config  # noqa: E402
 import train  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from monitor import comm_bytes_per_step  # noqa: E402
 import parallel  # noqa: E402
 from parallel import ProcessGrid, ShardedModel  # noqa: E402
 
-GLOBAL_BATCH, BLOCK, N_LAYER, N_EMBD = 16, 128, 4, 128
+GLOBAL_BATCH, BLOCK = 16, 128
+MODEL = GPTConfig(block_size=BLOCK, vocab_size=256, n_layer=4, n_head=4, n_embd=128)
 MODES = ("bucketed DP", "naive DP", "DDP", "TP", "one process")
 
 
 def timed_steps(mode, rank, world_size, steps, warmup, bucket_mb):
     """Run warmup + steps optimizer steps; return (this rank's seconds, TP bytes) for the timed ones."""
     torch.manual_seed(0)
-    gpt = GPT(GPTConfig(block_size=BLOCK, vocab_size=256, n_layer=N_LAYER, n_head=4, n_embd=N_EMBD))
+    gpt = GPT(MODEL)
     cfg = config.TrainConfig(batch_size=GLOBAL_BATCH if mode in ("TP", "one process") else GLOBAL_BATCH // world_size)
     if mode in ("bucketed DP", "naive DP"):
         model = ShardedModel(gpt, ProcessGrid(world_size, 1, 1, rank, world_size), dp_mode=mode.split()[0],
@@ -59,10 +61,10 @@ def timed_steps(mode, rank, world_size, steps, warmup, bucket_mb):
         if step == warmup:
             if dist.is_initialized():
                 dist.barrier()
-            parallel.tp_traffic.update(forward=0, backward=0)
             t0 = time.perf_counter()
-        train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)
-    return time.perf_counter() - t0, sum(parallel.tp_traffic.values())
+        train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)  # counts each step's bytes from zero
+        tp_bytes = parallel.take_comm_bytes()["tp"]
+    return time.perf_counter() - t0, tp_bytes * steps
 
 
 def worker(mode, rank, world_size, port, steps, warmup, bucket_mb, results):
@@ -127,12 +129,9 @@ def main():
         median = statistics.median(seconds[mode])
         spread = f"{tokens / max(seconds[mode]):,.0f}-{tokens / min(seconds[mode]):,.0f}"
         print(f"{mode:<14} {tokens / median:>10,.0f} {1e3 * median / args.steps:>9.1f}   {spread}")
-    # f/g all-reduce one (B, T, C) fp32 activation each: 2 per block forward (after attention and
-    # MLP) + 1 for the embedding; 2 per block backward + 1 before the head.
-    formula = (4 * N_LAYER + 2) * GLOBAL_BATCH * BLOCK * N_EMBD * 4
+    formula, how = comm_bytes_per_step(MODEL, 1, args.world_size, 1, 0, GLOBAL_BATCH, 1, 4)["tp"]
     print(f"TP all-reduce bytes per step, per rank: counted {tp_bytes / args.steps / 2**20:.2f} MiB, "
-          f"formula (4 L + 2) B T C x 4 bytes = {formula / 2**20:.2f} MiB")
-
+          f"formula {formula / 2**20:.2f} MiB = {how}")
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,7 @@
 """Training under data, tensor and pipeline parallelism with real gloo processes: any layout takes the single-process step."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -84,8 +85,12 @@ def single(corpus):
         (4, ["--batch_size", 4, "--dp", 2, "--tp", 2]),
         (2, ["--batch_size", 8, "--dp", 1, "--pp", 2, "--micro_batches", 4, "--schedule", "gpipe"]),
         (4, ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "1f1b"]),
+        (4, ["--batch_size", 8, "--dp", 1, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "gpipe"]),
+        (8, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "gpipe"]),
+        (8, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "1f1b"]),
     ],
-    ids=["dp2", "dp4", "dp2-accumulation", "dp2-naive", "tp2", "dp2xtp2", "pp2-gpipe", "dp2xpp2-1f1b"],
+    ids=["dp2", "dp4", "dp2-accumulation", "dp2-naive", "tp2", "dp2xtp2", "pp2-gpipe", "dp2xpp2-1f1b",
+         "tp2xpp2-gpipe", "dp2xtp2xpp2-gpipe", "dp2xtp2xpp2-1f1b"],
 )
 def test_layout_matches_single_process(corpus, single, world_size, extra):
     """Same seed, same global batch: every layout takes the single process's steps (fp32 tolerance)."""
@@ -172,6 +177,22 @@ def test_a_dying_rank_stops_the_others_with_a_clear_error_then_resumes_exactly(c
     assert outcome[1][0] == "missing"
     train.main(args(corpus, relayout, "--batch_size", 8))
     assert_same_run(relayout, clean)
+
+
+def test_a_3d_run_killed_mid_way_resumes_on_other_layouts(corpus, single):
+    """A dp2 x tp2 x pp2 run loses a rank at step 13; its single-device checkpoint of step 10 continues
+    on one process and as tp2 x pp2, each with the losses of the uninterrupted run."""
+    killed = corpus / "3d-killed"
+    outcome = run_ranks(8, train.main, args(corpus, killed, "--dp", 2, "--tp", 2, "--pp", 2, "--batch_size", 4,
+                                            "--micro_batches", 2, "--inject", "crash@13"), timeout=120)
+    assert outcome[7] == ("missing", -9), outcome  # the last rank was SIGKILLed
+    assert all(outcome[rank][0] == "exit" for rank in range(7)), outcome  # the others stop with an error
+    shutil.copytree(killed, corpus / "3d-to-1x2x2")
+    train.main(args(corpus, killed, "--batch_size", 8))
+    assert_same_run(killed, single)
+    train_ranks(4, args(corpus, corpus / "3d-to-1x2x2", "--dp", 1, "--tp", 2, "--pp", 2, "--batch_size", 8,
+                        "--micro_batches", 2))
+    assert_same_run(corpus / "3d-to-1x2x2", single)
 
 
 def test_torchrun_end_to_end(corpus, single):
