@@ -130,6 +130,62 @@ def comm_bytes_per_step(mc, dp, tp, pp, stage, batch_size, accumulation, compute
     return {"dp": (dp_bytes, dp_how), "tp": (tp_bytes, tp_how), "pp": (pp_bytes, pp_how)}
 
 
+class SavedActivations:
+    """Measures the peak bytes autograd keeps for backward while the context is open: a step's
+    activation memory, on any device (torch.cuda's allocator statistics exist on GPUs only).
+
+        with SavedActivations(module) as saved:
+            loss.backward() ...
+        saved.peak  # bytes
+
+    A saved tensor counts from its forward until the backward that frees its graph node;
+    storages that several saved tensors share count once; the module's parameters, which
+    backward keeps too, do not count. A pipeline stage under 1F1B keeps at most p
+    micro-batches' worth at once, under GPipe all m: this is where that shows in bytes."""
+
+    def __init__(self, module):
+        self.parameters = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        self.live = {}  # storage address -> [bytes, saved tensors that use it]
+        self.now = self.peak = 0
+
+    def _pack(self, tensor):
+        storage = tensor.untyped_storage()
+        address = storage.data_ptr()
+        if address in self.parameters:
+            return tensor
+        if address not in self.live:
+            self.live[address] = [storage.nbytes(), 0]
+            self.now += storage.nbytes()
+            self.peak = max(self.peak, self.now)
+        self.live[address][1] += 1
+        return _Saved(tensor, self, address)
+
+    def _release(self, address):
+        entry = self.live[address]
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.now -= entry[0]
+            del self.live[address]
+
+    def __enter__(self):
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda saved: getattr(saved, "tensor", saved))
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.hooks.__exit__(*exc)
+
+
+class _Saved:
+    """A tensor autograd saved, which tells its SavedActivations when the graph lets it go."""
+
+    def __init__(self, tensor, meter, address):
+        self.tensor, self.meter, self.address = tensor, meter, address
+
+    def __del__(self):
+        self.meter._release(self.address)
+
+
 class Throughput:
     """Tokens per second over the steps since the last reading, evaluation time left out."""
 

@@ -291,6 +291,14 @@ def check_layout(mcfg, cfg, pcfg):
             raise ValueError(f"--schedule {pcfg.schedule!r}: choose one of {', '.join(SCHEDULES)}")
 
 
+def model_for_rank(whole, grid, pcfg, autocast=contextlib.nullcontext(), compile=False):
+    """The model as this rank holds it, cut from the whole single-device GPT: a pipeline stage
+    (its matrices cut by TP when tp > 1) when pp > 1, else every layer (whole, or TP slices)."""
+    if grid.pp > 1:
+        return PipelineModel(whole, grid, pcfg.schedule, pcfg.micro_batches, autocast, pcfg.dp_mode, pcfg.bucket_mb)
+    return ShardedModel(whole, grid, autocast, compile, pcfg.dp_mode, pcfg.bucket_mb)
+
+
 def set_up(preset, configs):
     """Everything before the first step: processes, data, the run's folder, model, optimizer, watchers."""
     mcfg, dcfg, cfg, pcfg, rcfg, scfg = (configs[c] for c in CONFIG_CLASSES)
@@ -332,10 +340,7 @@ def set_up(preset, configs):
     optimizer_groups = [[name for name, _ in group] for group in parameter_groups(whole.named_parameters())]
     num_params, flops_per_token = whole.num_params(), whole.flops_per_token()  # before a rank keeps only its share
     autocast = autocast_context(device, dtype)
-    if grid.pp > 1:
-        model = PipelineModel(whole, grid, pcfg.schedule, pcfg.micro_batches, autocast, pcfg.dp_mode, pcfg.bucket_mb)
-    else:
-        model = ShardedModel(whole, grid, autocast, cfg.compile, pcfg.dp_mode, pcfg.bucket_mb)
+    model = model_for_rank(whole, grid, pcfg, autocast, cfg.compile)
     return Run(
         cfg=cfg, rcfg=rcfg, scfg=scfg, mcfg=mcfg, grid=grid, say=say, out_dir=out_dir, identity=identity,
         continued=continued, meta=meta,

@@ -11,13 +11,10 @@ TP). Each rank runs with cores / ranks threads; the single process gets all core
 """
 
 import argparse
-import multiprocessing
 import os
-import socket
 import statistics
 import sys
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -29,6 +26,7 @@ from model import GPT, GPTConfig  # noqa: E402
 from monitor import comm_bytes_per_step  # noqa: E402
 import parallel  # noqa: E402
 from parallel import ProcessGrid, ShardedModel  # noqa: E402
+from local_ranks import results_of, run_ranks  # noqa: E402
 
 GLOBAL_BATCH, BLOCK = 16, 128
 MODEL = GPTConfig(block_size=BLOCK, vocab_size=256, n_layer=4, n_head=4, n_embd=128)
@@ -67,42 +65,22 @@ def timed_steps(mode, rank, world_size, steps, warmup, bucket_mb):
     return time.perf_counter() - t0, tp_bytes * steps
 
 
-def worker(mode, rank, world_size, port, steps, warmup, bucket_mb, results):
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=120))
+def ranked_steps(mode, world_size, steps, warmup, bucket_mb):
+    """One rank of a multi-rank mode: join the group torchrun's environment describes, time its steps."""
+    launch = parallel.init_distributed(120)
     try:
-        results.put((rank, timed_steps(mode, rank, world_size, steps, warmup, bucket_mb)))
-    except Exception as e:  # tell the parent at once instead of leaving it waiting
-        results.put((rank, e))
-        raise
+        return timed_steps(mode, launch.rank, world_size, steps, warmup, bucket_mb)
     finally:
-        dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        parallel.destroy_distributed()
 
 
 def measure(mode, world_size, steps, warmup, bucket_mb):
     if mode == "one process":
         torch.set_num_threads(os.cpu_count() or 1)
         return timed_steps(mode, 0, 1, steps, warmup, bucket_mb)[0], 0
-    context = multiprocessing.get_context("spawn")  # a fresh interpreter per rank, as torchrun would start
-    results = context.Queue()
-    port = free_port()
-    workers = [context.Process(target=worker, args=(mode, r, world_size, port, steps, warmup, bucket_mb, results))
-               for r in range(world_size)]
-    for w in workers:
-        w.start()
-    reports = [results.get(timeout=600)[1] for _ in workers]
-    for w in workers:
-        w.join()
-    failures = [r for r in reports if isinstance(r, Exception)]
-    if failures:
-        raise RuntimeError(f"{mode}: a rank failed: {failures[0]!r}")
+    # spawned: a fresh interpreter per rank, as torchrun would start them
+    reports = results_of(run_ranks(world_size, ranked_steps, mode, world_size, steps, warmup, bucket_mb,
+                                   timeout=600, start_method="spawn"))
     return max(seconds for seconds, _ in reports), reports[0][1]
 
 

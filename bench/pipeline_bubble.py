@@ -9,59 +9,44 @@ cores (p = 4 on 2 cores) stages also wait for a core: that shows up as extra bub
 """
 
 import argparse
-import multiprocessing
 import os
-import socket
 import sys
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import GPT, GPTConfig  # noqa: E402
-from parallel import ProcessGrid  # noqa: E402
+from local_ranks import results_of, run_ranks  # noqa: E402
+from parallel import ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
 from pipeline import SCHEDULES, PipelineStage, bubble_fraction, plot_gantt, run_schedule  # noqa: E402
 
 BATCH, BLOCK, N_EMBD, BLOCKS_PER_STAGE = 16, 64, 128, 2
 
 
-def stage_timeline(rank, p, m, schedule, port, results):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=p,
-                            timeout=timedelta(seconds=120))
+def stage_timeline(p, m, schedule):
+    """One stage (one rank): run the schedule twice, return every stage's timeline of the second."""
+    launch = init_distributed(120)
     try:
-        grid = ProcessGrid(1, 1, p, rank, p)
+        grid = ProcessGrid(1, 1, p, launch.rank, p)
         torch.manual_seed(0)
         cfg = GPTConfig(block_size=BLOCK, vocab_size=256, n_layer=BLOCKS_PER_STAGE * p, n_head=4, n_embd=N_EMBD)
-        stage = PipelineStage(GPT(cfg), rank, p)
+        stage = PipelineStage(GPT(cfg), launch.rank, p)
         x = torch.randint(256, (BATCH, BLOCK))
-        order = SCHEDULES[schedule](p, m, rank)
+        order = SCHEDULES[schedule](p, m, launch.rank)
         for _ in range(2):  # the first run warms up; the second is measured
             stage.zero_grad(set_to_none=True)
             dist.barrier()
             _, records, _ = run_schedule(stage, order, x, x, m, grid, N_EMBD)
         timelines = [None] * p
         dist.all_gather_object(timelines, records)
-        if rank == 0:
-            results.put(timelines)
+        return timelines
     finally:
-        dist.destroy_process_group()
+        destroy_distributed()
 
 
 def measure(p, m, schedule):
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    workers = [context.Process(target=stage_timeline, args=(r, p, m, schedule, port, results)) for r in range(p)]
-    for w in workers:
-        w.start()
-    timelines = results.get(timeout=300)
-    for w in workers:
-        w.join()
-    return timelines
+    return results_of(run_ranks(p, stage_timeline, p, m, schedule, timeout=300, start_method="spawn"))[0]
 
 
 def main():

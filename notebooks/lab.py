@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from IPython.display import display  # noqa: E402
 
 import train  # noqa: E402
+from local_ranks import run_ranks  # noqa: E402
 from run_folder import read_jsonl  # noqa: E402
 
 plt.rcParams.update({"figure.dpi": 72, "figure.figsize": (10, 3.6), "axes.grid": True, "grid.alpha": 0.3})
@@ -54,19 +55,32 @@ class Run:
         return [line for line in self.log.splitlines() if containing in line]
 
 
-def run(name, *flags, fresh=True):
+def run(name, *flags, fresh=True, ranks=1):
     """Train with `flags` (as on the command line) into out/notebooks/<name>, printing nothing.
-    fresh=True starts over there (--overwrite); fresh=False continues or resumes what is there."""
+    fresh=True starts over there (--overwrite); fresh=False continues or resumes what is there.
+    ranks > 1 runs that many ranks over gloo on this machine, as torchrun would start them
+    (local_ranks.run_ranks); the log is rank 0's."""
     out_dir = f"out/notebooks/{name}"
     argv = ["--out_dir", out_dir, *(["--overwrite"] if fresh else []), *map(str, flags)]
+    if ranks == 1:
+        log, error = _train_quietly(argv)
+    else:
+        outcome = run_ranks(ranks, _train_quietly, argv, timeout=600)
+        status, value = outcome[0]
+        log, error = value if status == "ok" else ("", f"rank 0 {status}: {value}")
+        error = error or next((f"rank {r} {s}: {v}" for r, (s, v) in outcome.items() if s != "ok"), "")
+    return Run(out_dir, read_jsonl(f"{out_dir}/metrics.jsonl"), read_jsonl(f"{out_dir}/incidents.jsonl"), log, error)
+
+
+def _train_quietly(argv):
+    """train.main(argv) with its printing kept: (log, the error it exited with or "")."""
     log, error = io.StringIO(), ""
     with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         try:
             train.main(argv)
         except SystemExit as e:  # train.main exits with the error's text when a run is refused or stopped
             error = str(e.code)
-    return Run(out_dir, read_jsonl(f"{out_dir}/metrics.jsonl"), read_jsonl(f"{out_dir}/incidents.jsonl"),
-               log.getvalue(), error)
+    return log.getvalue(), error
 
 
 # ----------------------------------------------------------------------------

@@ -8,8 +8,7 @@ from conftest import run_ranks
 from config import TrainConfig
 from model import GPT, GPTConfig
 from monitor import comm_bytes_per_step, parameters_on_rank
-from parallel import ProcessGrid, ShardedModel, destroy_distributed, init_distributed, take_comm_bytes
-from pipeline import PipelineModel
+from parallel import ParallelConfig, ProcessGrid, destroy_distributed, init_distributed, take_comm_bytes
 
 BATCH, ACCUMULATION, MICRO_BATCHES = 4, 2, 2
 
@@ -23,10 +22,8 @@ def _count_one_step(layout, model_kwargs, dtype, schedule):
     mc = GPTConfig(**model_kwargs)
     torch.manual_seed(0)
     autocast = train.autocast_context(torch.device("cpu"), dtype)
-    if pp > 1:
-        model = PipelineModel(GPT(mc), grid, schedule, MICRO_BATCHES, autocast)
-    else:
-        model = ShardedModel(GPT(mc), grid, autocast)
+    pcfg = ParallelConfig(dp, tp, pp, micro_batches=MICRO_BATCHES, schedule=schedule)
+    model = train.model_for_rank(GPT(mc), grid, pcfg, autocast)
     cfg = TrainConfig(batch_size=BATCH, gradient_accumulation_steps=ACCUMULATION)
     optimizer = train.make_optimizer(model.module, cfg, model.device)
     generator = torch.Generator().manual_seed(grid.dp_rank)
@@ -52,7 +49,7 @@ SMALL = dict(block_size=8, vocab_size=101, n_layer=4, n_head=4, n_embd=32)  # V 
 @pytest.mark.parametrize("layout, model_kwargs, dtype, schedule", [
     ((2, 2, 2), SMALL, torch.float32, "1f1b"),
     ((1, 2, 4), dict(SMALL, bias=True, norm="layernorm"), torch.bfloat16, "gpipe"),  # inner stages talk both ways
-    ((2, 4, 1), SMALL, torch.float32, None),
+    ((2, 4, 1), SMALL, torch.float32, "1f1b"),
 ], ids=["dp2xtp2xpp2-fp32", "tp2xpp4-bias-bf16", "dp2xtp4"])
 def test_counted_bytes_equal_the_closed_form_on_every_rank(layout, model_kwargs, dtype, schedule):
     outcome = run_ranks(8, _count_one_step, layout, model_kwargs, dtype, schedule, timeout=120)

@@ -63,3 +63,27 @@ def test_a_first_incident_costs_under_2_percent(shakespeare_short_clean, fault):
     incidents = [json.loads(line) for line in (folder / fault / "incidents.jsonl").read_text().splitlines()]
     assert len(incidents) == 1 and (incidents[0]["step"], incidents[0]["rung"]) == (220, 1)
     assert abs(val_loss - clean_val_loss) / clean_val_loss < 0.02, (val_loss, clean_val_loss)
+
+
+THREE_D = ["--max_iters", "12", "--log_interval", "1", "--eval_interval", "6", "--eval_iters", "4"]
+
+
+@needs_shakespeare
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_torchrun_3d_takes_the_single_process_steps(tmp_path, schedule):
+    """torchrun, 8 processes, dp 2 x tp 2 x pp 2 on the shakespeare preset: every logged loss within 2e-4
+    (relative) of one process with the same global batch of 24 sequences."""
+    shakespeare_run(tmp_path, tmp_path / "single", *THREE_D, "--batch_size", "24")
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8"]
+    args = ["--preset", "shakespeare", "--url", SHAKESPEARE.as_uri(), "--data_dir", tmp_path / "data",
+            "--out_dir", tmp_path / "3d", *THREE_D, "--dp", "2", "--tp", "2", "--pp", "2", "--micro_batches", "2",
+            "--schedule", schedule]
+    result = run_script([*launcher, ROOT / "train.py", *args], cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    reference, _ = final_records(tmp_path / "single")
+    logged, _ = final_records(tmp_path / "3d")
+    assert [r["step"] for r in logged] == [r["step"] for r in reference] == list(range(12))
+    for a, b in zip(logged, reference):
+        for key in ("loss", "val_loss"):
+            if key in b:
+                assert abs(a[key] - b[key]) <= 2e-4 * abs(b[key]), (a, b)

@@ -1,0 +1,140 @@
+"""Every way to cut 8 ranks into dp x tp x pp, on one model and one global batch: speed, bytes per
+dimension, memory per rank and bubble, side by side.
+
+    python bench/layouts.py [--steps 3] [--ranks 8]
+
+The model is 8 blocks of width 128 (8 heads, block 64, bytes), the global batch 32 sequences
+(2,048 tokens per step) for every layout; pipelines cut each data-parallel rank's share into
+8 micro-batches under 1F1B. Columns, per optimizer step:
+  tokens/s      the group's, over the timed steps (see below for what it means here)
+  dp/tp/pp MiB  payload bytes each dimension carried, on its busiest rank (parallel.counted);
+                "=" when every rank's count equals the closed form (monitor.comm_bytes_per_step)
+  state MiB     parameters + gradients + AdamW moments on the fullest rank (fp32: 4 + 4 + 8 bytes
+                per parameter it holds)
+  act MiB       the peak of what autograd kept for backward on that rank (monitor.SavedActivations)
+  bubble        measured idle share of the pipeline's last step, beside (p - 1) / (m + p - 1)
+
+What 8 processes on a 2-core CPU can and cannot say. The bytes, the state memory and the
+formula bubble are exact: a cluster running these layouts moves and holds the same. The
+activation peaks are the CPU's, and a GPU holds about the same tensors. The tokens/s and
+measured bubble are not a cluster's: here the 8 ranks take turns on 2 cores, so a layout's
+speed is its total CPU work plus gloo's per-message cost, and a stage "waits" for a core as
+often as for its neighbour. On GPUs every rank computes at once and the links differ (NVLink
+inside a node, InfiniBand between): there TP's per-layer all-reduces are cheap inside a node
+and dear across, PP's bubble costs (p - 1) / (m + p - 1) of the step, and DP's one all-reduce
+hides behind backward. The layout planner (cost.py) models that; this table gives it the
+exact bytes and memory to start from.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import train  # noqa: E402
+from config import TrainConfig  # noqa: E402
+from local_ranks import results_of, run_ranks  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+from monitor import SavedActivations, comm_bytes_per_step  # noqa: E402
+from parallel import ParallelConfig, ProcessGrid, destroy_distributed, init_distributed, take_comm_bytes  # noqa: E402
+from pipeline import bubble_fraction  # noqa: E402
+
+MODEL = GPTConfig(block_size=64, vocab_size=256, n_layer=8, n_head=8, n_embd=128)
+GLOBAL_BATCH, MICRO_BATCHES = 32, 8
+
+
+def factorizations(ranks):
+    """Every (dp, tp, pp) with dp * tp * pp = ranks."""
+    return [(dp, tp, ranks // (dp * tp)) for dp in range(ranks, 0, -1) if ranks % dp == 0
+            for tp in range(1, ranks // dp + 1) if (ranks // dp) % tp == 0]
+
+
+def one_rank(layout, steps, schedule, model_config, accumulation, global_batch):
+    """On one rank: warm up, time `steps` optimizer steps, and measure the last one."""
+    launch = init_distributed(300)
+    try:
+        dp, tp, pp = layout
+        grid = ProcessGrid(dp, tp, pp, launch.rank, launch.world_size)
+        pcfg = ParallelConfig(dp, tp, pp, micro_batches=MICRO_BATCHES if pp > 1 else 1, schedule=schedule)
+        torch.manual_seed(0)
+        model = train.model_for_rank(GPT(model_config), grid, pcfg)
+        cfg = TrainConfig(batch_size=global_batch // (dp * accumulation), gradient_accumulation_steps=accumulation)
+        optimizer = train.make_optimizer(model.module, cfg, model.device)
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        generator = torch.Generator().manual_seed(grid.dp_rank)
+
+        def next_batch():
+            tokens = torch.randint(model_config.vocab_size, (cfg.batch_size, model_config.block_size + 1),
+                                   generator=generator)
+            return tokens[:, :-1], tokens[:, 1:]
+
+        train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)  # warm-up
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(steps - 1):
+            train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)
+        with SavedActivations(model.module) as saved:  # the last timed step is also measured
+            train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)
+        seconds = time.perf_counter() - t0
+        held = sum(p.numel() for p in model.module.parameters())
+        moments = sum(t.numel() * t.element_size() for state in optimizer.state.values()
+                      for t in state.values() if t.dim() > 0)
+        return {"grid": (grid.dp_rank, grid.pp_rank, grid.tp_rank), "seconds": seconds,
+                "bytes": take_comm_bytes(), "state": held * 4 * 2 + moments, "activations": saved.peak,
+                "formula": {d: b for d, (b, _) in comm_bytes_per_step(model_config, dp, tp, pp, grid.pp_rank,
+                                                                      cfg.batch_size, accumulation, 4).items()},
+                "records": getattr(model, "records", [])}
+    finally:
+        destroy_distributed()
+
+
+def measure_layout(layout, steps=3, schedule="1f1b", model_config=MODEL, accumulation=1, global_batch=GLOBAL_BATCH):
+    """One layout on dp * tp * pp local ranks: a row of the table, as a dict (with each rank's own
+    measurements under "ranks"). global_batch sequences per step = dp ranks x accumulation
+    micro-steps x the rows of each."""
+    dp, tp, pp = layout
+    ranks = results_of(run_ranks(dp * tp * pp, one_rank, layout, steps, schedule, model_config, accumulation,
+                                 global_batch, timeout=600))
+    stages = sorted((r for r in ranks if r["grid"][0] == 0 and r["grid"][2] == 0), key=lambda r: r["grid"][1])
+    m = MICRO_BATCHES if pp > 1 else 1
+    return {
+        "dp": dp, "tp": tp, "pp": pp, "micro_batches": m,
+        "tokens_per_s": steps * global_batch * model_config.block_size / max(r["seconds"] for r in ranks),
+        "bytes": {d: max(r["bytes"][d] for r in ranks) for d in ("dp", "tp", "pp")},
+        "bytes_equal_formula": all(r["bytes"] == r["formula"] for r in ranks),
+        "state": max(r["state"] for r in ranks), "activations": max(r["activations"] for r in ranks),
+        "bubble": bubble_fraction([r["records"] for r in stages]) if pp > 1 else 0.0,
+        "bubble_formula": (pp - 1) / (m + pp - 1),
+        "timeline": [r["records"] for r in stages],
+        "ranks": ranks,
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=3, help="timed optimizer steps per layout (after one warm-up)")
+    parser.add_argument("--ranks", type=int, default=8)
+    args = parser.parse_args()
+    mib = 2**20
+    print(f"GPT {MODEL.n_layer} blocks x {MODEL.n_embd} wide, global batch {GLOBAL_BATCH} x {MODEL.block_size} "
+          f"tokens, m = {MICRO_BATCHES} micro-batches (1F1B) where pp > 1; {args.ranks} ranks on gloo, "
+          f"{os.cpu_count()} cores, torch {torch.__version__}")
+    print(f"{'dp tp pp':>9} {'tokens/s':>9} {'dp MiB':>7} {'tp MiB':>7} {'pp MiB':>7} {'':1} "
+          f"{'state MiB':>9} {'act MiB':>8} {'bubble':>7} {'formula':>7}")
+    for layout in factorizations(args.ranks):
+        row = measure_layout(layout, args.steps)
+        b = row["bytes"]
+        print(f"{row['dp']:>3}{row['tp']:>3}{row['pp']:>3} {row['tokens_per_s']:>9,.0f} {b['dp'] / mib:>7.2f} "
+              f"{b['tp'] / mib:>7.2f} {b['pp'] / mib:>7.2f} {'=' if row['bytes_equal_formula'] else '!':1} "
+              f"{row['state'] / mib:>9.2f} {row['activations'] / mib:>8.2f} {row['bubble']:>7.3f} "
+              f"{row['bubble_formula']:>7.3f}", flush=True)
+    print("bytes and state memory are exact for any hardware; tokens/s and the measured bubble are 8 processes "
+          "taking turns on this CPU's cores, not a cluster's (see the top of this file)")
+
+
+if __name__ == "__main__":
+    main()
