@@ -31,9 +31,9 @@ def free_port():
 
 
 def _rank_main(rank, world_size, port, fn, args, results):
-    # A forked child of a multi-threaded parent hangs in OpenMP unless it sets its threads first;
-    # cores / ranks threads each (one, when ranks outnumber cores) is also what the cores can give.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    # A forked child of a multi-threaded parent hangs in OpenMP unless it drops to one thread first
+    # (parallel.init_distributed then gives it cores / local ranks).
+    torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                       GLOO_SOCKET_IFNAME="lo")

@@ -1,5 +1,9 @@
 """Watching a run: the cost account, throughput, the health detectors, the metrics plot.
 
+The cost account includes, in closed form, the parameters each rank of a layout holds and
+the bytes it sends per step in each parallel dimension (what parallel.counted counts), and
+SavedActivations measures the activation memory a step keeps for backward.
+
 A loss curve "talks": it starts at ln V (uniform guessing), falls fast, then
 flattens. Trouble usually announces itself: the grad norm jumps, or the val
 loss turns up while the train loss still falls, before the loss itself spikes.
@@ -85,7 +89,7 @@ def parameters_on_rank(mc, tp, pp, stage):
     return n
 
 
-def comm_bytes_per_step(mc, dp, tp, pp, stage, batch_size, accumulation, compute_bytes):
+def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, compute_bytes):
     """Closed form of the bytes a rank of pipeline stage `stage` hands to each dimension's
     communication in one optimizer step (what parallel.counted counts), with
     the step's explanation: {dimension: (bytes, formula)}.
@@ -96,7 +100,8 @@ def comm_bytes_per_step(mc, dp, tp, pp, stage, batch_size, accumulation, compute
     compute dtype (compute_bytes: 2 under bf16 or fp16 autocast).
       tp: per block, 2 all-reduces forward (after attention and after the MLP) and 2 backward
           (before them), every micro-step: at every layer. Plus the embedding's forward on
-          the first stage, the head's backward and the loss's 3 (B, T) sums on the last.
+          the first stage, the head's backward and the loss's 3 (B, T) reductions (a max,
+          two sums) on the last.
       pp: per micro-step, the activation (B, T, C) to the next stage and its gradient back to
           the one before: between stages only. Plus, once per step, the tied embedding's
           gradient between the first and last stages.
@@ -119,8 +124,9 @@ def comm_bytes_per_step(mc, dp, tp, pp, stage, batch_size, accumulation, compute
         neighbours = (not first) + (not last)
         tied = (first or last) * -(-mc.vocab_size // tp) * C * 4
         pp_bytes = A * neighbours * act * 4 + tied
-        pp_how = (f"A x {neighbours} x B T C x 4 (activations{' and gradients' if neighbours == 2 else ''} "
-                  f"{'to both neighbours' if neighbours == 2 else 'to the neighbour'})"
+        sent = "activations forward and gradients back" if neighbours == 2 else \
+            "activations to the next stage" if first else "gradients to the stage before"
+        pp_how = (f"A x {neighbours} x B T C x 4 ({sent})"
                   + (f" + V/tp x C x 4 (tied embedding's gradient), V={mc.vocab_size}" if tied else "")
                   + f", A={A} B={B} T={T} C={C}")
     if dp > 1:
@@ -158,7 +164,7 @@ class SavedActivations:
             self.now += storage.nbytes()
             self.peak = max(self.peak, self.now)
         self.live[address][1] += 1
-        return _Saved(tensor, self, address)
+        return _Saved(tensor.detach(), self, address)  # detached: no cycle through its grad_fn, which would outlive a dropped graph
 
     def _release(self, address):
         entry = self.live[address]

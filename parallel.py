@@ -14,7 +14,8 @@ below places ranks for all three (3D parallelism).
 
 The training loop reaches all of this through one small interface, the model
 as a rank holds it (see "The model as a rank holds it" below): ShardedModel
-here, PipelineModel in pipeline.py.
+here, PipelineModel in pipeline.py. Every all-reduce and send of a step's
+gradients and activations is counted, per dimension (`counted`).
 """
 
 import contextlib
@@ -462,8 +463,10 @@ def tensor_parallel(model, grid):
     vocabulary. Norm weights and position embeddings stay whole on every rank.
 
     Returns {parameter name: Cut} for every parameter that is now a slice: what gathering
-    a checkpoint and the global grad norm need to know."""
+    a checkpoint and the global grad norm need to know. A group of one cuts nothing: {}."""
     check_tensor_parallel_layout(model.config, grid.tp)
+    if grid.tp == 1:
+        return {}
     for block in model.blocks:
         block.attn.c_attn = ColumnParallelLinear.from_linear(block.attn.c_attn, grid, chunks=3)  # heads h*H/tp...
         block.attn.c_proj = RowParallelLinear.from_linear(block.attn.c_proj, grid)
@@ -509,6 +512,14 @@ def global_grad_norm(sliced, whole, grid=None):
     return torch.sqrt(total)
 
 
+def sharded_grad_norm(local_parameters, grid, skip=None):
+    """global_grad_norm of the gradients of (single-device name, parameter, Cut or None) triples:
+    a parameter with a Cut is a TP slice, one without is whole. skip: a parameter not to count
+    (a pipeline's second copy of the tied matrix)."""
+    grads = [(p.grad, cut) for _, p, cut in local_parameters if p.grad is not None and p is not skip]
+    return global_grad_norm([g for g, cut in grads if cut is not None], [g for g, cut in grads if cut is None], grid)
+
+
 # ----------------------------------------------------------------------------
 # The model as a rank holds it: what the training loop needs from a layout
 #
@@ -533,7 +544,7 @@ class ShardedModel:
 
     def __init__(self, model, grid, autocast=contextlib.nullcontext(), compile=False, dp_mode="bucketed",
                  bucket_mb=25.0):
-        self.cuts = tensor_parallel(model, grid) if grid.tp > 1 else {}  # each rank keeps its slices
+        self.cuts = tensor_parallel(model, grid)  # each rank keeps its slices; {} when tp = 1
         self.module, self.grid, self.autocast = model, grid, autocast
         self.device = next(model.parameters()).device
         self.forward = torch.compile(model) if compile else model
@@ -556,9 +567,7 @@ class ShardedModel:
             self.dp.finish()
 
     def grad_norm(self):
-        named = [(name, p.grad) for name, p in self.module.named_parameters() if p.grad is not None]
-        return global_grad_norm([g for name, g in named if name in self.cuts],
-                                [g for name, g in named if name not in self.cuts], self.grid)
+        return sharded_grad_norm(self.local_parameters(), self.grid)
 
     def local_parameters(self):
         return [(name, p, self.cuts.get(name)) for name, p in self.module.named_parameters()]

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from parallel import DataParallel, counted, global_grad_norm, tensor_parallel
+from parallel import DataParallel, counted, sharded_grad_norm, tensor_parallel
 
 # ----------------------------------------------------------------------------
 # Schedules: the order of one stage's operations
@@ -117,7 +117,7 @@ class PipelineStage(nn.Module):
     (of its TP slice); their gradients are summed between them after backward
     (`sync_tied_embedding`), so both copies take the same step.
 
-    Memory per rank: about 1/p of the blocks' parameters, plus the embedding on the ends.
+    Memory per rank: about 1/(p tp) of the blocks' parameters, plus the embedding's 1/tp on the ends.
     """
 
     def __init__(self, model, stage, stages):
@@ -129,10 +129,10 @@ class PipelineStage(nn.Module):
         self.blocks = nn.ModuleList(model.blocks[self.first_block : last_block])
         self.embedding = nn.ModuleDict({"wte": model.wte, "wpe": model.wpe, "drop": model.drop}) if self.is_first else None
         if self.is_last:
-            # The head is tied to wte: one Parameter on the first stage; on a separate last stage this
-            # rank's own copy, as this rank never holds the embedding. Under tensor parallelism both
-            # are the same vocabulary slice of it, scored by a vocab-parallel loss.
+            # The head is tied to wte (under TP: to wte's vocabulary slice, scored by a vocab-parallel loss).
             self.norm_f, self.lm_head, self.clm_loss = model.norm_f, model.lm_head, model.clm_loss
+            if not self.is_first:  # a separate last stage holds its own copy of the matrix
+                self.lm_head.weight = nn.Parameter(self.lm_head.weight.detach().clone())
 
     def forward(self, x, targets=None):
         """First stage: x is token ids (B, T); otherwise the activation (B, T, C) from the stage
@@ -294,7 +294,7 @@ class PipelineModel:
 
     def __init__(self, model, grid, schedule="1f1b", micro_batches=1, autocast=contextlib.nullcontext(),
                  dp_mode="bucketed", bucket_mb=25.0):
-        self.cuts = tensor_parallel(model, grid) if grid.tp > 1 else {}  # {single-device name: Cut}
+        self.cuts = tensor_parallel(model, grid)  # {single-device name: Cut}; {} when tp = 1
         self.module = PipelineStage(model, grid.pp_rank, grid.pp)  # this rank keeps only its stage (its TP slices)
         self.grid, self.micro_batches, self.autocast = grid, micro_batches, autocast
         self.device = next(self.module.parameters()).device
@@ -334,10 +334,7 @@ class PipelineModel:
             self.dp.finish()
 
     def grad_norm(self):
-        copy = self.module.tied_copy()
-        named = [(name, p.grad) for name, p, _ in self.local_parameters() if p.grad is not None and p is not copy]
-        return global_grad_norm([g for name, g in named if name in self.cuts],
-                                [g for name, g in named if name not in self.cuts], self.grid)
+        return sharded_grad_norm(self.local_parameters(), self.grid, skip=self.module.tied_copy())
 
     def local_parameters(self):
         names = self.module.global_names()

@@ -299,6 +299,14 @@ def model_for_rank(whole, grid, pcfg, autocast=contextlib.nullcontext(), compile
     return ShardedModel(whole, grid, autocast, compile, pcfg.dp_mode, pcfg.bucket_mb)
 
 
+def busiest_stage_comm_bytes(mcfg, pcfg, cfg, dtype):
+    """{dimension: (bytes, formula)} per step, in closed form, of the stage that sends the most in it."""
+    per_stage = [comm_bytes_per_step(mcfg, dp=pcfg.dp, tp=pcfg.tp, pp=pcfg.pp, stage=stage, batch_size=cfg.batch_size,
+                                     accumulation=cfg.gradient_accumulation_steps, compute_bytes=dtype.itemsize)
+                 for stage in range(pcfg.pp)]
+    return {d: max((stage[d] for stage in per_stage), key=lambda closed_form: closed_form[0]) for d in ("dp", "tp", "pp")}
+
+
 def set_up(preset, configs):
     """Everything before the first step: processes, data, the run's folder, model, optimizer, watchers."""
     mcfg, dcfg, cfg, pcfg, rcfg, scfg = (configs[c] for c in CONFIG_CLASSES)
@@ -353,9 +361,7 @@ def set_up(preset, configs):
         injector=FaultInjector(rcfg.inject, out_dir, meta["vocab_size"], grid.rank, grid.rank == grid.world_size - 1),
         tokens_per_step=global_batch * mcfg.block_size, num_params=num_params, flops_per_token=flops_per_token,
         peak_flops=device_peak_flops(device, cfg.peak_tflops),
-        comm_formula={d: max(comm_bytes_per_step(mcfg, grid.dp, grid.tp, grid.pp, stage, cfg.batch_size,
-                                                 cfg.gradient_accumulation_steps, 4 if dtype == torch.float32 else 2)[d]
-                             for stage in range(grid.pp)) for d in ("dp", "tp", "pp")},
+        comm_formula=busiest_stage_comm_bytes(mcfg, pcfg, cfg, dtype),
     )
 
 
@@ -419,7 +425,7 @@ def print_cost_account(run):
     batch = [t.to(run.model.device) for t in run.val_stream.next_batch()]
     step_seconds = timed_step_seconds(run.model, run.scaler, batch) * cfg.gradient_accumulation_steps
     for line in cost_estimate(run.mcfg, run.num_params, run.flops_per_token, cfg.batch_size, cfg.max_iters,
-                              run.tokens_per_step, 4 if run.dtype == torch.float32 else 2, step_seconds):
+                              run.tokens_per_step, run.dtype.itemsize, step_seconds):
         run.say("cost: " + line)
 
 
@@ -661,8 +667,8 @@ def log_step(run, record, throughput):
     run.say(line, flush=True)
     if run.grid.world_size > 1 and not run.comm_compared:
         run.say("communication of that step, payload bytes on the busiest rank: measured | closed form")
-        for d, (formula, how) in run.comm_formula.items():
-            run.say(f"  {d} {record[f'comm_bytes_{d}']:>13,} | {formula:>13,} = {how}")
+        for d, (closed_form, formula) in run.comm_formula.items():
+            run.say(f"  {d} {record[f'comm_bytes_{d}']:>13,} | {closed_form:>13,} = {formula}")
         run.comm_compared = True
     run.records.append(record)
     if run.is_rank0:

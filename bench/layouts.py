@@ -22,8 +22,8 @@ speed is its total CPU work plus gloo's per-message cost, and a stage "waits" fo
 often as for its neighbour. On GPUs every rank computes at once and the links differ (NVLink
 inside a node, InfiniBand between): there TP's per-layer all-reduces are cheap inside a node
 and dear across, PP's bubble costs (p - 1) / (m + p - 1) of the step, and DP's one all-reduce
-hides behind backward. The layout planner (cost.py) models that; this table gives it the
-exact bytes and memory to start from.
+hides behind backward. A model of a cluster's step time starts from this table's exact bytes
+and memory.
 """
 
 import argparse
@@ -53,7 +53,7 @@ def factorizations(ranks):
             for tp in range(1, ranks // dp + 1) if (ranks // dp) % tp == 0]
 
 
-def one_rank(layout, steps, schedule, model_config, accumulation, global_batch):
+def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, dtype):
     """On one rank: warm up, time `steps` optimizer steps, and measure the last one."""
     launch = init_distributed(300)
     try:
@@ -61,7 +61,7 @@ def one_rank(layout, steps, schedule, model_config, accumulation, global_batch):
         grid = ProcessGrid(dp, tp, pp, launch.rank, launch.world_size)
         pcfg = ParallelConfig(dp, tp, pp, micro_batches=MICRO_BATCHES if pp > 1 else 1, schedule=schedule)
         torch.manual_seed(0)
-        model = train.model_for_rank(GPT(model_config), grid, pcfg)
+        model = train.model_for_rank(GPT(model_config), grid, pcfg, train.autocast_context(torch.device("cpu"), dtype))
         cfg = TrainConfig(batch_size=global_batch // (dp * accumulation), gradient_accumulation_steps=accumulation)
         optimizer = train.make_optimizer(model.module, cfg, model.device)
         scaler = torch.amp.GradScaler("cpu", enabled=False)
@@ -83,33 +83,34 @@ def one_rank(layout, steps, schedule, model_config, accumulation, global_batch):
         held = sum(p.numel() for p in model.module.parameters())
         moments = sum(t.numel() * t.element_size() for state in optimizer.state.values()
                       for t in state.values() if t.dim() > 0)
-        return {"grid": (grid.dp_rank, grid.pp_rank, grid.tp_rank), "seconds": seconds,
-                "bytes": take_comm_bytes(), "state": held * 4 * 2 + moments, "activations": saved.peak,
-                "formula": {d: b for d, (b, _) in comm_bytes_per_step(model_config, dp, tp, pp, grid.pp_rank,
-                                                                      cfg.batch_size, accumulation, 4).items()},
-                "records": getattr(model, "records", [])}
+        closed_form = comm_bytes_per_step(model_config, dp=dp, tp=tp, pp=pp, stage=grid.pp_rank,
+                                          batch_size=cfg.batch_size, accumulation=accumulation,
+                                          compute_bytes=dtype.itemsize)
+        return {"grid": (grid.dp_rank, grid.pp_rank, grid.tp_rank), "seconds": seconds, "parameters": held,
+                "bytes": take_comm_bytes(), "formula": {d: b for d, (b, _) in closed_form.items()},
+                "state": held * 4 * 2 + moments, "activations": saved.peak, "records": getattr(model, "records", [])}
     finally:
         destroy_distributed()
 
 
-def measure_layout(layout, steps=3, schedule="1f1b", model_config=MODEL, accumulation=1, global_batch=GLOBAL_BATCH):
+def measure_layout(layout, steps=3, schedule="1f1b", model_config=MODEL, accumulation=1, global_batch=GLOBAL_BATCH,
+                   dtype=torch.float32):
     """One layout on dp * tp * pp local ranks: a row of the table, as a dict (with each rank's own
     measurements under "ranks"). global_batch sequences per step = dp ranks x accumulation
-    micro-steps x the rows of each."""
+    micro-steps x the rows of each; dtype is the autocast dtype (float32: none)."""
     dp, tp, pp = layout
     ranks = results_of(run_ranks(dp * tp * pp, one_rank, layout, steps, schedule, model_config, accumulation,
-                                 global_batch, timeout=600))
+                                 global_batch, dtype, timeout=600))
     stages = sorted((r for r in ranks if r["grid"][0] == 0 and r["grid"][2] == 0), key=lambda r: r["grid"][1])
     m = MICRO_BATCHES if pp > 1 else 1
     return {
-        "dp": dp, "tp": tp, "pp": pp, "micro_batches": m,
+        "dp": dp, "tp": tp, "pp": pp,
         "tokens_per_s": steps * global_batch * model_config.block_size / max(r["seconds"] for r in ranks),
         "bytes": {d: max(r["bytes"][d] for r in ranks) for d in ("dp", "tp", "pp")},
         "bytes_equal_formula": all(r["bytes"] == r["formula"] for r in ranks),
         "state": max(r["state"] for r in ranks), "activations": max(r["activations"] for r in ranks),
         "bubble": bubble_fraction([r["records"] for r in stages]) if pp > 1 else 0.0,
         "bubble_formula": (pp - 1) / (m + pp - 1),
-        "timeline": [r["records"] for r in stages],
         "ranks": ranks,
     }
 

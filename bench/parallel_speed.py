@@ -34,7 +34,7 @@ MODES = ("bucketed DP", "naive DP", "DDP", "TP", "one process")
 
 
 def timed_steps(mode, rank, world_size, steps, warmup, bucket_mb):
-    """Run warmup + steps optimizer steps; return (this rank's seconds, TP bytes) for the timed ones."""
+    """Run warmup + steps optimizer steps; return (this rank's seconds for the timed ones, TP bytes of the last)."""
     torch.manual_seed(0)
     gpt = GPT(MODEL)
     cfg = config.TrainConfig(batch_size=GLOBAL_BATCH if mode in ("TP", "one process") else GLOBAL_BATCH // world_size)
@@ -61,8 +61,7 @@ def timed_steps(mode, rank, world_size, steps, warmup, bucket_mb):
                 dist.barrier()
             t0 = time.perf_counter()
         train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)  # counts each step's bytes from zero
-        tp_bytes = parallel.take_comm_bytes()["tp"]
-    return time.perf_counter() - t0, tp_bytes * steps
+    return time.perf_counter() - t0, parallel.take_comm_bytes()["tp"]
 
 
 def ranked_steps(mode, world_size, steps, warmup, bucket_mb):
@@ -107,9 +106,11 @@ def main():
         median = statistics.median(seconds[mode])
         spread = f"{tokens / max(seconds[mode]):,.0f}-{tokens / min(seconds[mode]):,.0f}"
         print(f"{mode:<14} {tokens / median:>10,.0f} {1e3 * median / args.steps:>9.1f}   {spread}")
-    formula, how = comm_bytes_per_step(MODEL, 1, args.world_size, 1, 0, GLOBAL_BATCH, 1, 4)["tp"]
-    print(f"TP all-reduce bytes per step, per rank: counted {tp_bytes / args.steps / 2**20:.2f} MiB, "
-          f"formula {formula / 2**20:.2f} MiB = {how}")
+    closed_form, formula = comm_bytes_per_step(MODEL, dp=1, tp=args.world_size, pp=1, stage=0, batch_size=GLOBAL_BATCH,
+                                               accumulation=1, compute_bytes=4)["tp"]
+    print(f"TP all-reduce bytes per step, per rank: counted {tp_bytes / 2**20:.2f} MiB, "
+          f"closed form {closed_form / 2**20:.2f} MiB = {formula}")
+
 
 if __name__ == "__main__":
     main()

@@ -11,7 +11,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the project's modules, however the tests were started
-from local_ranks import free_port, run_ranks  # noqa: E402, F401  (the tests import them from here)
 
 SHARED_DATA = ROOT.parent / "shared" / "data"
 SHAKESPEARE = SHARED_DATA / "tinyshakespeare.txt"

@@ -8,9 +8,11 @@ import torch
 
 import checkpoint
 import train
-from conftest import ROOT, write_word_corpus, run_ranks, run_script
+from conftest import ROOT, write_word_corpus, run_script
+from local_ranks import run_ranks
+from config import TrainConfig, parse_args
 from model import GPT, GPTConfig
-from parallel import ProcessGrid
+from parallel import ParallelConfig, ProcessGrid
 
 MODEL = ["--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--max_iters", "20",
          "--warmup_iters", "5", "--learning_rate", "3e-3", "--log_interval", "1", "--eval_interval", "10",
@@ -95,8 +97,15 @@ def single(corpus):
 def test_layout_matches_single_process(corpus, single, world_size, extra):
     """Same seed, same global batch: every layout takes the single process's steps (fp32 tolerance)."""
     out = corpus / f"ranks{world_size}-{'-'.join(map(str, extra))}"
-    train_ranks(world_size, args(corpus, out, "--dp", world_size, "--bucket_mb", 0.01, *extra))
+    argv = args(corpus, out, "--dp", world_size, "--bucket_mb", 0.01, *extra)
+    train_ranks(world_size, argv)
     assert_same_run(out, single)
+    # every step logs its communication, each dimension on its busiest rank, as the closed form says
+    _, _, configs = parse_args(argv)
+    closed_form = train.busiest_stage_comm_bytes(configs[GPTConfig], configs[ParallelConfig], configs[TrainConfig],
+                                                 torch.float32)
+    for record in metrics(out)[:-1]:  # the last holds the final val loss only
+        assert {d: record[f"comm_bytes_{d}"] for d in closed_form} == {d: b for d, (b, _) in closed_form.items()}
 
 
 def test_bucketed_and_naive_average_to_the_same_gradients(corpus):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import run_ranks
+from local_ranks import run_ranks
 from model import GPT, GPTConfig
 from parallel import ProcessGrid, destroy_distributed, global_grad_norm, init_distributed
 from pipeline import (SCHEDULES, PipelineModel, bubble_fraction, check_micro_batches, check_pipeline_layout,

@@ -5,7 +5,7 @@ import torch
 
 import checkpoint
 import train
-from conftest import run_ranks
+from local_ranks import run_ranks
 from model import GPT, GPTConfig
 from parallel import (ColumnParallelLinear, Cut, ProcessGrid, RowParallelLinear, ShardedModel, VocabParallelEmbedding,
                       check_tensor_parallel_layout, destroy_distributed, global_grad_norm, init_distributed)
