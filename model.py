@@ -211,14 +211,6 @@ class GPT(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters())  # the tied matrix counts once
 
-    def flops_per_token(self):
-        """Training FLOPs per token: 6 N for the weight matmuls (2 N forward, 4 N backward),
-        plus 12 L C T for attention's q k^T and its weighted sum of v (2 T C each per layer forward,
-        times 3 with backward), counted over the full T x T square as the PaLM paper does."""
-        cfg = self.config
-        N = self.num_params() - self.wpe.weight.numel()  # a position lookup does no matmul
-        return 6 * N + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
-
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
         """Extend idx (B, T0) by max_new_tokens sampled tokens -> (B, T0 + max_new_tokens)."""

@@ -1,8 +1,5 @@
-"""Watching a run: the cost account, throughput, the health detectors, the metrics plot.
-
-The cost account includes, in closed form, the parameters each rank of a layout holds and
-the bytes it sends per step in each parallel dimension (what parallel.counted counts), and
-SavedActivations measures the activation memory a step keeps for backward.
+"""Watching a run: the activation memory a step keeps, throughput, the health detectors, the metrics plot.
+(What the run will cost, in closed form, is cost.py's.)
 
 A loss curve "talks": it starts at ln V (uniform guessing), falls fast, then
 flattens. Trouble usually announces itself: the grad norm jumps, or the val
@@ -20,120 +17,8 @@ from collections import deque
 
 import torch
 
-from pipeline import stage_layers
-
 # ----------------------------------------------------------------------------
-# Cost account
-
-# Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched against the device name.
-GPU_PEAK_FLOPS = {
-    "H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 70e12, "A10": 125e12, "L40S": 362e12,
-    "L4": 121e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12, "T4": 65e12,
-}
-
-
-def device_peak_flops(device, peak_tflops=0.0):
-    """FLOP/s the device could do at best, for MFU; None on CPU or an unknown GPU."""
-    if peak_tflops > 0:
-        return peak_tflops * 1e12
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in GPU_PEAK_FLOPS.items() if key in name), None)
-
-
-def cost_estimate(mc, num_params, flops_per_token, batch_size, max_iters, tokens_per_iter, activation_bytes,
-                  step_seconds):
-    """Lines of the run's cost account: compute, memory and time, before training starts.
-    mc is the GPTConfig; num_params and flops_per_token count the whole single-device model,
-    whatever share of it one rank holds."""
-    N = num_params
-    tokens = max_iters * tokens_per_iter
-    flops = flops_per_token * tokens  # 6 N D + attention
-    # Activations kept for backward per layer ~ B T C (34 + 5 H T / C) bytes at 16 bits
-    # (Korthikanti et al. 2022, no recomputation), plus the logits and their fp32 copy.
-    B, T, C, H, L, V = batch_size, mc.block_size, mc.n_embd, mc.n_head, mc.n_layer, mc.vocab_size
-    activations = L * B * T * C * (34 + 5 * H * T / C) * activation_bytes / 2 + B * T * V * (activation_bytes + 4)
-    minutes = step_seconds * max_iters / 60
-    h100_hours = flops / (0.4 * GPU_PEAK_FLOPS["H100"]) / 3600
-    gib = 2**30
-    return [
-        f"parameters: {N / 1e6:.2f}M; planned tokens: {tokens / 1e6:.1f}M ({tokens / N:.1f} per parameter)",
-        f"training compute: {flops:.3g} FLOPs (6 N D = {6 * N * tokens:.3g}, plus attention)",
-        f"memory of the whole model: weights {4 * N / gib:.3f} GiB + grads {4 * N / gib:.3f} + AdamW {8 * N / gib:.3f} "
-        f"+ activations ~{activations / gib:.3f} per micro-batch",
-        f"measured forward + backward: {step_seconds * 1e3:.0f} ms per step -> ~{minutes:.1f} min "
-        f"for {max_iters} steps on this device",
-        f"the same FLOPs on one H100 at 40% MFU: {h100_hours:.3g} GPU-hours (~${2 * h100_hours:.3g} at $2/GPU-hour)",
-    ]
-
-
-def parameters_on_rank(mc, tp, pp, stage):
-    """Closed form of the parameters one rank holds (stage `stage` of pp, a 1/tp slice of its
-    matrices): what its optimizer updates and its data-parallel all-reduce carries.
-
-    A block's four matrices (q k v: 3 C^2, attention out: C^2, MLP: 4 C^2 + 4 C^2) are cut
-    by tp, its norms stay whole on every TP rank. The first stage adds the embedding (its
-    V/tp rows, the vocabulary padded to a multiple of tp) and the positions; the last stage
-    the final norm and, when it is not also the first, its own copy of the tied embedding."""
-    C, V = mc.n_embd, mc.vocab_size
-    norm = C * (2 if mc.norm == "layernorm" and mc.bias else 1)
-    block = 12 * C * C // tp + 2 * norm + ((7 * C) // tp + 2 * C if mc.bias else 0)  # column biases cut, row biases whole
-    first_block, end_block = stage_layers(mc.n_layer, pp)[stage]
-    embedding = -(-V // tp) * C
-    n = (end_block - first_block) * block
-    if stage == 0:
-        n += embedding + mc.block_size * C
-    if stage == pp - 1:
-        n += (norm if mc.norm_position == "pre" else 0) + (embedding if pp > 1 else 0)
-    return n
-
-
-def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, compute_bytes):
-    """Closed form of the bytes a rank of pipeline stage `stage` hands to each dimension's
-    communication in one optimizer step (what parallel.counted counts), with
-    the step's explanation: {dimension: (bytes, formula)}.
-
-    B = batch_size rows per micro-step (all of a pipeline's micro-batches together), A
-    micro-steps of accumulation, T = block_size, C = n_embd, L = the stage's blocks. The
-    activations cross in fp32, except the row-parallel matmul outputs, which are in the
-    compute dtype (compute_bytes: 2 under bf16 or fp16 autocast).
-      tp: per block, 2 all-reduces forward (after attention and after the MLP) and 2 backward
-          (before them), every micro-step: at every layer. Plus the embedding's forward on
-          the first stage, the head's backward and the loss's 3 (B, T) reductions (a max,
-          two sums) on the last.
-      pp: per micro-step, the activation (B, T, C) to the next stage and its gradient back to
-          the one before: between stages only. Plus, once per step, the tied embedding's
-          gradient between the first and last stages.
-      dp: once per step, the gradient of every parameter the rank holds, fp32.
-    """
-    B, T, C, A = batch_size, mc.block_size, mc.n_embd, accumulation
-    first_block, end_block = stage_layers(mc.n_layer, pp)[stage]
-    L, first, last = end_block - first_block, stage == 0, stage == pp - 1
-    act = B * T * C  # elements of one (B, T, C) activation
-    tp_bytes = pp_bytes = dp_bytes = 0
-    tp_how = pp_how = dp_how = "none: a group of 1"
-    if tp > 1:
-        per_micro_step = 2 * L * act * (compute_bytes + 4) + first * act * 4 + last * (act * 4 + 3 * B * T * 4)
-        tp_bytes = A * per_micro_step
-        tp_how = (f"A x [2 L B T C x ({compute_bytes} + 4) at every layer"
-                  + (" + B T C x 4 (embedding)" if first else "")
-                  + (" + B T C x 4 (head) + 3 B T x 4 (loss)" if last else "")
-                  + f"], A={A} L={L} B={B} T={T} C={C}")
-    if pp > 1:
-        neighbours = (not first) + (not last)
-        tied = (first or last) * -(-mc.vocab_size // tp) * C * 4
-        pp_bytes = A * neighbours * act * 4 + tied
-        sent = "activations forward and gradients back" if neighbours == 2 else \
-            "activations to the next stage" if first else "gradients to the stage before"
-        pp_how = (f"A x {neighbours} x B T C x 4 ({sent})"
-                  + (f" + V/tp x C x 4 (tied embedding's gradient), V={mc.vocab_size}" if tied else "")
-                  + f", A={A} B={B} T={T} C={C}")
-    if dp > 1:
-        held = parameters_on_rank(mc, tp, pp, stage)
-        dp_bytes = 4 * held
-        dp_how = f"4 x {held:,} parameters on the rank, once per step"
-    return {"dp": (dp_bytes, dp_how), "tp": (tp_bytes, tp_how), "pp": (pp_bytes, pp_how)}
+# Memory a step keeps
 
 
 class SavedActivations:

@@ -34,11 +34,12 @@ import torch
 import torch.distributed as dist
 
 import checkpoint
+import cost
 from config import CONFIG_CLASSES, RecoveryConfig, SampleConfig, TrainConfig, parse_args
 from data import TokenStream, default_data_dir, get_tokenizer, load_or_prepare
 from faults import FaultInjector
 from model import GPT, GPTConfig
-from monitor import HealthMonitor, Throughput, comm_bytes_per_step, cost_estimate, device_peak_flops, plot_metrics
+from monitor import HealthMonitor, Throughput, plot_metrics
 from parallel import (ProcessGrid, ShardedModel, all_reduce_mean, check_tensor_parallel_layout,
                       check_visible_everywhere, destroy_distributed, init_distributed, raise_on_every_rank,
                       run_on_rank0, take_busiest_comm_bytes, take_comm_bytes)
@@ -301,7 +302,7 @@ def model_for_rank(whole, grid, pcfg, autocast=contextlib.nullcontext(), compile
 
 def busiest_stage_comm_bytes(mcfg, pcfg, cfg, dtype):
     """{dimension: (bytes, formula)} per step, in closed form, of the stage that sends the most in it."""
-    per_stage = [comm_bytes_per_step(mcfg, dp=pcfg.dp, tp=pcfg.tp, pp=pcfg.pp, stage=stage, batch_size=cfg.batch_size,
+    per_stage = [cost.comm_bytes_per_step(mcfg, dp=pcfg.dp, tp=pcfg.tp, pp=pcfg.pp, stage=stage, batch_size=cfg.batch_size,
                                      accumulation=cfg.gradient_accumulation_steps, compute_bytes=dtype.itemsize)
                  for stage in range(pcfg.pp)]
     return {d: max((stage[d] for stage in per_stage), key=lambda closed_form: closed_form[0]) for d in ("dp", "tp", "pp")}
@@ -346,7 +347,7 @@ def set_up(preset, configs):
 
     whole = GPT(mcfg).to(device)  # initialized whole on every rank, so any layout starts from the same weights
     optimizer_groups = [[name for name, _ in group] for group in parameter_groups(whole.named_parameters())]
-    num_params, flops_per_token = whole.num_params(), whole.flops_per_token()  # before a rank keeps only its share
+    num_params, flops_per_token = whole.num_params(), cost.flops_per_token(mcfg)  # the whole model, whatever a rank keeps
     autocast = autocast_context(device, dtype)
     model = model_for_rank(whole, grid, pcfg, autocast, cfg.compile)
     return Run(
@@ -360,7 +361,7 @@ def set_up(preset, configs):
         # faults strike one process, the last rank, as a failing machine would
         injector=FaultInjector(rcfg.inject, out_dir, meta["vocab_size"], grid.rank, grid.rank == grid.world_size - 1),
         tokens_per_step=global_batch * mcfg.block_size, num_params=num_params, flops_per_token=flops_per_token,
-        peak_flops=device_peak_flops(device, cfg.peak_tflops),
+        peak_flops=cost.device_peak_flops(device, cfg.peak_tflops),
         comm_formula=busiest_stage_comm_bytes(mcfg, pcfg, cfg, dtype),
     )
 
@@ -419,13 +420,14 @@ def timed_step_seconds(model, scaler, batch, repeats=3):
 
 
 def print_cost_account(run):
-    """What the run will cost: parameters, tokens, FLOPs, memory, and the time from one measured step."""
-    cfg = run.cfg
+    """What the run will cost (cost.py's account): parameters, tokens, FLOPs, memory, and the time from one measured step."""
+    cfg, grid = run.cfg, run.grid
     run.say(f"device {run.model.device}, dtype {str(run.dtype).replace('torch.', '')}, out {run.out_dir}")
     batch = [t.to(run.model.device) for t in run.val_stream.next_batch()]
     step_seconds = timed_step_seconds(run.model, run.scaler, batch) * cfg.gradient_accumulation_steps
-    for line in cost_estimate(run.mcfg, run.num_params, run.flops_per_token, cfg.batch_size, cfg.max_iters,
-                              run.tokens_per_step, run.dtype.itemsize, step_seconds):
+    m = run.model.micro_batches
+    for line in cost.account_lines(run.mcfg, grid.tp, grid.pp, cfg.batch_size // m, m,
+                                   cfg.max_iters, run.tokens_per_step, run.dtype.itemsize, step_seconds):
         run.say("cost: " + line)
 
 

@@ -8,7 +8,7 @@ The model is 8 blocks of width 128 (8 heads, block 64, bytes), the global batch 
 8 micro-batches under 1F1B. Columns, per optimizer step:
   tokens/s      the group's, over the timed steps (see below for what it means here)
   dp/tp/pp MiB  payload bytes each dimension carried, on its busiest rank (parallel.counted);
-                "=" when every rank's count equals the closed form (monitor.comm_bytes_per_step)
+                "=" when every rank's count equals the closed form (cost.comm_bytes_per_step)
   state MiB     parameters + gradients + AdamW moments on the fullest rank (fp32: 4 + 4 + 8 bytes
                 per parameter it holds)
   act MiB       the peak of what autograd kept for backward on that rank (monitor.SavedActivations)
@@ -39,7 +39,8 @@ import train  # noqa: E402
 from config import TrainConfig  # noqa: E402
 from local_ranks import results_of, run_ranks  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from monitor import SavedActivations, comm_bytes_per_step  # noqa: E402
+from cost import comm_bytes_per_step  # noqa: E402
+from monitor import SavedActivations  # noqa: E402
 from parallel import ParallelConfig, ProcessGrid, destroy_distributed, init_distributed, take_comm_bytes  # noqa: E402
 from pipeline import bubble_fraction  # noqa: E402
 
@@ -53,13 +54,13 @@ def factorizations(ranks):
             for tp in range(1, ranks // dp + 1) if (ranks // dp) % tp == 0]
 
 
-def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, dtype):
+def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, dtype, micro_batches):
     """On one rank: warm up, time `steps` optimizer steps, and measure the last one."""
     launch = init_distributed(300)
     try:
         dp, tp, pp = layout
         grid = ProcessGrid(dp, tp, pp, launch.rank, launch.world_size)
-        pcfg = ParallelConfig(dp, tp, pp, micro_batches=MICRO_BATCHES if pp > 1 else 1, schedule=schedule)
+        pcfg = ParallelConfig(dp, tp, pp, micro_batches=micro_batches if pp > 1 else 1, schedule=schedule)
         torch.manual_seed(0)
         model = train.model_for_rank(GPT(model_config), grid, pcfg, train.autocast_context(torch.device("cpu"), dtype))
         cfg = TrainConfig(batch_size=global_batch // (dp * accumulation), gradient_accumulation_steps=accumulation)
@@ -73,7 +74,8 @@ def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, 
             return tokens[:, :-1], tokens[:, 1:]
 
         train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)  # warm-up
-        dist.barrier()
+        if dist.is_initialized():  # one rank alone has no group
+            dist.barrier()
         t0 = time.perf_counter()
         for _ in range(steps - 1):
             train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)
@@ -94,17 +96,21 @@ def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, 
 
 
 def measure_layout(layout, steps=3, schedule="1f1b", model_config=MODEL, accumulation=1, global_batch=GLOBAL_BATCH,
-                   dtype=torch.float32):
+                   dtype=torch.float32, micro_batches=MICRO_BATCHES):
     """One layout on dp * tp * pp local ranks: a row of the table, as a dict (with each rank's own
     measurements under "ranks"). global_batch sequences per step = dp ranks x accumulation
-    micro-steps x the rows of each; dtype is the autocast dtype (float32: none)."""
+    micro-steps x the rows of each; dtype is the autocast dtype (float32: none); micro_batches: a pipeline's."""
     dp, tp, pp = layout
-    ranks = results_of(run_ranks(dp * tp * pp, one_rank, layout, steps, schedule, model_config, accumulation,
-                                 global_batch, dtype, timeout=600))
+    args = (layout, steps, schedule, model_config, accumulation, global_batch, dtype, micro_batches)
+    if dp * tp * pp == 1:  # one process: this one, with all its threads (a forked child must keep to one)
+        ranks = [one_rank(*args)]
+    else:
+        ranks = results_of(run_ranks(dp * tp * pp, one_rank, *args, timeout=600))
     stages = sorted((r for r in ranks if r["grid"][0] == 0 and r["grid"][2] == 0), key=lambda r: r["grid"][1])
-    m = MICRO_BATCHES if pp > 1 else 1
+    m = micro_batches if pp > 1 else 1
     return {
         "dp": dp, "tp": tp, "pp": pp,
+        "step_seconds": max(r["seconds"] for r in ranks) / steps,
         "tokens_per_s": steps * global_batch * model_config.block_size / max(r["seconds"] for r in ranks),
         "bytes": {d: max(r["bytes"][d] for r in ranks) for d in ("dp", "tp", "pp")},
         "bytes_equal_formula": all(r["bytes"] == r["formula"] for r in ranks),

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import config  # noqa: E402
 import train  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from monitor import comm_bytes_per_step  # noqa: E402
+from cost import comm_bytes_per_step  # noqa: E402
 import parallel  # noqa: E402
 from parallel import ProcessGrid, ShardedModel  # noqa: E402
 from local_ranks import results_of, run_ranks  # noqa: E402

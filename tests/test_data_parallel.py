@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import checkpoint
+import cost
 import train
 from conftest import ROOT, write_word_corpus, run_script
 from local_ranks import run_ranks
@@ -231,7 +232,7 @@ def test_mfu_counts_the_whole_model_under_tensor_parallelism(corpus):
     logged = [r for r in metrics(out) if "mfu" in r]
     assert len(logged) == 5
     for r in logged:  # tokens/s of the group x FLOPs per token of the whole model / (2 devices x 1 TFLOP/s)
-        assert r["mfu"] == pytest.approx(whole.flops_per_token() * r["tokens_per_s"] / (2 * 1e12), rel=1e-12)
+        assert r["mfu"] == pytest.approx(cost.flops_per_token(whole.config) * r["tokens_per_s"] / (2 * 1e12), rel=1e-12)
 
 
 def _check_visibility(paths_by_rank):

@@ -91,7 +91,6 @@ def test_counts_and_generate():
     model = GPT(cfg)
     C, L, V, T = cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.block_size
     assert model.num_params() == V * C + T * C + L * (12 * C * C + 2 * C) + C
-    assert model.flops_per_token() == 6 * (model.num_params() - T * C) + 12 * L * C * T
     out = model.generate(torch.zeros(2, 1, dtype=torch.long), 40, temperature=0.9, top_k=10)
     assert out.shape == (2, 41) and out.max() < V  # runs past block_size by cropping the context
 

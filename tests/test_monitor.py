@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from monitor import HealthMonitor, cost_estimate, layer_grad_norms
+from monitor import HealthMonitor, layer_grad_norms
 
 
 def warmed(triggers=("nonfinite", "spike"), **overrides):
@@ -65,15 +65,6 @@ def test_monitor_state_round_trips():
 def test_unknown_trigger_is_named():
     with pytest.raises(ValueError, match="--triggers spikes"):
         HealthMonitor(10, 2.0, 6.0, 3, ["spikes"])
-
-
-def test_cost_estimate_counts_6nd():
-    model = GPT(GPTConfig(block_size=64, vocab_size=256, n_layer=2, n_head=2, n_embd=32))
-    lines = cost_estimate(model.config, model.num_params(), model.flops_per_token(), batch_size=4, max_iters=100,
-                          tokens_per_iter=256, activation_bytes=4, step_seconds=0.01)
-    flops = model.flops_per_token() * 100 * 256
-    assert f"{flops:.3g} FLOPs" in lines[1] and f"6 N D = {6 * model.num_params() * 25600:.3g}" in lines[1]
-    assert "~0.0 min for 100 steps" in lines[3]
 
 
 def test_layer_grad_norms_split_the_blocks_gradient_by_depth():

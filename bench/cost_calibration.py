@@ -1,0 +1,54 @@
+"""The layout planner (cost.py) against this machine: predicted and measured step times of the tiny model.
+
+    python bench/cost_calibration.py [--steps 5] [--mfu 0.5]
+
+cost.py's `cpu` hardware is measured first: fp32 matmul FLOP/s at the model's MLP shape with the
+threads each rank gets (2 cores: 2 threads for one process, 1 each for two), and the bandwidth
+and latency of a gloo all-reduce between two local processes. Then each layout (one process,
+dp=2, tp=2, pp=2 with m = 1 and 4) trains a few steps of the tiny preset's model (4 blocks of
+width 128, block 128) on 16 sequences per step, and its measured step time is printed beside the
+planner's prediction, with the parts the planner adds up. --mfu is the share of the matmul rate
+the whole forward and backward achieve (norms, attention, softmax and the optimizer run slower).
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import cost  # noqa: E402
+from bench.layouts import measure_layout  # noqa: E402
+
+MODEL = cost.MODELS["tiny"].config
+BATCH_ROWS = 16
+LAYOUTS = [((1, 1, 1), 1), ((2, 1, 1), 1), ((1, 2, 1), 1), ((1, 1, 2), 1), ((1, 1, 2), 4)]  # (dp, tp, pp), m
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--mfu", type=float, default=0.5)
+    args = parser.parse_args()
+    hardware = {ranks: cost.measure_cpu(MODEL, BATCH_ROWS * MODEL.block_size // ranks, ranks) for ranks in (1, 2)}
+    for ranks, hw in hardware.items():
+        print(f"cpu as {ranks} rank(s): {hw.peak_flops / 1e9:.1f} GFLOP/s per rank (fp32 matmul); gloo all-reduce "
+              f"{hw.intra_bandwidth / 1e9:.2f} GB/s, {hw.latency * 1e6:.0f} us latency")
+    print(f"{'dp tp pp  m':>11} {'measured ms':>12} {'predicted ms':>13} {'error':>7}   "
+          "predicted parts (ms): compute | bubble | tp | pp | dp")
+    rows = []
+    for (dp, tp, pp), m in LAYOUTS:
+        measured = measure_layout((dp, tp, pp), steps=args.steps, model_config=MODEL, global_batch=BATCH_ROWS,
+                                  micro_batches=m)["step_seconds"]
+        plan = cost.plan_layout(MODEL, hardware[dp * tp * pp], dp, tp, pp, BATCH_ROWS, BATCH_ROWS // dp // m,
+                                args.mfu, compute_bytes=4)
+        rows.append((measured, plan.step_seconds))
+        parts = " | ".join(f"{1e3 * plan.parts[k]:.1f}" for k in ("compute", "bubble", "tp", "pp", "dp"))
+        print(f"{dp:>2} {tp:>2} {pp:>2} {m:>2} {1e3 * measured:>12.1f} {1e3 * plan.step_seconds:>13.1f} "
+              f"{100 * (plan.step_seconds / measured - 1):>+6.0f}%   {parts}", flush=True)
+    same_order = sorted(range(len(rows)), key=lambda i: rows[i][0]) == sorted(range(len(rows)), key=lambda i: rows[i][1])
+    print(f"largest error {100 * max(abs(p / m - 1) for m, p in rows):.0f}%; the planner ranks the layouts in the "
+          f"measured order: {same_order}")
+
+
+if __name__ == "__main__":
+    main()

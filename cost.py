@@ -1,0 +1,536 @@
+"""What a pretraining run costs, and how to cut it across a cluster: the cost account and the layout planner.
+
+    python cost.py --model 70B --tokens 2T --gpu A100 --gpus 2048 --mfu 0.4
+    python cost.py --model 70B --gpu H100 --gpus 8          # does it fit on one node, and how?
+    python cost.py --model 124M --gpu H100 --gpus 1         # tokens: Chinchilla's 20 per parameter
+    python cost.py --model 7B --tokens 2T --gpu H100 --gpus 1024 --json
+
+The account, top to bottom:
+  parameters N   from the model's shape, by the formula of model.py's GPT (tested against it)
+  tokens D       --tokens, or ~20 per parameter (Chinchilla, Hoffmann et al. 2022)
+  FLOPs          6 N D: per parameter and token, 2 forward and 4 backward; plus attention
+  memory/GPU     16 B per parameter held (fp32 weights, gradients and AdamW's two moments; the
+                 same 16 B as bf16 weights and gradients with fp32 master weights and moments),
+                 divided by tp x pp; plus the activations of the micro-batches in flight
+  step time      the compute at an assumed MFU, the pipeline bubble, and the communication of
+                 each dimension on the link it crosses (NVLink inside a node, the network between)
+  cost           GPU-hours x $ per GPU-hour
+and when to checkpoint, given how often a device fails (Young/Daly).
+
+train.py prints the same account for the run at hand (`account_lines`); the bytes each rank sends per
+step (`comm_bytes_per_step`) are what parallel.counted counts, equal byte for byte in a test.
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from model import GPTConfig
+from pipeline import stage_layers
+
+# ----------------------------------------------------------------------------
+# The model: parameters and FLOPs in closed form
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    config: GPTConfig
+    batch_tokens: int  # tokens per optimizer step in the published run (4M: 2^22)
+    source: str
+
+
+# Our GPT (4C MLP, tied embeddings, full multi-head attention) at published shapes. For the Llama
+# shapes (SwiGLU MLP, untied embeddings, grouped-query attention at 70B) its count lands within ~7%
+# of the published one.
+MODELS = {
+    "tiny": NamedModel(GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=128, vocab_size=256), 16 * 128,
+                       "this project's default run"),
+    "124M": NamedModel(GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257), 2**19,
+                       "GPT-2 small / GPT-3 Small"),
+    "350M": NamedModel(GPTConfig(n_layer=24, n_head=16, n_embd=1024, block_size=2048, vocab_size=50257), 2**19,
+                       "GPT-3 Medium"),
+    "1.3B": NamedModel(GPTConfig(n_layer=24, n_head=16, n_embd=2048, block_size=2048, vocab_size=50257), 2**20,
+                       "GPT-3 XL"),
+    "7B": NamedModel(GPTConfig(n_layer=32, n_head=32, n_embd=4096, block_size=4096, vocab_size=32000), 2**22,
+                     "Llama 2 7B"),
+    "13B": NamedModel(GPTConfig(n_layer=40, n_head=40, n_embd=5120, block_size=4096, vocab_size=32000), 2**22,
+                      "Llama 2 13B"),
+    "70B": NamedModel(GPTConfig(n_layer=80, n_head=64, n_embd=8192, block_size=4096, vocab_size=32000), 2**22,
+                      "Llama 2 70B"),
+    "175B": NamedModel(GPTConfig(n_layer=96, n_head=96, n_embd=12288, block_size=2048, vocab_size=50257), 1536 * 2048,
+                       "GPT-3"),
+    "405B": NamedModel(GPTConfig(n_layer=126, n_head=128, n_embd=16384, block_size=8192, vocab_size=128256), 2048 * 8192,
+                       "Llama 3.1 405B"),
+}
+
+
+def parameters_on_rank(mc, tp=1, pp=1, stage=0):
+    """Closed form of the parameters one rank holds (stage `stage` of pp, a 1/tp slice of its
+    matrices); with the defaults, the whole model's count, GPT(mc).num_params().
+
+    A block's four matrices (q k v: 3 C^2, attention out: C^2, MLP: 4 C^2 + 4 C^2) are cut
+    by tp, its norms stay whole on every TP rank. The first stage adds the embedding (its
+    V/tp rows, the vocabulary padded to a multiple of tp) and the positions; the last stage
+    the final norm and, when it is not also the first, its own copy of the tied embedding."""
+    C, V = mc.n_embd, mc.vocab_size
+    norm = C * (2 if mc.norm == "layernorm" and mc.bias else 1)
+    block = 12 * C * C // tp + 2 * norm + ((7 * C) // tp + 2 * C if mc.bias else 0)  # column biases cut, row biases whole
+    first_block, end_block = stage_layers(mc.n_layer, pp)[stage]
+    embedding = -(-V // tp) * C
+    n = (end_block - first_block) * block
+    if stage == 0:
+        n += embedding + mc.block_size * C
+    if stage == pp - 1:
+        n += (norm if mc.norm_position == "pre" else 0) + (embedding if pp > 1 else 0)
+    return n
+
+
+def flops_per_token(mc):
+    """Training FLOPs per token: 6 N for the weight matmuls (2 N forward, 4 N backward), plus 12 L C T
+    for attention's q k^T and its weighted sum of v (2 T C each per layer forward, times 3 with
+    backward), counted over the full T x T square as the PaLM paper does. A position lookup does no matmul."""
+    return 6 * (parameters_on_rank(mc) - mc.block_size * mc.n_embd) + 12 * mc.n_layer * mc.n_embd * mc.block_size
+
+
+def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, compute_bytes):
+    """Closed form of the bytes a rank of pipeline stage `stage` hands to each dimension's
+    communication in one optimizer step (what parallel.counted counts), with the step's
+    formula: {dimension: (bytes, formula)}.
+
+    B = batch_size rows per micro-step (all of a pipeline's micro-batches together), A
+    micro-steps of accumulation, T = block_size, C = n_embd, L = the stage's blocks. The
+    activations cross in fp32, except the row-parallel matmul outputs, which are in the
+    compute dtype (compute_bytes: 2 under bf16 or fp16 autocast).
+      tp: per block, 2 all-reduces forward (after attention and after the MLP) and 2 backward
+          (before them), every micro-step: at every layer. Plus the embedding's forward on
+          the first stage, the head's backward and the loss's 3 (B, T) reductions (a max,
+          two sums) on the last.
+      pp: per micro-step, the activation (B, T, C) to the next stage and its gradient back to
+          the one before: between stages only. Plus, once per step, the tied embedding's
+          gradient between the first and last stages.
+      dp: once per step, the gradient of every parameter the rank holds, fp32.
+    """
+    B, T, C, A = batch_size, mc.block_size, mc.n_embd, accumulation
+    first_block, end_block = stage_layers(mc.n_layer, pp)[stage]
+    L, first, last = end_block - first_block, stage == 0, stage == pp - 1
+    act = B * T * C  # elements of one (B, T, C) activation
+    tp_bytes = pp_bytes = dp_bytes = 0
+    tp_how = pp_how = dp_how = "none: a group of 1"
+    if tp > 1:
+        per_micro_step = 2 * L * act * (compute_bytes + 4) + first * act * 4 + last * (act * 4 + 3 * B * T * 4)
+        tp_bytes = A * per_micro_step
+        tp_how = (f"A x [2 L B T C x ({compute_bytes} + 4) at every layer"
+                  + (" + B T C x 4 (embedding)" if first else "")
+                  + (" + B T C x 4 (head) + 3 B T x 4 (loss)" if last else "")
+                  + f"], A={A} L={L} B={B} T={T} C={C}")
+    if pp > 1:
+        neighbours = (not first) + (not last)
+        tied = (first or last) * -(-mc.vocab_size // tp) * C * 4
+        pp_bytes = A * neighbours * act * 4 + tied
+        sent = "activations forward and gradients back" if neighbours == 2 else \
+            "activations to the next stage" if first else "gradients to the stage before"
+        pp_how = (f"A x {neighbours} x B T C x 4 ({sent})"
+                  + (f" + V/tp x C x 4 (tied embedding's gradient), V={mc.vocab_size}" if tied else "")
+                  + f", A={A} B={B} T={T} C={C}")
+    if dp > 1:
+        held = parameters_on_rank(mc, tp, pp, stage)
+        dp_bytes = 4 * held
+        dp_how = f"4 x {held:,} parameters on the rank, once per step"
+    return {"dp": (dp_bytes, dp_how), "tp": (tp_bytes, tp_how), "pp": (pp_bytes, pp_how)}
+
+
+# ----------------------------------------------------------------------------
+# Hardware
+
+# Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched against the device name.
+GPU_PEAK_FLOPS = {
+    "H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 70e12, "A10": 125e12, "L40S": 362e12,
+    "L4": 121e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12, "T4": 65e12,
+}
+
+
+def device_peak_flops(device, peak_tflops=0.0):
+    """FLOP/s the device could do at best, for MFU; None on CPU or an unknown GPU."""
+    if peak_tflops > 0:
+        return peak_tflops * 1e12
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in GPU_PEAK_FLOPS.items() if key in name), None)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    peak_flops: float  # one device, dense bf16 (the CPU: measured fp32)
+    memory: float  # bytes of one device
+    intra_bandwidth: float  # bytes/s a device sends to another of its node, one direction (NVLink)
+    inter_bandwidth: float  # bytes/s a device sends to another node (its share of the network: InfiniBand, RoCE)
+    latency: float  # seconds per message
+    per_node: int  # devices per node
+
+
+# SXM parts in nodes of 8: NVLink 3 (A100) 600 GB/s and NVLink 4 (H100, H200) 900 GB/s both directions
+# together; one 200 (A100) or 400 (H100, H200) Gb/s network port per GPU.
+GPUS = {
+    "A100-40GB": Hardware("A100-40GB", GPU_PEAK_FLOPS["A100"], 40e9, 300e9, 25e9, 10e-6, 8),
+    "A100-80GB": Hardware("A100-80GB", GPU_PEAK_FLOPS["A100"], 80e9, 300e9, 25e9, 10e-6, 8),
+    "H100": Hardware("H100", GPU_PEAK_FLOPS["H100"], 80e9, 450e9, 50e9, 10e-6, 8),
+    "H200": Hardware("H200", GPU_PEAK_FLOPS["H200"], 141e9, 450e9, 50e9, 10e-6, 8),
+}
+GPU_ALIASES = {"A100": "A100-80GB"}
+
+
+def _all_reduce_seconds(message_bytes, repeats=20):
+    """On one of 2 local ranks: the mean time of an all-reduce of message_bytes over gloo."""
+    import torch.distributed as dist  # only the measurement needs it
+
+    from parallel import destroy_distributed, init_distributed
+
+    init_distributed(60)
+    try:
+        x = torch.zeros(max(1, message_bytes // 4))
+        dist.all_reduce(x)  # warm-up
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            dist.all_reduce(x)
+        return (time.perf_counter() - t0) / repeats
+    finally:
+        destroy_distributed()
+
+
+def measure_cpu(mc, rows, ranks):
+    """This machine as a 'GPU': each of `ranks` processes gets cores / ranks threads (as
+    parallel.init_distributed gives them). peak_flops: fp32 matmul FLOP/s of that many threads
+    at the model's MLP shape, (rows, C) @ (C, 4C); bandwidth and latency of a gloo all-reduce
+    between 2 local processes (from a 4-byte and a 4 MiB message)."""
+    from local_ranks import results_of, run_ranks
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
+    a, w = torch.randn(rows, mc.n_embd), torch.randn(mc.n_embd, 4 * mc.n_embd)
+    for _ in range(3):
+        a @ w  # warm-up
+    t0, repeats = time.perf_counter(), 20
+    for _ in range(repeats):
+        a @ w
+    peak = 2 * rows * mc.n_embd * 4 * mc.n_embd * repeats / (time.perf_counter() - t0)
+    torch.set_num_threads(threads)
+    latency = statistics.median(results_of(run_ranks(2, _all_reduce_seconds, 4))[0] for _ in range(3))
+    big = 4 * 2**20
+    seconds = statistics.median(results_of(run_ranks(2, _all_reduce_seconds, big))[0] for _ in range(3))
+    bandwidth = big / max(seconds - latency, 1e-9)  # 2 ranks: a ring all-reduce sends the message once
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return Hardware("cpu", peak, memory, bandwidth, bandwidth, latency, os.cpu_count() or 1)
+
+
+# ----------------------------------------------------------------------------
+# A layout: memory per device and step time
+
+
+def memory_per_gpu(mc, tp, pp, micro_batch_rows, micro_batches, recompute=False, activation_bytes=2):
+    """Bytes on the fullest device of a layout: {"state", "activations", "total"}.
+
+    state: 16 B per parameter held (the stage with the embedding holds the most). ZeRO-1 would
+    shard the 8 B of AdamW moments over the dp ranks too, leaving 8 + 8/dp.
+    activations: per layer and micro-batch of b rows, s b h (10 + 24/t) bytes at 16 bits under TP
+    of t without sequence parallelism (Korthikanti et al. 2022, whose 5 a s / h more for the
+    (s, s) attention scores a fused attention kernel never stores: model.py calls SDPA), or only
+    the layer's input, 2 s b h, with full recomputation; times the stage's layers, times the
+    micro-batches in flight (1F1B: p on the first stage, at most m), plus the logits of one."""
+    state = 16 * max(parameters_on_rank(mc, tp, pp, s) for s in range(pp))
+    s, b, h = mc.block_size, micro_batch_rows, mc.n_embd
+    per_layer = 2 * s * b * h if recompute else s * b * h * (10 + 24 / tp)
+    layers = max(end - first for first, end in stage_layers(mc.n_layer, pp))
+    in_flight = min(pp, micro_batches)
+    logits = b * s * -(-mc.vocab_size // tp) * (2 + 4)  # in the compute dtype, and the loss's fp32 copy
+    activations = (in_flight * layers * per_layer + logits) * activation_bytes / 2
+    return {"state": state, "activations": activations, "total": state + activations}
+
+
+@dataclass
+class Plan:
+    dp: int
+    tp: int
+    pp: int
+    micro_batches: int  # per optimizer step on each dp rank: a pipeline's micro-batches, or accumulation steps
+    fits: bool
+    memory_gb_per_gpu: float
+    step_seconds: float
+    tokens_per_s: float
+    parts: dict  # seconds per step: compute, bubble, tp, pp, dp (the part backward does not hide)
+
+
+def plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute=False, compute_bytes=2):
+    """The step time and memory of one layout of dp x tp x pp devices, batch_rows sequences per step.
+
+    Each dp rank runs batch_rows / dp rows as m micro-batches of micro_batch_rows. Compute runs at
+    mfu x peak, split over all devices; a pipeline idles (p - 1) / m of that on top (the bubble:
+    (p - 1) / (m + p - 1) of the step). Communication, each on the link its group crosses (inside
+    a node while the group fits in one, the network once it spans nodes):
+      tp: 4 all-reduces of a (b, T, C) activation per layer and micro-batch, plus 2 at the ends, blocking;
+      pp: an activation forward and its gradient back per micro-batch;
+      dp: the all-reduce of the fp32 gradients, once per step; without a pipeline it overlaps the
+          backward (2/3 of the compute) except its last bucket, with one it starts after the schedule.
+    A ring all-reduce of P bytes over n devices sends 2 (n - 1) / n P per device in 2 (n - 1) messages."""
+    m = batch_rows // dp // micro_batch_rows
+    compute = flops_per_token(mc) * batch_rows * mc.block_size / (dp * tp * pp) / (hw.peak_flops * mfu)
+    bubble = compute * (pp - 1) / m
+
+    def link(span):
+        return hw.intra_bandwidth if span <= hw.per_node else hw.inter_bandwidth
+
+    def all_reduce(size, n, bandwidth):
+        return 0.0 if n == 1 else 2 * (n - 1) / n * size / bandwidth + 2 * (n - 1) * hw.latency
+
+    layers = max(end - first for first, end in stage_layers(mc.n_layer, pp))
+    activation = micro_batch_rows * mc.block_size * mc.n_embd * compute_bytes
+    tp_seconds = m * (4 * layers + 2) * all_reduce(activation, tp, link(tp))
+    pp_seconds = 0.0 if pp == 1 else 2 * m * (activation / link(tp * pp) + hw.latency)
+    gradients = 4 * max(parameters_on_rank(mc, tp, pp, s) for s in range(pp))
+    dp_full = all_reduce(gradients, dp, link(dp * tp * pp))
+    last_bucket = min(1.0, 25 * 2**20 / gradients)
+    dp_seconds = dp_full if pp > 1 else max(dp_full - 2 / 3 * compute, dp_full * last_bucket)
+    parts = {"compute": compute, "bubble": bubble, "tp": tp_seconds, "pp": pp_seconds, "dp": dp_seconds}
+    step = sum(parts.values())
+    memory = memory_per_gpu(mc, tp, pp, micro_batch_rows, m if pp > 1 else 1, recompute, compute_bytes)["total"]
+    return Plan(dp, tp, pp, m, memory <= hw.memory, memory / 1e9, step, batch_rows * mc.block_size / step, parts)
+
+
+def layouts(mc, gpus, batch_rows, micro_batch_rows):
+    """Every (dp, tp, pp) with dp tp pp = gpus that the model and the batch allow: tp divides the
+    heads, every stage gets a block, every dp rank gets whole micro-batches."""
+    found = []
+    for tp in range(1, gpus + 1):
+        for pp in range(1, gpus // tp + 1):
+            dp = gpus // (tp * pp)
+            if dp * tp * pp == gpus and mc.n_head % tp == 0 and pp <= mc.n_layer \
+                    and batch_rows % (dp * micro_batch_rows) == 0:
+                found.append((dp, tp, pp))
+    return found
+
+
+def rank_layouts(mc, hw, gpus, batch_rows, micro_batch_rows, mfu, recompute=False):
+    """All layouts, planned: the ones that fit first, fastest first."""
+    plans = [plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute)
+             for dp, tp, pp in layouts(mc, gpus, batch_rows, micro_batch_rows)]
+    if not plans:
+        raise ValueError(f"--gpus {gpus}: no layout dp x tp x pp = {gpus} suits this model and batch: tp must divide "
+                         f"n_head {mc.n_head}, pp be at most n_layer {mc.n_layer}, and dp x micro_batch_rows divide "
+                         f"the {batch_rows} sequences of a step. Choose --gpus as a product of such factors, "
+                         f"or change --batch_tokens / --micro_batch_rows")
+    return sorted(plans, key=lambda plan: (not plan.fits, plan.step_seconds))
+
+
+def min_model_parallel(mc, hw):
+    """The fewest devices (tp x pp) whose share of the 16 B/parameter state fits one device, or None."""
+    for size in range(1, 4097):
+        if any(16 * max(parameters_on_rank(mc, tp, size // tp, s) for s in range(size // tp)) < hw.memory
+               for tp in range(1, size + 1) if size % tp == 0 and mc.n_head % tp == 0 and size // tp <= mc.n_layer):
+            return size
+    return None
+
+
+# ----------------------------------------------------------------------------
+# Checkpoints, against failures
+
+
+def checkpoint_economics(params, gpus, write_bandwidth, gpu_mtbf_hours, restart_seconds):
+    """When to checkpoint. The cluster stops when any device fails: MTBF / gpus. A checkpoint
+    (fp32 weights and AdamW's two moments: 12 B per parameter) takes C = size / write bandwidth.
+    Young (1974) and Daly (2006): checkpoint every sqrt(2 C MTBF). The time lost is then
+    C / interval for saving, plus, per failure, half an interval of redone steps and the restart."""
+    size = 12 * params
+    save = size / write_bandwidth
+    mtbf = gpu_mtbf_hours * 3600 / gpus
+
+    def lost(interval):
+        return save / interval + (interval / 2 + restart_seconds) / mtbf
+
+    interval = math.sqrt(2 * save * mtbf)
+    return {"checkpoint_gb": size / 1e9, "save_seconds": save, "cluster_mtbf_hours": mtbf / 3600,
+            "interval_minutes": interval / 60, "goodput_lost": lost(interval), "lost": lost}
+
+
+# ----------------------------------------------------------------------------
+# The account of a run, for train.py
+
+
+def account_lines(mc, tp, pp, micro_batch_rows, micro_batches, max_iters, tokens_per_step, activation_bytes,
+                  step_seconds, usd_per_gpu_hour=2.0):
+    """Lines of a run's cost account before it trains: compute, memory per device, and time."""
+    N, tokens = parameters_on_rank(mc), max_iters * tokens_per_step
+    flops = flops_per_token(mc) * tokens
+    memory = memory_per_gpu(mc, tp, pp, micro_batch_rows, micro_batches, activation_bytes=activation_bytes)
+    h100_hours = flops / (0.4 * GPUS["H100"].peak_flops) / 3600
+    gib = 2**30
+    return [
+        f"parameters: {N / 1e6:.2f}M; planned tokens: {tokens / 1e6:.1f}M ({tokens / N:.1f} per parameter)",
+        f"training compute: {flops:.3g} FLOPs (6 N D = {6 * N * tokens:.3g}, plus attention)",
+        f"memory per device: weights + grads + AdamW {memory['state'] / gib:.3f} GiB (16 B per parameter held) "
+        f"+ activations ~{memory['activations'] / gib:.3f}",
+        f"measured forward + backward: {step_seconds * 1e3:.0f} ms per step -> ~{step_seconds * max_iters / 60:.1f} min "
+        f"for {max_iters} steps on this device",
+        f"the same FLOPs on one H100 at 40% MFU: {h100_hours:.3g} GPU-hours "
+        f"(~${usd_per_gpu_hour * h100_hours:.3g} at ${usd_per_gpu_hour:g}/GPU-hour)",
+    ]
+
+
+# ----------------------------------------------------------------------------
+# The command line
+
+
+def parse_count(text, flag):
+    """'2T', '300B', '1.5M', '20k' or '1e9' -> a number."""
+    scale = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+    try:
+        value = float(text[:-1]) * scale[text[-1].upper()] if text[-1].upper() in scale else float(text)
+    except (ValueError, IndexError):
+        raise ValueError(f"{flag} {text!r}: give a number, optionally with K, M, B or T (2T = 2e12)") from None
+    if value <= 0:
+        raise ValueError(f"{flag} {text}: must be positive")
+    return value
+
+
+def model_config(args):
+    if args.model is not None:
+        if args.model not in MODELS:
+            raise ValueError(f"--model {args.model!r}: choose one of {', '.join(MODELS)}, or give --n_layer --n_head "
+                             "--n_embd (--vocab_size --block_size) instead")
+        named = MODELS[args.model]
+        return replace(named.config, **{k: v for k, v in vars(args).items() if k in SHAPE and v is not None}), \
+            named.batch_tokens
+    missing = [f"--{k}" for k in ("n_layer", "n_head", "n_embd") if getattr(args, k) is None]
+    if missing:
+        raise ValueError(f"give --model (one of {', '.join(MODELS)}) or the shape: {', '.join(missing)} missing")
+    shape = {k: v for k, v in vars(args).items() if k in SHAPE and v is not None}
+    return GPTConfig(**{"vocab_size": 50257, "block_size": 1024, **shape}), 0.5e6
+
+
+SHAPE = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
+
+
+def hardware(args, mc, batch_rows):
+    if args.gpu == "cpu":
+        return measure_cpu(mc, batch_rows * mc.block_size // args.gpus, args.gpus)
+    name = GPU_ALIASES.get(args.gpu, args.gpu)
+    if name not in GPUS:
+        raise ValueError(f"--gpu {args.gpu!r}: choose one of {', '.join([*GPUS, *GPU_ALIASES, 'cpu'])}")
+    return GPUS[name]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help=f"a named shape: {', '.join(MODELS)}")
+    for name in SHAPE:
+        parser.add_argument(f"--{name}", type=int, help="the model's shape (overrides the named one)")
+    parser.add_argument("--tokens", help="training tokens, e.g. 2T or 300B (default: 20 per parameter)")
+    parser.add_argument("--gpu", default="H100", help=f"{', '.join([*GPUS, *GPU_ALIASES])} or cpu (measured here)")
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--mfu", type=float, default=0.4, help="the share of peak FLOP/s the compute achieves")
+    parser.add_argument("--usd_per_gpu_hour", type=float, default=2.0, help="rent of one GPU for an hour")
+    parser.add_argument("--batch_tokens", help="tokens per optimizer step (default: the named model's published run)")
+    parser.add_argument("--micro_batch_rows", type=int, default=1, help="sequences per micro-batch")
+    parser.add_argument("--recompute", action="store_true", help="recompute activations in backward")
+    parser.add_argument("--ckpt_write_gbps", type=float, default=10.0, help="GB/s the cluster writes checkpoints at")
+    parser.add_argument("--gpu_mtbf_hours", type=float, default=72000.0,
+                        help="mean hours between failures of one device (72,000: a 1,000-GPU cluster loses one "
+                             "every 3 days)")
+    parser.add_argument("--restart_minutes", type=float, default=10.0, help="minutes to restart after a failure")
+    parser.add_argument("--top", type=int, default=10, help="layouts to list")
+    parser.add_argument("--json", action="store_true", help="print the account as JSON")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        report = account(args)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print_account(report, args.top)
+
+
+def account(args):
+    """The whole account as a dict (what --json prints)."""
+    for flag in ("gpus", "micro_batch_rows", "top"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag} {getattr(args, flag)}: must be at least 1")
+    for flag in ("mfu", "usd_per_gpu_hour", "ckpt_write_gbps", "gpu_mtbf_hours"):
+        if not getattr(args, flag) > 0:
+            raise ValueError(f"--{flag} {getattr(args, flag)}: must be positive")
+    if args.mfu > 1:
+        raise ValueError(f"--mfu {args.mfu}: a share of the peak, at most 1")
+    mc, batch_tokens = model_config(args)
+    N = parameters_on_rank(mc)
+    tokens = parse_count(args.tokens, "--tokens") if args.tokens else 20 * N
+    batch_tokens = parse_count(args.batch_tokens, "--batch_tokens") if args.batch_tokens else batch_tokens
+    batch_rows = max(1, round(batch_tokens / mc.block_size))
+    hw = hardware(args, mc, batch_rows)
+    plans = rank_layouts(mc, hw, args.gpus, batch_rows, args.micro_batch_rows, args.mfu, args.recompute)
+    fitting = [p for p in plans if p.fits]
+    in_node = [p for p in fitting if p.tp <= hw.per_node]  # the sensible cuts: TP on the fast links
+    flops = flops_per_token(mc) * tokens
+    # the account: FLOPs / (devices x peak x MFU), MFU being the share of peak a whole run achieves
+    gpu_hours = flops / (hw.peak_flops * args.mfu) / 3600
+    best = fitting[0] if fitting else None
+    ckpt = checkpoint_economics(N, args.gpus, args.ckpt_write_gbps * 1e9, args.gpu_mtbf_hours,
+                                args.restart_minutes * 60)
+    return {
+        "model": args.model or "custom", "shape": {k: getattr(mc, k) for k in SHAPE}, "params": N,
+        "tokens": tokens, "tokens_per_param": tokens / N, "train_flops": flops, "gpu": hw.name, "gpus": args.gpus,
+        "mfu": args.mfu, "batch_tokens": batch_rows * mc.block_size, "state_bytes": 16 * N,
+        "min_model_parallel": min_model_parallel(mc, hw),
+        "gpu_hours": gpu_hours, "wall_days": gpu_hours / args.gpus / 24, "cost_usd": gpu_hours * args.usd_per_gpu_hour,
+        "usd_per_gpu_hour": args.usd_per_gpu_hour,
+        # the planner: compute at that MFU plus what each layout adds (bubble, communication it cannot hide)
+        "best_layout_wall_days": tokens / best.tokens_per_s / 86400 if best else None,
+        "spread": best.tokens_per_s / fitting[-1].tokens_per_s - 1 if best else None,
+        "spread_tp_in_node": in_node[0].tokens_per_s / in_node[-1].tokens_per_s - 1 if in_node else None,
+        "checkpoint": {k: v for k, v in ckpt.items() if k != "lost"},
+        "layouts": [vars(p) for p in plans],
+    }
+
+
+def print_account(r, top):
+    gpu_word = f"{r['gpus']:,} x {r['gpu']}"
+    print(f"model {r['model']}: {r['params'] / 1e9:.3g}B parameters ({r['shape']})")
+    print(f"tokens {r['tokens']:.3g} ({r['tokens_per_param']:.0f} per parameter); training compute "
+          f"{r['train_flops']:.3g} FLOPs (6 N D plus attention)")
+    print(f"weights + gradients + AdamW: {r['state_bytes'] / 1e12:.3g} TB at 16 B per parameter; "
+          f"it fits one device's memory only cut over tp x pp >= {r['min_model_parallel']}")
+    print(f"at {100 * r['mfu']:.0f}% MFU on {gpu_word}: {r['gpu_hours']:,.0f} GPU-hours, {r['wall_days']:,.1f} days, "
+          f"${r['cost_usd']:,.0f} at ${r['usd_per_gpu_hour']:g}/GPU-hour")
+    if r["best_layout_wall_days"] is None:
+        print(f"does not fit on {gpu_word}: no layout of {r['gpus']} devices holds the model; it needs "
+              f"tp x pp >= {r['min_model_parallel']} (or ZeRO / offloading). Layouts considered, fullest device:")
+    else:
+        print(f"the planner's best layout (compute at that MFU, plus bubble and the communication it cannot hide): "
+              f"{r['best_layout_wall_days']:,.1f} days")
+        print(f"best against worst layout that fits: {100 * r['spread']:.0f}% more throughput; among those that keep "
+              f"TP inside a node: {100 * r['spread_tp_in_node']:.0f}%")
+    print(f"{'dp':>5} {'tp':>3} {'pp':>3} {'m':>5} {'fits':>5} {'GB/GPU':>7} {'step s':>8} {'tokens/s':>12}   "
+          "seconds per step: compute | bubble | tp | pp | dp")
+    for p in r["layouts"][:top]:
+        parts = " | ".join(f"{p['parts'][k]:.3g}" for k in ("compute", "bubble", "tp", "pp", "dp"))
+        print(f"{p['dp']:>5} {p['tp']:>3} {p['pp']:>3} {p['micro_batches']:>5} {'yes' if p['fits'] else 'no':>5} "
+              f"{p['memory_gb_per_gpu']:>7.1f} {p['step_seconds']:>8.3g} {p['tokens_per_s']:>12,.0f}   {parts}")
+    c = r["checkpoint"]
+    print(f"checkpoints: {c['checkpoint_gb']:,.0f} GB, {c['save_seconds']:.0f} s to write; the cluster fails every "
+          f"{c['cluster_mtbf_hours']:.1f} h; checkpoint every {c['interval_minutes']:.0f} min (Young/Daly), "
+          f"losing {100 * c['goodput_lost']:.1f}% of the time to saves, redone steps and restarts")
+
+
+if __name__ == "__main__":
+    main()

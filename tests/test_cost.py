@@ -1,0 +1,123 @@
+"""The cost account against public figures, and the planner's layouts, memory and checkpoint economics."""
+
+import json
+import math
+
+import pytest
+
+import cost
+from conftest import ROOT, run_script
+from model import GPT, GPTConfig
+
+
+def account(*argv):
+    return cost.account(cost.parse_args(list(argv)))
+
+
+@pytest.mark.parametrize("kwargs", [dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=100),
+                                    dict(n_layer=3, n_head=4, n_embd=64, block_size=8, vocab_size=256, bias=True,
+                                         norm="layernorm"),
+                                    dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64,
+                                         norm_position="post")])
+def test_parameters_and_flops_follow_the_model(kwargs):
+    mc = GPTConfig(**kwargs)
+    N = GPT(mc).num_params()
+    assert cost.parameters_on_rank(mc) == N
+    assert cost.flops_per_token(mc) == 6 * (N - mc.block_size * mc.n_embd) + 12 * mc.n_layer * mc.n_embd * mc.block_size
+
+
+def test_gpt3_175b_on_300b_tokens_is_3_14e23_flops():
+    flops = account("--model", "175B", "--tokens", "300B", "--gpu", "A100", "--gpus", "1024")["train_flops"]
+    assert flops == pytest.approx(3.14e23, rel=0.05)
+
+
+@pytest.mark.parametrize("model, published", [("70B", 1_720_320), ("7B", 184_320)])
+def test_llama2_gpu_hours_on_a100s(model, published):
+    """Llama 2's paper reports A100-80GB GPU-hours for 2T tokens; at 40% MFU the account lands within 30%."""
+    r = account("--model", model, "--tokens", "2T", "--gpu", "A100", "--gpus", "2048", "--mfu", "0.4")
+    assert r["gpu_hours"] == pytest.approx(published, rel=0.3)
+    assert r["cost_usd"] == pytest.approx(2.0 * r["gpu_hours"])
+
+
+def test_100b_parameters_hold_1_6_tb_of_state():
+    mc = GPTConfig(n_layer=80, n_head=80, n_embd=10240, block_size=2048, vocab_size=50257)
+    assert cost.parameters_on_rank(mc) == pytest.approx(100e9, rel=0.02)
+    assert 16 * cost.parameters_on_rank(mc) == pytest.approx(1.6e12, rel=0.02)
+
+
+def test_state_is_cut_by_tp_times_pp():
+    mc = cost.MODELS["7B"].config
+    whole = cost.memory_per_gpu(mc, 1, 1, 1, 1)["state"]
+    for tp, pp in [(2, 1), (1, 2), (4, 2), (8, 4)]:
+        # the first stage also holds the embedding and the positions: a little more than its share
+        assert whole / (tp * pp) <= cost.memory_per_gpu(mc, tp, pp, 1, 1)["state"] <= 1.2 * whole / (tp * pp)
+    # full recomputation keeps only each layer's input
+    assert cost.memory_per_gpu(mc, 8, 1, 1, 1, recompute=True)["activations"] < \
+        cost.memory_per_gpu(mc, 8, 1, 1, 1)["activations"] / 5
+
+
+def test_the_planner_ranks_layouts_that_fit_first_and_keeps_tp_in_a_node():
+    r = account("--model", "70B", "--tokens", "2T", "--gpu", "H100", "--gpus", "1024")
+    layouts = r["layouts"]
+    assert len(layouts) > 10 and all(p["dp"] * p["tp"] * p["pp"] == 1024 for p in layouts)
+    fits = [p["fits"] for p in layouts]
+    assert fits == sorted(fits, reverse=True)  # every layout that fits before any that does not
+    fitting = [p for p in layouts if p["fits"]]
+    assert [p["step_seconds"] for p in fitting] == sorted(p["step_seconds"] for p in fitting)
+    assert fitting[0]["tp"] <= 8  # a TP group across nodes pays the slow network at every layer
+    assert all(p["memory_gb_per_gpu"] <= 80 for p in fitting)
+    for p in layouts:
+        assert p["tokens_per_s"] == pytest.approx(r["batch_tokens"] / p["step_seconds"])
+
+
+def test_70b_does_not_fit_on_one_node_and_says_what_it_needs():
+    result = run_script([ROOT / "cost.py", "--model", "70B", "--gpu", "H100", "--gpus", "8"], cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert "does not fit on 8 x H100" in result.stdout and "tp x pp >= 14" in result.stdout
+
+
+def test_json_has_the_fields_machines_read():
+    result = run_script([ROOT / "cost.py", "--model", "70B", "--tokens", "2T", "--gpu", "A100", "--gpus", "2048",
+                         "--mfu", "0.4", "--json"], cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    r = json.loads(result.stdout)
+    for key in ("params", "train_flops", "gpu_hours", "wall_days", "cost_usd", "layouts"):
+        assert key in r
+    for key in ("dp", "tp", "pp", "micro_batches", "fits", "memory_gb_per_gpu", "step_seconds", "tokens_per_s"):
+        assert key in r["layouts"][0]
+
+
+def test_chinchilla_is_the_default_budget():
+    r = account("--model", "124M", "--gpus", "1")
+    assert r["tokens_per_param"] == pytest.approx(20)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "8B"], "--model '8B': choose one of"),
+    (["--model", "7B", "--gpu", "B200"], "--gpu 'B200': choose one of"),
+    (["--model", "tiny", "--gpus", "7"], "--gpus 7: no layout dp x tp x pp = 7"),  # 4 heads, 4 layers, 16 rows
+    (["--model", "7B", "--tokens=-2T"], "--tokens -2T: must be positive"),
+    (["--model", "7B", "--tokens", "lots"], "--tokens 'lots': give a number"),
+    (["--model", "7B", "--mfu", "1.5"], "--mfu 1.5: a share of the peak"),
+    (["--n_layer", "4"], "--n_head, --n_embd missing"),
+])
+def test_bad_input_is_named(argv, message):
+    result = run_script([ROOT / "cost.py", *argv], cwd=ROOT)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+def test_young_daly_interval_minimizes_the_time_lost():
+    c = cost.checkpoint_economics(7e9, 1024, 10e9, 72000, 600)
+    best = c["interval_minutes"] * 60
+    assert c["lost"](best) < c["lost"](best * 0.7) and c["lost"](best) < c["lost"](best * 1.4)
+    assert c["cluster_mtbf_hours"] == pytest.approx(72000 / 1024)
+    assert c["interval_minutes"] == pytest.approx(math.sqrt(2 * 12 * 7e9 / 10e9 * 72000 * 3600 / 1024) / 60)
+
+
+def test_account_lines_count_6nd():
+    mc = GPTConfig(block_size=64, vocab_size=256, n_layer=2, n_head=2, n_embd=32)
+    lines = cost.account_lines(mc, 1, 1, 4, 1, max_iters=100, tokens_per_step=256, activation_bytes=4,
+                               step_seconds=0.01)
+    flops = cost.flops_per_token(mc) * 100 * 256
+    assert f"{flops:.3g} FLOPs" in lines[1] and f"6 N D = {6 * GPT(mc).num_params() * 25600:.3g}" in lines[1]
+    assert "~0.0 min for 100 steps" in lines[3]
