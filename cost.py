@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -188,21 +187,29 @@ GPUS = {
 GPU_ALIASES = {"A100": "A100-80GB"}
 
 
-def _all_reduce_seconds(message_bytes, repeats=20):
-    """On one of 2 local ranks: the mean time of an all-reduce of message_bytes over gloo."""
+def _all_reduce_under_load(sizes, mc, rows, repeats=30):
+    """On one of 2 local ranks: the mean time an all-reduce of each size (bytes) adds to a loop
+    that also multiplies (rows, C) @ (C, 4C), as a training step interleaves them."""
     import torch.distributed as dist  # only the measurement needs it
 
     from parallel import destroy_distributed, init_distributed
 
     init_distributed(60)
     try:
-        x = torch.zeros(max(1, message_bytes // 4))
-        dist.all_reduce(x)  # warm-up
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            dist.all_reduce(x)
-        return (time.perf_counter() - t0) / repeats
+        a, w = torch.randn(rows, mc.n_embd), torch.randn(mc.n_embd, 4 * mc.n_embd)
+
+        def loop(message):
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                a @ w
+                if message is not None:
+                    dist.all_reduce(message)
+            return (time.perf_counter() - t0) / repeats
+
+        loop(torch.zeros(1))  # warm-up
+        compute = loop(None)
+        return [loop(torch.zeros(max(1, size // 4))) - compute for size in sizes]
     finally:
         destroy_distributed()
 
@@ -210,8 +217,10 @@ def _all_reduce_seconds(message_bytes, repeats=20):
 def measure_cpu(mc, rows, ranks):
     """This machine as a 'GPU': each of `ranks` processes gets cores / ranks threads (as
     parallel.init_distributed gives them). peak_flops: fp32 matmul FLOP/s of that many threads
-    at the model's MLP shape, (rows, C) @ (C, 4C); bandwidth and latency of a gloo all-reduce
-    between 2 local processes (from a 4-byte and a 4 MiB message)."""
+    at the model's MLP shape, (rows, C) @ (C, 4C). The link: what an all-reduce between 2 local
+    processes adds to a loop that also computes, as in training (alone, gloo on loopback is several
+    times faster than between two busy processes on shared cores): latency from a 4-byte message,
+    bandwidth from one the size of a (rows, C) fp32 activation."""
     from local_ranks import results_of, run_ranks
 
     threads = torch.get_num_threads()
@@ -224,12 +233,11 @@ def measure_cpu(mc, rows, ranks):
         a @ w
     peak = 2 * rows * mc.n_embd * 4 * mc.n_embd * repeats / (time.perf_counter() - t0)
     torch.set_num_threads(threads)
-    latency = statistics.median(results_of(run_ranks(2, _all_reduce_seconds, 4))[0] for _ in range(3))
-    big = 4 * 2**20
-    seconds = statistics.median(results_of(run_ranks(2, _all_reduce_seconds, big))[0] for _ in range(3))
-    bandwidth = big / max(seconds - latency, 1e-9)  # 2 ranks: a ring all-reduce sends the message once
+    message = rows * mc.n_embd * 4
+    latency, seconds = results_of(run_ranks(2, _all_reduce_under_load, [4, message], mc, rows // ranks))[0]
+    bandwidth = message / max(seconds - latency, 1e-9)  # 2 ranks: a ring all-reduce sends the message once
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return Hardware("cpu", peak, memory, bandwidth, bandwidth, latency, os.cpu_count() or 1)
+    return Hardware("cpu", peak, memory, bandwidth, bandwidth, max(latency, 1e-9), os.cpu_count() or 1)
 
 
 # ----------------------------------------------------------------------------
@@ -276,7 +284,8 @@ def plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute
     mfu x peak, split over all devices; a pipeline idles (p - 1) / m of that on top (the bubble:
     (p - 1) / (m + p - 1) of the step). Communication, each on the link its group crosses (inside
     a node while the group fits in one, the network once it spans nodes):
-      tp: 4 all-reduces of a (b, T, C) activation per layer and micro-batch, plus 2 at the ends, blocking;
+      tp: 4 all-reduces of a (b, T, C) activation per layer and micro-batch, plus 2 at the ends and the
+          loss's 3 of (b, T), blocking;
       pp: an activation forward and its gradient back per micro-batch;
       dp: the all-reduce of the fp32 gradients, once per step; without a pipeline it overlaps the
           backward (2/3 of the compute) except its last bucket, with one it starts after the schedule.
@@ -293,7 +302,8 @@ def plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute
 
     layers = max(end - first for first, end in stage_layers(mc.n_layer, pp))
     activation = micro_batch_rows * mc.block_size * mc.n_embd * compute_bytes
-    tp_seconds = m * (4 * layers + 2) * all_reduce(activation, tp, link(tp))
+    loss_sums = 3 * all_reduce(micro_batch_rows * mc.block_size * 4, tp, link(tp))  # the vocab-parallel loss
+    tp_seconds = m * ((4 * layers + 2) * all_reduce(activation, tp, link(tp)) + loss_sums)
     pp_seconds = 0.0 if pp == 1 else 2 * m * (activation / link(tp * pp) + hw.latency)
     gradients = 4 * max(parameters_on_rank(mc, tp, pp, s) for s in range(pp))
     dp_full = all_reduce(gradients, dp, link(dp * tp * pp))
@@ -420,7 +430,7 @@ SHAPE = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
 
 def hardware(args, mc, batch_rows):
     if args.gpu == "cpu":
-        return measure_cpu(mc, batch_rows * mc.block_size // args.gpus, args.gpus)
+        return measure_cpu(mc, batch_rows * mc.block_size, args.gpus)
     name = GPU_ALIASES.get(args.gpu, args.gpu)
     if name not in GPUS:
         raise ValueError(f"--gpu {args.gpu!r}: choose one of {', '.join([*GPUS, *GPU_ALIASES, 'cpu'])}")
@@ -503,21 +513,26 @@ def account(args):
     }
 
 
+def _amount(x):
+    """1,871,172 for large numbers, 0.0123 for small ones."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def print_account(r, top):
     gpu_word = f"{r['gpus']:,} x {r['gpu']}"
     print(f"model {r['model']}: {r['params'] / 1e9:.3g}B parameters ({r['shape']})")
     print(f"tokens {r['tokens']:.3g} ({r['tokens_per_param']:.0f} per parameter); training compute "
           f"{r['train_flops']:.3g} FLOPs (6 N D plus attention)")
-    print(f"weights + gradients + AdamW: {r['state_bytes'] / 1e12:.3g} TB at 16 B per parameter; "
+    print(f"weights + gradients + AdamW: {_amount(r['state_bytes'] / 1e9)} GB at 16 B per parameter; "
           f"it fits one device's memory only cut over tp x pp >= {r['min_model_parallel']}")
-    print(f"at {100 * r['mfu']:.0f}% MFU on {gpu_word}: {r['gpu_hours']:,.0f} GPU-hours, {r['wall_days']:,.1f} days, "
-          f"${r['cost_usd']:,.0f} at ${r['usd_per_gpu_hour']:g}/GPU-hour")
+    print(f"at {100 * r['mfu']:.0f}% MFU on {gpu_word}: {_amount(r['gpu_hours'])} GPU-hours, "
+          f"{_amount(r['wall_days'])} days, ${_amount(r['cost_usd'])} at ${r['usd_per_gpu_hour']:g}/GPU-hour")
     if r["best_layout_wall_days"] is None:
         print(f"does not fit on {gpu_word}: no layout of {r['gpus']} devices holds the model; it needs "
               f"tp x pp >= {r['min_model_parallel']} (or ZeRO / offloading). Layouts considered, fullest device:")
     else:
         print(f"the planner's best layout (compute at that MFU, plus bubble and the communication it cannot hide): "
-              f"{r['best_layout_wall_days']:,.1f} days")
+              f"{_amount(r['best_layout_wall_days'])} days")
         print(f"best against worst layout that fits: {100 * r['spread']:.0f}% more throughput; among those that keep "
               f"TP inside a node: {100 * r['spread_tp_in_node']:.0f}%")
     print(f"{'dp':>5} {'tp':>3} {'pp':>3} {'m':>5} {'fits':>5} {'GB/GPU':>7} {'step s':>8} {'tokens/s':>12}   "

@@ -3,8 +3,8 @@
     python bench/cost_calibration.py [--steps 5] [--mfu 0.5]
 
 cost.py's `cpu` hardware is measured first: fp32 matmul FLOP/s at the model's MLP shape with the
-threads each rank gets (2 cores: 2 threads for one process, 1 each for two), and the bandwidth
-and latency of a gloo all-reduce between two local processes. Then each layout (one process,
+threads each rank gets (2 cores: 2 threads for one process, 1 each for two), and the latency and
+bandwidth of a gloo all-reduce between two local processes that also compute. Then each layout (one process,
 dp=2, tp=2, pp=2 with m = 1 and 4) trains a few steps of the tiny preset's model (4 blocks of
 width 128, block 128) on 16 sequences per step, and its measured step time is printed beside the
 planner's prediction, with the parts the planner adds up. --mfu is the share of the matmul rate
@@ -27,9 +27,9 @@ LAYOUTS = [((1, 1, 1), 1), ((2, 1, 1), 1), ((1, 2, 1), 1), ((1, 1, 2), 1), ((1, 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--mfu", type=float, default=0.5)
+    parser.add_argument("--mfu", type=float, default=0.42)
     args = parser.parse_args()
-    hardware = {ranks: cost.measure_cpu(MODEL, BATCH_ROWS * MODEL.block_size // ranks, ranks) for ranks in (1, 2)}
+    hardware = {ranks: cost.measure_cpu(MODEL, BATCH_ROWS * MODEL.block_size, ranks) for ranks in (1, 2)}
     for ranks, hw in hardware.items():
         print(f"cpu as {ranks} rank(s): {hw.peak_flops / 1e9:.1f} GFLOP/s per rank (fp32 matmul); gloo all-reduce "
               f"{hw.intra_bandwidth / 1e9:.2f} GB/s, {hw.latency * 1e6:.0f} us latency")
@@ -45,9 +45,11 @@ def main():
         parts = " | ".join(f"{1e3 * plan.parts[k]:.1f}" for k in ("compute", "bubble", "tp", "pp", "dp"))
         print(f"{dp:>2} {tp:>2} {pp:>2} {m:>2} {1e3 * measured:>12.1f} {1e3 * plan.step_seconds:>13.1f} "
               f"{100 * (plan.step_seconds / measured - 1):>+6.0f}%   {parts}", flush=True)
-    same_order = sorted(range(len(rows)), key=lambda i: rows[i][0]) == sorted(range(len(rows)), key=lambda i: rows[i][1])
-    print(f"largest error {100 * max(abs(p / m - 1) for m, p in rows):.0f}%; the planner ranks the layouts in the "
-          f"measured order: {same_order}")
+    # the order of two layouts whose measured times differ by under 5% is this machine's noise
+    pairs = [(a, b) for a in rows for b in rows if a[0] < b[0] / 1.05]
+    agree = sum(pa < pb for (_, pa), (_, pb) in pairs)
+    print(f"largest error {100 * max(abs(p / m - 1) for m, p in rows):.0f}%; of the {len(pairs)} pairs of layouts "
+          f"whose measured times differ by more than 5%, the planner orders {agree} as measured")
 
 
 if __name__ == "__main__":

@@ -87,6 +87,11 @@ def test_json_has_the_fields_machines_read():
         assert key in r["layouts"][0]
 
 
+def test_this_cpu_is_measured_as_hardware():
+    r = account("--model", "tiny", "--gpu", "cpu", "--gpus", "2", "--tokens", "1M")
+    assert r["gpu"] == "cpu" and r["layouts"] and all(p["step_seconds"] > 0 for p in r["layouts"])
+
+
 def test_chinchilla_is_the_default_budget():
     r = account("--model", "124M", "--gpus", "1")
     assert r["tokens_per_param"] == pytest.approx(20)
