@@ -340,6 +340,12 @@ def rank_layouts(mc, hw, gpus, batch_rows, micro_batch_rows, mfu, recompute=Fals
     return sorted(plans, key=lambda plan: (not plan.fits, plan.step_seconds))
 
 
+def zero1_state(mc, plan):
+    """Bytes of state on the fullest device of a layout under ZeRO-1, which shards AdamW's two
+    moments (8 of the 16 B per parameter) over the dp ranks too: 8 + 8/dp B per parameter held."""
+    return (8 + 8 / plan.dp) * max(parameters_on_rank(mc, plan.tp, plan.pp, s) for s in range(plan.pp))
+
+
 def min_model_parallel(mc, hw):
     """The fewest devices (tp x pp) whose share of the 16 B/parameter state fits one device, or None."""
     for size in range(1, 4097):
@@ -506,6 +512,8 @@ def account(args):
         "usd_per_gpu_hour": args.usd_per_gpu_hour,
         # the planner: compute at that MFU plus what each layout adds (bubble, communication it cannot hide)
         "best_layout_wall_days": tokens / best.tokens_per_s / 86400 if best else None,
+        "state_gb_best_layout": memory_per_gpu(mc, best.tp, best.pp, 1, 1)["state"] / 1e9 if best else None,
+        "zero1_state_gb_best_layout": zero1_state(mc, best) / 1e9 if best else None,
         "spread": best.tokens_per_s / fitting[-1].tokens_per_s - 1 if best else None,
         "spread_tp_in_node": in_node[0].tokens_per_s / in_node[-1].tokens_per_s - 1 if in_node else None,
         "checkpoint": {k: v for k, v in ckpt.items() if k != "lost"},
@@ -533,6 +541,8 @@ def print_account(r, top):
     else:
         print(f"the planner's best layout (compute at that MFU, plus bubble and the communication it cannot hide): "
               f"{_amount(r['best_layout_wall_days'])} days")
+        print(f"ZeRO-1 (AdamW's moments sharded over dp too) would cut that layout's state from "
+              f"{_amount(r['state_gb_best_layout'])} to {_amount(r['zero1_state_gb_best_layout'])} GB per GPU")
         print(f"best against worst layout that fits: {100 * r['spread']:.0f}% more throughput; among those that keep "
               f"TP inside a node: {100 * r['spread_tp_in_node']:.0f}%")
     print(f"{'dp':>5} {'tp':>3} {'pp':>3} {'m':>5} {'fits':>5} {'GB/GPU':>7} {'step s':>8} {'tokens/s':>12}   "

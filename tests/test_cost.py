@@ -65,6 +65,8 @@ def test_the_planner_ranks_layouts_that_fit_first_and_keeps_tp_in_a_node():
     fitting = [p for p in layouts if p["fits"]]
     assert [p["step_seconds"] for p in fitting] == sorted(p["step_seconds"] for p in fitting)
     assert fitting[0]["tp"] <= 8  # a TP group across nodes pays the slow network at every layer
+    best = fitting[0]  # ZeRO-1 shards the 8 B of AdamW moments over dp: 16 B -> 8 + 8/dp
+    assert r["zero1_state_gb_best_layout"] == pytest.approx(r["state_gb_best_layout"] * (8 + 8 / best["dp"]) / 16)
     assert all(p["memory_gb_per_gpu"] <= 80 for p in fitting)
     for p in layouts:
         assert p["tokens_per_s"] == pytest.approx(r["batch_tokens"] / p["step_seconds"])
