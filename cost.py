@@ -91,6 +91,11 @@ def parameters_on_rank(mc, tp=1, pp=1, stage=0):
     return n
 
 
+def fullest_rank_parameters(mc, tp, pp):
+    """The parameters of the rank that holds the most (the first stage, with the embedding and positions)."""
+    return max(parameters_on_rank(mc, tp, pp, s) for s in range(pp))
+
+
 def flops_per_token(mc):
     """Training FLOPs per token: 6 N for the weight matmuls (2 N forward, 4 N backward), plus 12 L C T
     for attention's q k^T and its weighted sum of v (2 T C each per layer forward, times 3 with
@@ -219,8 +224,9 @@ def measure_cpu(mc, rows, ranks):
     parallel.init_distributed gives them). peak_flops: fp32 matmul FLOP/s of that many threads
     at the model's MLP shape, (rows, C) @ (C, 4C). The link: what an all-reduce between 2 local
     processes adds to a loop that also computes, as in training (alone, gloo on loopback is several
-    times faster than between two busy processes on shared cores): latency from a 4-byte message,
-    bandwidth from one the size of a (rows, C) fp32 activation."""
+    times faster than between two busy processes on shared cores). A 2-rank ring all-reduce is 2
+    messages: the latency per message is half a 4-byte all-reduce's time, and the bandwidth is what
+    fits the time of one the size of a (rows, C) fp32 activation."""
     from local_ranks import results_of, run_ranks
 
     threads = torch.get_num_threads()
@@ -236,15 +242,15 @@ def measure_cpu(mc, rows, ranks):
     message = rows * mc.n_embd * 4
     latency, seconds = results_of(run_ranks(2, _all_reduce_under_load, [4, message], mc, rows // ranks))[0]
     bandwidth = message / max(seconds - latency, 1e-9)  # 2 ranks: a ring all-reduce sends the message once
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return Hardware("cpu", peak, memory, bandwidth, bandwidth, max(latency, 1e-9), os.cpu_count() or 1)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # POSIX, as is gloo on loopback here
+    return Hardware("cpu", peak, memory, bandwidth, bandwidth, max(latency / 2, 1e-9), os.cpu_count() or 1)
 
 
 # ----------------------------------------------------------------------------
 # A layout: memory per device and step time
 
 
-def memory_per_gpu(mc, tp, pp, micro_batch_rows, micro_batches, recompute=False, activation_bytes=2):
+def memory_per_gpu(mc, tp, pp, micro_batch_rows, in_flight, recompute=False, activation_bytes=2):
     """Bytes on the fullest device of a layout: {"state", "activations", "total"}.
 
     state: 16 B per parameter held (the stage with the embedding holds the most). ZeRO-1 would
@@ -253,14 +259,13 @@ def memory_per_gpu(mc, tp, pp, micro_batch_rows, micro_batches, recompute=False,
     of t without sequence parallelism (Korthikanti et al. 2022, whose 5 a s / h more for the
     (s, s) attention scores a fused attention kernel never stores: model.py calls SDPA), or only
     the layer's input, 2 s b h, with full recomputation; times the stage's layers, times the
-    micro-batches in flight (1F1B: p on the first stage, at most m), plus the logits of one."""
-    state = 16 * max(parameters_on_rank(mc, tp, pp, s) for s in range(pp))
+    micro-batches in flight (1F1B: p on the first stage, at most m; GPipe: all m), plus the logits of one."""
+    state = 16 * fullest_rank_parameters(mc, tp, pp)
     s, b, h = mc.block_size, micro_batch_rows, mc.n_embd
     per_layer = 2 * s * b * h if recompute else s * b * h * (10 + 24 / tp)
     layers = max(end - first for first, end in stage_layers(mc.n_layer, pp))
-    in_flight = min(pp, micro_batches)
-    logits = b * s * -(-mc.vocab_size // tp) * (2 + 4)  # in the compute dtype, and the loss's fp32 copy
-    activations = (in_flight * layers * per_layer + logits) * activation_bytes / 2
+    logits = b * s * -(-mc.vocab_size // tp) * (activation_bytes + 4)  # in the compute dtype, and the loss's fp32 copy
+    activations = in_flight * layers * per_layer * activation_bytes / 2 + logits
     return {"state": state, "activations": activations, "total": state + activations}
 
 
@@ -274,45 +279,56 @@ class Plan:
     memory_gb_per_gpu: float
     step_seconds: float
     tokens_per_s: float
+    achieved_mfu: float  # the layout's step, with its bubble and communication, against the devices' peak
     parts: dict  # seconds per step: compute, bubble, tp, pp, dp (the part backward does not hide)
 
 
 def plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute=False, compute_bytes=2):
     """The step time and memory of one layout of dp x tp x pp devices, batch_rows sequences per step.
 
-    Each dp rank runs batch_rows / dp rows as m micro-batches of micro_batch_rows. Compute runs at
-    mfu x peak, split over all devices; a pipeline idles (p - 1) / m of that on top (the bubble:
-    (p - 1) / (m + p - 1) of the step). Communication, each on the link its group crosses (inside
-    a node while the group fits in one, the network once it spans nodes):
-      tp: 4 all-reduces of a (b, T, C) activation per layer and micro-batch, plus 2 at the ends and the
-          loss's 3 of (b, T), blocking;
+    Each dp rank runs batch_rows / dp rows as m micro-batches of micro_batch_rows (a pipeline's
+    micro-batches, or accumulation steps). Compute runs at mfu x peak, each stage at the pace of the
+    slowest (the most blocks, or the head on the last); full recomputation adds a forward (8 N instead
+    of 6 N FLOPs per token). Communication, each on the link its group crosses (NVLink while the group
+    sits inside one node, the network once it spans nodes), modelled with activations in the compute dtype:
+      tp: 4 all-reduces of a (b, T, C) activation per layer and micro-batch (6 with recomputation),
+          2 at the ends and the loss's 3 of (b, T), blocking;
       pp: an activation forward and its gradient back per micro-batch;
-      dp: the all-reduce of the fp32 gradients, once per step; without a pipeline it overlaps the
-          backward (2/3 of the compute) except its last bucket, with one it starts after the schedule.
+      dp: the all-reduce of the fp32 gradients, once per step. Without a pipeline it overlaps the
+          last micro-step's backward (2/3 of its compute) except its last bucket; with one it starts
+          after the schedule.
+    The bubble: a pipeline idles p - 1 micro-batch slots, each the slowest stage's compute and
+    communication for one micro-batch: (p - 1) / (m + p - 1) of the step when communication is free.
     A ring all-reduce of P bytes over n devices sends 2 (n - 1) / n P per device in 2 (n - 1) messages."""
     m = batch_rows // dp // micro_batch_rows
-    compute = flops_per_token(mc) * batch_rows * mc.block_size / (dp * tp * pp) / (hw.peak_flops * mfu)
-    bubble = compute * (pp - 1) / m
+    tokens = batch_rows * mc.block_size // dp  # per dp rank and step
+    C, T, V = mc.n_embd, mc.block_size, mc.vocab_size
+    stage_flops = [(end - first) * (72 * C * C + 12 * C * T) + (s == pp - 1) * 6 * V * C  # per token: blocks, head
+                   for s, (first, end) in enumerate(stage_layers(mc.n_layer, pp))]
+    compute = max(stage_flops) * tokens / tp / (hw.peak_flops * mfu) * (4 / 3 if recompute else 1)
 
-    def link(span):
-        return hw.intra_bandwidth if span <= hw.per_node else hw.inter_bandwidth
+    def link(span):  # a group of consecutive ranks stays inside a node only if its span tiles the node
+        return hw.intra_bandwidth if span <= hw.per_node and hw.per_node % span == 0 else hw.inter_bandwidth
 
     def all_reduce(size, n, bandwidth):
         return 0.0 if n == 1 else 2 * (n - 1) / n * size / bandwidth + 2 * (n - 1) * hw.latency
 
     layers = max(end - first for first, end in stage_layers(mc.n_layer, pp))
-    activation = micro_batch_rows * mc.block_size * mc.n_embd * compute_bytes
-    loss_sums = 3 * all_reduce(micro_batch_rows * mc.block_size * 4, tp, link(tp))  # the vocab-parallel loss
-    tp_seconds = m * ((4 * layers + 2) * all_reduce(activation, tp, link(tp)) + loss_sums)
+    activation = micro_batch_rows * T * C * compute_bytes
+    loss_sums = 3 * all_reduce(micro_batch_rows * T * 4, tp, link(tp))  # the vocab-parallel loss
+    tp_seconds = m * (((6 if recompute else 4) * layers + 2) * all_reduce(activation, tp, link(tp)) + loss_sums)
     pp_seconds = 0.0 if pp == 1 else 2 * m * (activation / link(tp * pp) + hw.latency)
-    gradients = 4 * max(parameters_on_rank(mc, tp, pp, s) for s in range(pp))
+    bubble = (pp - 1) * (compute + tp_seconds + pp_seconds) / m
+    gradients = 4 * fullest_rank_parameters(mc, tp, pp)
     dp_full = all_reduce(gradients, dp, link(dp * tp * pp))
     last_bucket = min(1.0, 25 * 2**20 / gradients)
-    dp_seconds = dp_full if pp > 1 else max(dp_full - 2 / 3 * compute, dp_full * last_bucket)
+    dp_seconds = dp_full if pp > 1 else max(dp_full - 2 / 3 * compute / m, dp_full * last_bucket)
     parts = {"compute": compute, "bubble": bubble, "tp": tp_seconds, "pp": pp_seconds, "dp": dp_seconds}
     step = sum(parts.values())
-    memory = memory_per_gpu(mc, tp, pp, micro_batch_rows, m if pp > 1 else 1, recompute, compute_bytes)["total"]
-    return Plan(dp, tp, pp, m, memory <= hw.memory, memory / 1e9, step, batch_rows * mc.block_size / step, parts)
+    in_flight = min(pp, m)  # 1F1B's first stage
+    memory = memory_per_gpu(mc, tp, pp, micro_batch_rows, in_flight, recompute, compute_bytes)["total"]
+    achieved = flops_per_token(mc) * batch_rows * T / (dp * tp * pp) / step / hw.peak_flops
+    return Plan(dp, tp, pp, m, memory <= hw.memory, memory / 1e9, step, batch_rows * T / step, achieved, parts)
 
 
 def layouts(mc, gpus, batch_rows, micro_batch_rows):
@@ -341,15 +357,17 @@ def rank_layouts(mc, hw, gpus, batch_rows, micro_batch_rows, mfu, recompute=Fals
 
 
 def zero1_state(mc, plan):
-    """Bytes of state on the fullest device of a layout under ZeRO-1, which shards AdamW's two
-    moments (8 of the 16 B per parameter) over the dp ranks too: 8 + 8/dp B per parameter held."""
-    return (8 + 8 / plan.dp) * max(parameters_on_rank(mc, plan.tp, plan.pp, s) for s in range(plan.pp))
+    """Bytes of state on the fullest device of a layout under ZeRO-1 (Rajbhandari et al. 2020), which
+    shards the optimizer's state over the dp ranks too. Here, as in this project, the 16 B are fp32
+    weights, gradients and AdamW's two moments, so 8 + 8/dp B per parameter held remain. (With bf16
+    weights and gradients and fp32 master weights and moments, the paper's case, 4 + 12/dp.)"""
+    return (8 + 8 / plan.dp) * fullest_rank_parameters(mc, plan.tp, plan.pp)
 
 
-def min_model_parallel(mc, hw):
-    """The fewest devices (tp x pp) whose share of the 16 B/parameter state fits one device, or None."""
-    for size in range(1, 4097):
-        if any(16 * max(parameters_on_rank(mc, tp, size // tp, s) for s in range(size // tp)) < hw.memory
+def min_model_parallel(mc, hw, most=4096):
+    """The fewest devices (tp x pp, up to `most`) whose share of the 16 B/parameter state fits one device, or None."""
+    for size in range(1, most + 1):
+        if any(16 * fullest_rank_parameters(mc, tp, size // tp) <= hw.memory
                for tp in range(1, size + 1) if size % tp == 0 and mc.n_head % tp == 0 and size // tp <= mc.n_layer):
             return size
     return None
@@ -362,7 +380,8 @@ def min_model_parallel(mc, hw):
 def checkpoint_economics(params, gpus, write_bandwidth, gpu_mtbf_hours, restart_seconds):
     """When to checkpoint. The cluster stops when any device fails: MTBF / gpus. A checkpoint
     (fp32 weights and AdamW's two moments: 12 B per parameter) takes C = size / write bandwidth.
-    Young (1974) and Daly (2006): checkpoint every sqrt(2 C MTBF). The time lost is then
+    Young (1974): checkpoint every sqrt(2 C MTBF) (Daly 2006 refines it for intervals near the
+    MTBF; this first-order rule holds while C << interval << MTBF). The time lost is then
     C / interval for saving, plus, per failure, half an interval of redone steps and the restart."""
     size = 12 * params
     save = size / write_bandwidth
@@ -380,12 +399,12 @@ def checkpoint_economics(params, gpus, write_bandwidth, gpu_mtbf_hours, restart_
 # The account of a run, for train.py
 
 
-def account_lines(mc, tp, pp, micro_batch_rows, micro_batches, max_iters, tokens_per_step, activation_bytes,
+def account_lines(mc, tp, pp, micro_batch_rows, in_flight, max_iters, tokens_per_step, activation_bytes,
                   step_seconds, usd_per_gpu_hour=2.0):
     """Lines of a run's cost account before it trains: compute, memory per device, and time."""
     N, tokens = parameters_on_rank(mc), max_iters * tokens_per_step
     flops = flops_per_token(mc) * tokens
-    memory = memory_per_gpu(mc, tp, pp, micro_batch_rows, micro_batches, activation_bytes=activation_bytes)
+    memory = memory_per_gpu(mc, tp, pp, micro_batch_rows, in_flight, activation_bytes=activation_bytes)
     h100_hours = flops / (0.4 * GPUS["H100"].peak_flops) / 3600
     gib = 2**30
     return [
@@ -411,12 +430,16 @@ def parse_count(text, flag):
         value = float(text[:-1]) * scale[text[-1].upper()] if text[-1].upper() in scale else float(text)
     except (ValueError, IndexError):
         raise ValueError(f"{flag} {text!r}: give a number, optionally with K, M, B or T (2T = 2e12)") from None
-    if value <= 0:
-        raise ValueError(f"{flag} {text}: must be positive")
+    if not 0 < value < math.inf:
+        raise ValueError(f"{flag} {text}: must be positive and finite")
     return value
 
 
+SHAPE = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
+
+
 def model_config(args):
+    """(GPTConfig, tokens per step) of --model, with any shape flags applied over it, or of the shape flags."""
     if args.model is not None:
         if args.model not in MODELS:
             raise ValueError(f"--model {args.model!r}: choose one of {', '.join(MODELS)}, or give --n_layer --n_head "
@@ -428,15 +451,12 @@ def model_config(args):
     if missing:
         raise ValueError(f"give --model (one of {', '.join(MODELS)}) or the shape: {', '.join(missing)} missing")
     shape = {k: v for k, v in vars(args).items() if k in SHAPE and v is not None}
-    return GPTConfig(**{"vocab_size": 50257, "block_size": 1024, **shape}), 0.5e6
-
-
-SHAPE = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
+    return GPTConfig(**{"vocab_size": 50257, "block_size": 1024, **shape}), 2**19
 
 
 def hardware(args, mc, batch_rows):
-    if args.gpu == "cpu":
-        return measure_cpu(mc, batch_rows * mc.block_size, args.gpus)
+    if args.gpu.lower() == "cpu":  # measured at one micro-batch (at most 4096 rows of the matmul)
+        return measure_cpu(mc, min(4096, args.micro_batch_rows * mc.block_size), args.gpus)
     name = GPU_ALIASES.get(args.gpu, args.gpu)
     if name not in GPUS:
         raise ValueError(f"--gpu {args.gpu!r}: choose one of {', '.join([*GPUS, *GPU_ALIASES, 'cpu'])}")
@@ -451,9 +471,13 @@ def parse_args(argv=None):
     parser.add_argument("--tokens", help="training tokens, e.g. 2T or 300B (default: 20 per parameter)")
     parser.add_argument("--gpu", default="H100", help=f"{', '.join([*GPUS, *GPU_ALIASES])} or cpu (measured here)")
     parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--mfu", type=float, default=0.4, help="the share of peak FLOP/s the compute achieves")
+    parser.add_argument("--mfu", type=float, default=0.4,
+                        help="the share of peak FLOP/s the run achieves (published runs: 0.35-0.5). The account's "
+                             "GPU-hours assume it; the planner runs the compute at it and adds each layout's bubble "
+                             "and communication, so its layouts achieve less")
     parser.add_argument("--usd_per_gpu_hour", type=float, default=2.0, help="rent of one GPU for an hour")
-    parser.add_argument("--batch_tokens", help="tokens per optimizer step (default: the named model's published run)")
+    parser.add_argument("--batch_tokens", help="tokens per optimizer step (default: the named model's published "
+                                               "run; 2^19 for a custom shape)")
     parser.add_argument("--micro_batch_rows", type=int, default=1, help="sequences per micro-batch")
     parser.add_argument("--recompute", action="store_true", help="recompute activations in backward")
     parser.add_argument("--ckpt_write_gbps", type=float, default=10.0, help="GB/s the cluster writes checkpoints at")
@@ -486,25 +510,31 @@ def account(args):
     for flag in ("mfu", "usd_per_gpu_hour", "ckpt_write_gbps", "gpu_mtbf_hours"):
         if not getattr(args, flag) > 0:
             raise ValueError(f"--{flag} {getattr(args, flag)}: must be positive")
+    if args.restart_minutes < 0:
+        raise ValueError(f"--restart_minutes {args.restart_minutes}: must not be negative")
     if args.mfu > 1:
         raise ValueError(f"--mfu {args.mfu}: a share of the peak, at most 1")
     mc, batch_tokens = model_config(args)
     N = parameters_on_rank(mc)
     tokens = parse_count(args.tokens, "--tokens") if args.tokens else 20 * N
     batch_tokens = parse_count(args.batch_tokens, "--batch_tokens") if args.batch_tokens else batch_tokens
-    batch_rows = max(1, round(batch_tokens / mc.block_size))
+    if batch_tokens < mc.block_size:
+        raise ValueError(f"--batch_tokens {batch_tokens:g}: less than one sequence of block_size {mc.block_size}")
+    batch_rows = round(batch_tokens / mc.block_size)
     hw = hardware(args, mc, batch_rows)
     plans = rank_layouts(mc, hw, args.gpus, batch_rows, args.micro_batch_rows, args.mfu, args.recompute)
     fitting = [p for p in plans if p.fits]
     in_node = [p for p in fitting if p.tp <= hw.per_node]  # the sensible cuts: TP on the fast links
     flops = flops_per_token(mc) * tokens
-    # the account: FLOPs / (devices x peak x MFU), MFU being the share of peak a whole run achieves
+    # The account: FLOPs / (peak x MFU), as published runs are reckoned, MFU being what the whole run
+    # achieves. The planner runs the compute alone at that MFU and adds each layout's bubble and the
+    # communication it cannot hide: its best layout achieves less (achieved_mfu), and takes longer.
     gpu_hours = flops / (hw.peak_flops * args.mfu) / 3600
     best = fitting[0] if fitting else None
     ckpt = checkpoint_economics(N, args.gpus, args.ckpt_write_gbps * 1e9, args.gpu_mtbf_hours,
                                 args.restart_minutes * 60)
     return {
-        "model": args.model or "custom", "shape": {k: getattr(mc, k) for k in SHAPE}, "params": N,
+        "model": args.model if args.model and not any(getattr(args, k) for k in SHAPE) else "custom", "shape": {k: getattr(mc, k) for k in SHAPE}, "params": N,
         "tokens": tokens, "tokens_per_param": tokens / N, "train_flops": flops, "gpu": hw.name, "gpus": args.gpus,
         "mfu": args.mfu, "batch_tokens": batch_rows * mc.block_size, "state_bytes": 16 * N,
         "min_model_parallel": min_model_parallel(mc, hw),
@@ -512,6 +542,9 @@ def account(args):
         "usd_per_gpu_hour": args.usd_per_gpu_hour,
         # the planner: compute at that MFU plus what each layout adds (bubble, communication it cannot hide)
         "best_layout_wall_days": tokens / best.tokens_per_s / 86400 if best else None,
+        "best_layout_gpu_hours": tokens / best.tokens_per_s * args.gpus / 3600 if best else None,
+        "best_layout_cost_usd": tokens / best.tokens_per_s * args.gpus / 3600 * args.usd_per_gpu_hour if best else None,
+        "best_layout_achieved_mfu": best.achieved_mfu if best else None,
         "state_gb_best_layout": memory_per_gpu(mc, best.tp, best.pp, 1, 1)["state"] / 1e9 if best else None,
         "zero1_state_gb_best_layout": zero1_state(mc, best) / 1e9 if best else None,
         "spread": best.tokens_per_s / fitting[-1].tokens_per_s - 1 if best else None,
@@ -531,20 +564,26 @@ def print_account(r, top):
     print(f"model {r['model']}: {r['params'] / 1e9:.3g}B parameters ({r['shape']})")
     print(f"tokens {r['tokens']:.3g} ({r['tokens_per_param']:.0f} per parameter); training compute "
           f"{r['train_flops']:.3g} FLOPs (6 N D plus attention)")
-    print(f"weights + gradients + AdamW: {_amount(r['state_bytes'] / 1e9)} GB at 16 B per parameter; "
-          f"it fits one device's memory only cut over tp x pp >= {r['min_model_parallel']}")
+    needs = r["min_model_parallel"]
+    fits_where = ("one device holds it whole" if needs == 1 else
+                  f"a device holds its share once tp x pp >= {needs}" if needs else "no cut of up to 4,096 devices fits it")
+    print(f"weights + gradients + AdamW: {_amount(r['state_bytes'] / 1e9)} GB at 16 B per parameter; {fits_where}")
     print(f"at {100 * r['mfu']:.0f}% MFU on {gpu_word}: {_amount(r['gpu_hours'])} GPU-hours, "
           f"{_amount(r['wall_days'])} days, ${_amount(r['cost_usd'])} at ${r['usd_per_gpu_hour']:g}/GPU-hour")
     if r["best_layout_wall_days"] is None:
-        print(f"does not fit on {gpu_word}: no layout of {r['gpus']} devices holds the model; it needs "
-              f"tp x pp >= {r['min_model_parallel']} (or ZeRO / offloading). Layouts considered, fullest device:")
+        print(f"does not fit on {gpu_word}: no layout holds the model; {fits_where} (without ZeRO or offloading). "
+              "Layouts considered, fullest device:")
     else:
-        print(f"the planner's best layout (compute at that MFU, plus bubble and the communication it cannot hide): "
-              f"{_amount(r['best_layout_wall_days'])} days")
-        print(f"ZeRO-1 (AdamW's moments sharded over dp too) would cut that layout's state from "
-              f"{_amount(r['state_gb_best_layout'])} to {_amount(r['zero1_state_gb_best_layout'])} GB per GPU")
-        print(f"best against worst layout that fits: {100 * r['spread']:.0f}% more throughput; among those that keep "
-              f"TP inside a node: {100 * r['spread_tp_in_node']:.0f}%")
+        print(f"the planner's best layout (compute at that MFU, plus its bubble and the communication it cannot "
+              f"hide): {_amount(r['best_layout_wall_days'])} days, {_amount(r['best_layout_gpu_hours'])} GPU-hours, "
+              f"${_amount(r['best_layout_cost_usd'])}; it achieves {100 * r['best_layout_achieved_mfu']:.0f}% MFU")
+        if r["state_gb_best_layout"] != r["zero1_state_gb_best_layout"]:
+            print(f"ZeRO-1 (AdamW's moments sharded over dp too) would cut that layout's state from "
+                  f"{_amount(r['state_gb_best_layout'])} to {_amount(r['zero1_state_gb_best_layout'])} GB per GPU")
+        if r["spread"]:
+            in_node = "" if r["spread_tp_in_node"] is None else \
+                f"; among those that keep TP inside a node: {100 * r['spread_tp_in_node']:.0f}%"
+            print(f"best against worst layout that fits: {100 * r['spread']:.0f}% more throughput{in_node}")
     print(f"{'dp':>5} {'tp':>3} {'pp':>3} {'m':>5} {'fits':>5} {'GB/GPU':>7} {'step s':>8} {'tokens/s':>12}   "
           "seconds per step: compute | bubble | tp | pp | dp")
     for p in r["layouts"][:top]:

@@ -546,7 +546,7 @@ class ShardedModel:
                  bucket_mb=25.0):
         self.cuts = tensor_parallel(model, grid)  # each rank keeps its slices; {} when tp = 1
         self.module, self.grid, self.autocast = model, grid, autocast
-        self.micro_batches = 1  # one forward per micro-step (a pipeline cuts it into more)
+        self.micro_batches = self.in_flight = 1  # one forward per micro-step (a pipeline cuts it into more)
         self.device = next(model.parameters()).device
         self.forward = torch.compile(model) if compile else model
         self.dp = DataParallel(model, grid.dp_group, grid.dp, dp_mode, bucket_mb) if grid.dp > 1 else None

@@ -300,6 +300,7 @@ class PipelineModel:
         self.device = next(self.module.parameters()).device
         self.n_embd, self.schedule = model.config.n_embd, schedule
         self.order = SCHEDULES[schedule](grid.pp, micro_batches, grid.pp_rank)
+        self.in_flight = peak_activations(self.order)  # micro-batches whose activations this stage keeps at once
         self.records = []  # this stage's timeline of the latest step
         # A stage runs backward once per micro-batch, so its gradients are complete only at the end
         # of the schedule: there (overlap=False) every DP bucket is launched at once.

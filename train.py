@@ -425,8 +425,8 @@ def print_cost_account(run):
     run.say(f"device {run.model.device}, dtype {str(run.dtype).replace('torch.', '')}, out {run.out_dir}")
     batch = [t.to(run.model.device) for t in run.val_stream.next_batch()]
     step_seconds = timed_step_seconds(run.model, run.scaler, batch) * cfg.gradient_accumulation_steps
-    m = run.model.micro_batches
-    for line in cost.account_lines(run.mcfg, grid.tp, grid.pp, cfg.batch_size // m, m,
+    model = run.model  # rank 0's: the first stage, which keeps the most micro-batches' activations
+    for line in cost.account_lines(run.mcfg, grid.tp, grid.pp, cfg.batch_size // model.micro_batches, model.in_flight,
                                    cfg.max_iters, run.tokens_per_step, run.dtype.itemsize, step_seconds):
         run.say("cost: " + line)
 

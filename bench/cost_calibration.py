@@ -7,7 +7,7 @@ threads each rank gets (2 cores: 2 threads for one process, 1 each for two), and
 bandwidth of a gloo all-reduce between two local processes that also compute. Then each layout (one process,
 dp=2, tp=2, pp=2 with m = 1 and 4) trains a few steps of the tiny preset's model (4 blocks of
 width 128, block 128) on 16 sequences per step, and its measured step time is printed beside the
-planner's prediction, with the parts the planner adds up. --mfu is the share of the matmul rate
+planner's prediction (cost.plan_layout), with the parts the planner adds up. --mfu is the share of the matmul rate
 the whole forward and backward achieve (norms, attention, softmax and the optimizer run slower).
 """
 

@@ -55,7 +55,7 @@ def factorizations(ranks):
 
 
 def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, dtype, micro_batches):
-    """On one rank: warm up, time `steps` optimizer steps, and measure the last one."""
+    """On one rank: warm up, time `steps` optimizer steps, then measure one more."""
     launch = init_distributed(300)
     try:
         dp, tp, pp = layout
@@ -77,11 +77,11 @@ def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, 
         if dist.is_initialized():  # one rank alone has no group
             dist.barrier()
         t0 = time.perf_counter()
-        for _ in range(steps - 1):
-            train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)
-        with SavedActivations(model.module) as saved:  # the last timed step is also measured
+        for _ in range(steps):
             train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)
         seconds = time.perf_counter() - t0
+        with SavedActivations(model.module) as saved:  # one more step, measured but not timed (hooks cost time)
+            train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)
         held = sum(p.numel() for p in model.module.parameters())
         moments = sum(t.numel() * t.element_size() for state in optimizer.state.values()
                       for t in state.values() if t.dim() > 0)

@@ -128,3 +128,30 @@ def test_account_lines_count_6nd():
     flops = cost.flops_per_token(mc) * 100 * 256
     assert f"{flops:.3g} FLOPs" in lines[1] and f"6 N D = {6 * GPT(mc).num_params() * 25600:.3g}" in lines[1]
     assert "~0.0 min for 100 steps" in lines[3]
+
+
+def test_without_communication_the_bubble_is_the_formula():
+    free = cost.Hardware("free links", 1e15, 1e12, float("inf"), float("inf"), 0.0, 8)
+    mc = cost.MODELS["1.3B"].config
+    for pp, rows in [(2, 16), (4, 16), (4, 64)]:
+        plan = cost.plan_layout(mc, free, 1, 1, pp, rows, 1, 0.5)
+        assert plan.parts["bubble"] / plan.step_seconds == pytest.approx((pp - 1) / (rows + pp - 1))
+
+
+def test_a_ring_all_reduce_costs_2_n_minus_1_over_n_of_the_message():
+    hw = cost.Hardware("slow links", 1e30, 1e12, 1e9, 1e9, 0.0, 8)  # compute free: the step is communication
+    mc = cost.MODELS["1.3B"].config
+    gradients = 4 * cost.parameters_on_rank(mc)
+    for dp in (2, 4, 8):
+        plan = cost.plan_layout(mc, hw, dp, 1, 1, 8 * dp, 8, 0.5)  # one micro-step: nothing to overlap
+        assert plan.parts["dp"] == pytest.approx(2 * (dp - 1) / dp * gradients / 1e9)
+
+
+def test_odd_shapes_are_answered_not_crashed():
+    """A shape whose only cuts put TP across nodes, and one that no cut of up to 4096 devices fits."""
+    wide = run_script([ROOT / "cost.py", "--n_layer", "2", "--n_head", "64", "--n_embd", "57344", "--gpus", "32"],
+                      cwd=ROOT)
+    assert wide.returncode == 0, wide.stderr
+    huge = run_script([ROOT / "cost.py", "--n_layer", "1", "--n_head", "1", "--n_embd", "200000", "--gpus", "8"],
+                      cwd=ROOT)
+    assert huge.returncode == 0 and "no cut of up to 4,096 devices fits it" in huge.stdout, huge.stdout + huge.stderr
