@@ -100,7 +100,9 @@ def flops_per_token(mc):
     """Training FLOPs per token: 6 N for the weight matmuls (2 N forward, 4 N backward), plus 12 L C T
     for attention's q k^T and its weighted sum of v (2 T C each per layer forward, times 3 with
     backward), counted over the full T x T square as the PaLM paper does. A position lookup does no matmul."""
+    # exercise flops_per_token: begin
     return 6 * (parameters_on_rank(mc) - mc.block_size * mc.n_embd) + 12 * mc.n_layer * mc.n_embd * mc.block_size
+    # exercise flops_per_token: end
 
 
 def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, compute_bytes):

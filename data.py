@@ -389,6 +389,7 @@ class TokenStream:
         return w if self.permutation is None else int(self.permutation[w])
 
     def next_batch(self):
+        # exercise next_batch: begin
         B, T = self.batch_size, self.block_size
         first = self.position + self.rank * B
         starts = [self.window(first + b) * T for b in range(B)]
@@ -396,6 +397,7 @@ class TokenStream:
         self.position += self.world_size * B
         x, y = rows[:, :-1], rows[:, 1:]  # y is x shifted by one: the next token
         return torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
+        # exercise next_batch: end
 
     def state_dict(self):
         return {"position": self.position}

@@ -132,7 +132,9 @@ class Block(nn.Module):
 def clm_loss(logits, targets):
     """Mean cross-entropy of each position's next-token prediction: logits (B, T, V), targets (B, T).
     The log-softmax sums V exponentials: fp32 whatever the autocast dtype."""
+    # exercise clm_loss: begin
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    # exercise clm_loss: end
 
 
 class GPT(nn.Module):
@@ -178,6 +180,7 @@ class GPT(nn.Module):
         return 0.25 / math.sqrt(n_embd)
 
     def _init_weights(self, module):
+        # exercise init: begin
         C, L, naive = self.config.n_embd, self.config.n_layer, self.config.naive_init_std
         if naive:
             if isinstance(module, (nn.Embedding, nn.Linear)) and module is not self.lm_head:
@@ -193,6 +196,7 @@ class GPT(nn.Module):
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         # self.apply visits children first, so the c_proj rule above overwrites the generic Linear one.
+        # exercise init: end
 
     def forward(self, idx, targets=None):
         """idx (B, T) int64 -> logits (B, T, V); with targets (B, T), also the CLM loss (fp32 scalar)."""

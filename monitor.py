@@ -141,6 +141,7 @@ class HealthMonitor:
 
     def check_step(self, loss, grad_norm):
         """-> (grad-norm z-score, list of (detector, values) that fired)."""
+        # exercise check_step: begin
         fired = []
         z = 0.0
         if self.baseline_ready():
@@ -156,6 +157,7 @@ class HealthMonitor:
             self.losses.append(loss)
             self.grad_norms.append(grad_norm)
         return z, self._sort(fired)
+        # exercise check_step: end
 
     def check_eval(self, val_loss):
         """-> list of (detector, values) that fired: val_rise or nothing."""

@@ -255,6 +255,7 @@ class DataParallel:
 
     def finish(self):
         """Block until every gradient is the DP average; call after the last backward of a step."""
+        # exercise dp_average: begin
         if self.mode == "naive":
             for p in self.params:
                 if p.grad is not None:
@@ -276,6 +277,7 @@ class DataParallel:
                 offset += p.numel()
         self.in_flight.clear()
         self.ready = [0] * len(self.buckets)
+        # exercise dp_average: end
 
 
 # ----------------------------------------------------------------------------

@@ -40,12 +40,14 @@ def gpipe(stages, micro_batches, stage):
 
 def one_f_one_b(stages, micro_batches, stage):
     """Warmup forwards, then one forward and one backward in turn, then the remaining backwards."""
+    # exercise one_f_one_b: begin
     warmup = min(stages - stage - 1, micro_batches)  # forwards in flight before the first backward returns
     order = [("F", i) for i in range(warmup)]  # warmup
     for i in range(micro_batches - warmup):  # steady state: 1 forward, 1 backward
         order += [("F", warmup + i), ("B", i)]
     order += [("B", i) for i in range(micro_batches - warmup, micro_batches)]  # cooldown
     return order
+    # exercise one_f_one_b: end
 
 
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}

@@ -58,6 +58,7 @@ def lr_at(step, cfg):
     Early gradients point in unreliable directions: warmup takes small steps
     while the loss landscape is being found.
     """
+    # exercise lr_at: begin
     decay_iters = cfg.lr_decay_iters or cfg.max_iters
     if step < cfg.warmup_iters:
         return cfg.learning_rate * (step + 1) / cfg.warmup_iters
@@ -65,6 +66,7 @@ def lr_at(step, cfg):
         return cfg.min_lr
     progress = (step - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)  # 0 -> 1
     return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
+    # exercise lr_at: end
 
 
 def clip_gradients(parameters, grad_norm, max_norm):
@@ -73,11 +75,13 @@ def clip_gradients(parameters, grad_norm, max_norm):
 
     grad_norm is the norm of the whole model's gradient, summed in fp32 over every rank's
     share (the model's grad_norm()), so every rank scales by the same factor."""
+    # exercise clip_gradients: begin
     if max_norm > 0:
         scale = torch.clamp(max_norm / (grad_norm + 1e-6), max=1.0)
         for p in parameters:
             if p.grad is not None:
                 p.grad.mul_(scale.to(p.grad.dtype))
+    # exercise clip_gradients: end
 
 
 def pick_device(name):
