@@ -41,7 +41,8 @@ def grade(root, exercise, timeout=600):
     if not attempted(root, exercise):
         return "not attempted", exercise.what
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", *exercise.tests],
-                            cwd=root, capture_output=True, text=True, timeout=timeout)
+                            cwd=root, capture_output=True, text=True, timeout=timeout,
+                            env=dict(os.environ, COLUMNS="240"))  # pytest cuts the failed check to the terminal's width
     if result.returncode == 0:
         return "passed", f"{len(exercise.tests)} test(s)"
     waiting = sorted({n for n in STUB.findall(result.stdout) if n != exercise.name})

@@ -26,6 +26,9 @@ def test_lr_schedule_warmup_then_cosine():
     assert lr_at(100, cfg) == pytest.approx(1e-3)
     assert lr_at(550, cfg) == pytest.approx((1e-3 + 1e-4) / 2)  # halfway down the cosine
     assert lr_at(1000, cfg) == pytest.approx(1e-4)  # the end: min_lr
+    assert lr_at(1500, cfg) == pytest.approx(1e-4)  # past the end: it stays there, the cosine does not turn up
+    stretched = TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, max_iters=1000, lr_decay_iters=2000)
+    assert lr_at(1050, stretched) == pytest.approx((1e-3 + 1e-4) / 2)  # --lr_decay_iters sets where it ends
     lrs = [lr_at(s, cfg) for s in range(1000)]
     assert all(a <= b for a, b in zip(lrs[:100], lrs[1:100])) and all(a >= b for a, b in zip(lrs[100:], lrs[101:]))
 
