@@ -152,6 +152,14 @@ def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, comp
     return {"dp": (dp_bytes, dp_how), "tp": (tp_bytes, tp_how), "pp": (pp_bytes, pp_how)}
 
 
+def busiest_stage_comm_bytes(mc, *, dp, tp, pp, batch_size, accumulation, compute_bytes):
+    """{dimension: (bytes, formula)} per step, in closed form, of the stage that sends the most in it
+    (what train.py logs as comm_bytes_* and prints beside the counts)."""
+    per_stage = [comm_bytes_per_step(mc, dp=dp, tp=tp, pp=pp, stage=stage, batch_size=batch_size,
+                                     accumulation=accumulation, compute_bytes=compute_bytes) for stage in range(pp)]
+    return {d: max((stage[d] for stage in per_stage), key=lambda closed_form: closed_form[0]) for d in ("dp", "tp", "pp")}
+
+
 # ----------------------------------------------------------------------------
 # Hardware
 

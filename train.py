@@ -304,14 +304,6 @@ def model_for_rank(whole, grid, pcfg, autocast=contextlib.nullcontext(), compile
     return ShardedModel(whole, grid, autocast, compile, pcfg.dp_mode, pcfg.bucket_mb)
 
 
-def busiest_stage_comm_bytes(mcfg, pcfg, cfg, dtype):
-    """{dimension: (bytes, formula)} per step, in closed form, of the stage that sends the most in it."""
-    per_stage = [cost.comm_bytes_per_step(mcfg, dp=pcfg.dp, tp=pcfg.tp, pp=pcfg.pp, stage=stage, batch_size=cfg.batch_size,
-                                     accumulation=cfg.gradient_accumulation_steps, compute_bytes=dtype.itemsize)
-                 for stage in range(pcfg.pp)]
-    return {d: max((stage[d] for stage in per_stage), key=lambda closed_form: closed_form[0]) for d in ("dp", "tp", "pp")}
-
-
 def set_up(preset, configs):
     """Everything before the first step: processes, data, the run's folder, model, optimizer, watchers."""
     mcfg, dcfg, cfg, pcfg, rcfg, scfg = (configs[c] for c in CONFIG_CLASSES)
@@ -366,7 +358,9 @@ def set_up(preset, configs):
         injector=FaultInjector(rcfg.inject, out_dir, meta["vocab_size"], grid.rank, grid.rank == grid.world_size - 1),
         tokens_per_step=global_batch * mcfg.block_size, num_params=num_params, flops_per_token=flops_per_token,
         peak_flops=cost.device_peak_flops(device, cfg.peak_tflops),
-        comm_formula=busiest_stage_comm_bytes(mcfg, pcfg, cfg, dtype),
+        comm_formula=cost.busiest_stage_comm_bytes(mcfg, dp=pcfg.dp, tp=pcfg.tp, pp=pcfg.pp, batch_size=cfg.batch_size,
+                                                   accumulation=cfg.gradient_accumulation_steps,
+                                                   compute_bytes=dtype.itemsize),
     )
 
 

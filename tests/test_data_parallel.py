@@ -103,8 +103,10 @@ def test_layout_matches_single_process(corpus, single, world_size, extra):
     assert_same_run(out, single)
     # every step logs its communication, each dimension on its busiest rank, as the closed form says
     _, _, configs = parse_args(argv)
-    closed_form = train.busiest_stage_comm_bytes(configs[GPTConfig], configs[ParallelConfig], configs[TrainConfig],
-                                                 torch.float32)
+    pcfg, cfg = configs[ParallelConfig], configs[TrainConfig]
+    closed_form = cost.busiest_stage_comm_bytes(configs[GPTConfig], dp=pcfg.dp, tp=pcfg.tp, pp=pcfg.pp,
+                                                batch_size=cfg.batch_size, accumulation=cfg.gradient_accumulation_steps,
+                                                compute_bytes=4)
     for record in metrics(out)[:-1]:  # the last holds the final val loss only
         assert {d: record[f"comm_bytes_{d}"] for d in closed_form} == {d: b for d, (b, _) in closed_form.items()}
 
