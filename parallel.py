@@ -199,15 +199,19 @@ class DataParallel:
 
     bucketed (the default): parameters are grouped, in roughly the order
     backward produces their gradients (last layers first), into buckets of
-    about bucket_mb. A post-accumulate-grad hook counts the gradients that
-    are ready; when a bucket is complete it is flattened and its all-reduce
-    launched asynchronously, so communication overlaps the rest of backward:
+    about bucket_mb. Each bucket is one flat buffer and its parameters'
+    gradients are views into it, so backward accumulates straight into the
+    buffer that is sent: no copy in, no copy out. A post-accumulate-grad hook
+    counts the gradients that are ready; when a bucket is complete its
+    all-reduce is launched asynchronously, so communication overlaps the rest
+    of backward:
 
         backward:  [blocks L..k grads] [blocks k..1 grads] [embeddings]
         network:              [all-reduce bucket 0] [bucket 1]   [bucket 2]
 
-    finish() waits for them and writes the averages back. naive: after
-    backward, one blocking all-reduce per parameter (kept to compare against).
+    finish() waits for them and divides by the group size: the gradients,
+    views, are then the average. zero_grad() zeroes the buffers in place. naive:
+    after backward, one blocking all-reduce per parameter (kept to compare against).
 
     Under gradient accumulation only the last micro-batch syncs
     (`sync = False` before the others): the sum of local gradients is
@@ -233,6 +237,12 @@ class DataParallel:
         if bucket:
             self.buckets.append(bucket)
         self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b}
+        self.flats = [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype, device=b[0].device)
+                      for b in self.buckets]  # (numel of the bucket,) each
+        self.views = [[g.view_as(p) for g, p in zip(flat.split([p.numel() for p in b]), b)]
+                      for flat, b in zip(self.flats, self.buckets)]  # each parameter's gradient, in its bucket
+        if mode == "bucketed":
+            self.zero_grad()
         self.ready = [0] * len(self.buckets)
         self.in_flight = {}  # bucket index -> (flat gradient, async work handle)
         # A pipeline stage runs backward once per micro-batch, so gradients are complete only
@@ -250,8 +260,21 @@ class DataParallel:
             self._launch(i)
 
     def _launch(self, i):
-        flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
+        for p, view in zip(self.buckets[i], self.views[i]):
+            if p.grad is None:  # an unused parameter, or set to None by someone's zero_grad: a zero gradient
+                view.zero_()
+            elif p.grad is not view:  # replaced by a new tensor: back into the bucket
+                view.copy_(p.grad)
+            p.grad = view
+        flat = self.flats[i]
         self.in_flight[i] = (flat, dist.all_reduce(counted("dp", flat), group=self.group, async_op=True))
+
+    def zero_grad(self):
+        """Zero every gradient for the next step, in place: they stay views into the buckets."""
+        for flat, bucket, views in zip(self.flats, self.buckets, self.views):
+            flat.zero_()
+            for p, view in zip(bucket, views):
+                p.grad = view
 
     def finish(self):
         """Block until every gradient is the DP average; call after the last backward of a step."""
@@ -262,19 +285,12 @@ class DataParallel:
                     dist.all_reduce(counted("dp", p.grad), group=self.group)
                     p.grad /= self.size
             return
-        for i, bucket in enumerate(self.buckets):
+        for i in range(len(self.buckets)):
             if i not in self.in_flight:  # a bucket whose hooks did not all fire (an unused parameter)
-                for p in bucket:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
                 self._launch(i)
-        for i, (flat, work) in self.in_flight.items():
+        for flat, work in self.in_flight.values():
             work.wait()
-            flat /= self.size
-            offset = 0
-            for p in self.buckets[i]:
-                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
+            flat /= self.size  # the gradients are views into flat: now each is the average
         self.in_flight.clear()
         self.ready = [0] * len(self.buckets)
         # exercise dp_average: end
@@ -496,6 +512,15 @@ def check_tensor_parallel_layout(cfg, tp):
                          f"of n_head, or --n_head a multiple of {tp} (with --n_embd a multiple of it)")
 
 
+def zero_grad(module, dp):
+    """After the update: every gradient zeroed for the next step, in place where they are views
+    into bucketed DP's flat buffers (so they stay views), else set to None (freed)."""
+    if dp is not None and dp.mode == "bucketed":
+        dp.zero_grad()
+    else:
+        module.zero_grad(set_to_none=True)
+
+
 def global_grad_norm(sliced, whole, grid=None):
     """L2 norm of the whole model's gradient, the sum of squares in fp32.
 
@@ -535,6 +560,7 @@ def sharded_grad_norm(local_parameters, grid, skip=None):
 #   forward_backward(x, y, loss_scale, scaler, sync) -> loss    one micro-batch; sync: last before the update
 #   loss(x, y) -> loss                       forward only, for evaluation
 #   reduce_gradients()                       after the last micro-batch: the DP average (and tied copies summed)
+#   zero_grad()                              after the update: gradients zeroed for the next step
 #   grad_norm() -> norm                      the global L2 norm over every rank's share
 #   local_parameters() -> (single-device name, parameter, Cut or None), each parameter once
 #   report(out_dir, say, is_rank0)           the layout's own account at the end of the run
@@ -568,6 +594,9 @@ class ShardedModel:
     def reduce_gradients(self):
         if self.dp is not None:
             self.dp.finish()
+
+    def zero_grad(self):
+        zero_grad(self.module, self.dp)
 
     def grad_norm(self):
         return sharded_grad_norm(self.local_parameters(), self.grid)

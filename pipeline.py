@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from parallel import DataParallel, counted, sharded_grad_norm, tensor_parallel
+from parallel import DataParallel, counted, sharded_grad_norm, tensor_parallel, zero_grad
 
 # ----------------------------------------------------------------------------
 # Schedules: the order of one stage's operations
@@ -202,20 +202,41 @@ def send_forward(activation, grid, pending):
     pending.append(dist.isend(counted("pp", activation.detach().contiguous()), grid.pp_next))
 
 
-def recv_forward(shape, grid, dtype, device):
-    activation = torch.empty(shape, dtype=dtype, device=device)
-    dist.recv(activation, grid.pp_prev)
-    return activation.requires_grad_()
-
-
 def send_backward(grad, grid, pending):
     pending.append(dist.isend(counted("pp", grad.contiguous()), grid.pp_prev))
 
 
-def recv_backward(shape, grid, dtype, device):
-    grad = torch.empty(shape, dtype=dtype, device=device)
-    dist.recv(grad, grid.pp_next)
-    return grad
+class Inbox:
+    """One schedule's receives, each posted one operation ahead: while a stage computes, the
+    input of its next operation that needs one (an activation from the previous stage for a
+    forward, a gradient from the next stage for a backward) is already arriving. A receive
+    posted only when the stage reaches the operation waits for the transfer on top of any real
+    dependency, and that wait would add to the bubble.
+
+    The buffers are allocated once per schedule, one (m, B/m, T, C) block per direction, and
+    nothing but the payload travels: both ends know the shape. Messages from one neighbour
+    arrive in the order it sent them, which the receives follow."""
+
+    def __init__(self, stage, order, micro_batches, shape, grid, device):
+        self.waiting = {"F": [] if stage.is_first else [i for kind, i in order if kind == "F"],
+                        "B": [] if stage.is_last else [i for kind, i in order if kind == "B"]}
+        self.source = {"F": grid.pp_prev, "B": grid.pp_next}
+        self.buffers = {kind: torch.empty((micro_batches, *shape), device=device)  # fp32, like the residual stream
+                        for kind, waiting in self.waiting.items() if waiting}
+        self.posted = {}
+        for kind in self.waiting:
+            self._post_next(kind)
+
+    def _post_next(self, kind):
+        if self.waiting[kind]:
+            i = self.waiting[kind].pop(0)
+            self.posted[kind, i] = dist.irecv(self.buffers[kind][i], self.source[kind])
+
+    def take(self, kind, i):
+        """Wait for the input of operation (kind, i), post the next receive of its kind, return the input."""
+        self.posted.pop((kind, i)).wait()
+        self._post_next(kind)
+        return self.buffers[kind][i]
 
 
 def run_schedule(stage, order, inputs, targets, micro_batches, grid, n_embd, loss_scale=1.0, clock=time.perf_counter):
@@ -229,7 +250,7 @@ def run_schedule(stage, order, inputs, targets, micro_batches, grid, n_embd, los
     """
     micro_inputs, micro_targets = inputs.chunk(micro_batches), targets.chunk(micro_batches)
     shape = (*micro_inputs[0].shape, n_embd)  # activations between stages: (B/m, T, C)
-    device = next(stage.parameters()).device
+    inbox = Inbox(stage, order, micro_batches, shape, grid, next(stage.parameters()).device)
     stored, pending, records, loss, peak = {}, [], [], None, 0
 
     def timed(kind, i, fn):
@@ -240,7 +261,7 @@ def run_schedule(stage, order, inputs, targets, micro_batches, grid, n_embd, los
 
     for kind, i in order:
         if kind == "F":
-            x = micro_inputs[i] if stage.is_first else timed("wait", i, lambda: recv_forward(shape, grid, torch.float32, device))
+            x = micro_inputs[i] if stage.is_first else timed("wait", i, lambda: inbox.take("F", i).requires_grad_())
             out = timed("F", i, lambda: stage(x, micro_targets[i] if stage.is_last else None))
             if stage.is_last:
                 out = out / micro_batches
@@ -252,7 +273,7 @@ def run_schedule(stage, order, inputs, targets, micro_batches, grid, n_embd, los
             peak = max(peak, len(stored))
         elif kind == "B":
             x, out = stored.pop(i)
-            grad = None if stage.is_last else timed("wait", i, lambda: recv_backward(shape, grid, torch.float32, device))
+            grad = None if stage.is_last else timed("wait", i, lambda: inbox.take("B", i))
             timed("B", i, lambda: out.backward(grad))
             if not stage.is_first:
                 send_backward(x.grad, grid, pending)
@@ -335,6 +356,9 @@ class PipelineModel:
         sync_tied_embedding(self.module, self.grid)
         if self.dp is not None:
             self.dp.finish()
+
+    def zero_grad(self):
+        zero_grad(self.module, self.dp)
 
     def grad_norm(self):
         return sharded_grad_norm(self.local_parameters(), self.grid, skip=self.module.tied_copy())

@@ -158,7 +158,7 @@ def optimizer_step(model, optimizer, scaler, next_batch, lr, cfg):
     clip_gradients(model.module.parameters(), grad_norm, cfg.grad_clip)
     scaler.step(optimizer)  # skips the step if fp16 gradients overflowed
     scaler.update()
-    optimizer.zero_grad(set_to_none=True)
+    model.zero_grad()
     return loss_sum / micro_steps, grad_norm
 
 
@@ -413,7 +413,7 @@ def timed_step_seconds(model, scaler, batch, repeats=3):
         if model.device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    model.module.zero_grad(set_to_none=True)
+    model.zero_grad()
     return min(times)
 
 

@@ -15,7 +15,9 @@ from config import TrainConfig, parse_args
 from model import GPT, GPTConfig
 from parallel import ParallelConfig, ProcessGrid
 
-MODEL = ["--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--max_iters", "20",
+# fp32 pinned: the layouts agree to rounding in fp32; under bf16 (the default on CPUs that have it) they
+# would differ by bf16's rounding of differently split matmuls
+MODEL = ["--dtype", "float32", "--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--max_iters", "20",
          "--warmup_iters", "5", "--learning_rate", "3e-3", "--log_interval", "1", "--eval_interval", "10",
          "--eval_iters", "2", "--ckpt_interval", "5", "--max_new_tokens", "10", "--num_samples", "1",
          "--dist_timeout", "30"]
@@ -112,13 +114,16 @@ def test_layout_matches_single_process(corpus, single, world_size, extra):
 
 
 def test_bucketed_and_naive_average_to_the_same_gradients(corpus):
-    """Compare the two modes directly on one backward, gradient by gradient."""
+    """Compare the two modes directly on one backward, gradient by gradient; bucketed DP's
+    gradients are views into its buckets, and stay right after either way of zeroing them."""
     outcome = run_ranks(2, _one_backward_both_modes, timeout=60)
-    (status0, grads0), (status1, grads1) = outcome[0], outcome[1]
+    (status0, (grads0, views0)), (status1, (grads1, _)) = outcome[0], outcome[1]
     assert status0 == status1 == "ok", outcome
-    for bucketed, naive in grads0:
+    for bucketed, naive, *again in grads0:
         torch.testing.assert_close(torch.tensor(bucketed), torch.tensor(naive))
+        assert all(repeat == bucketed for repeat in again)  # after dp.zero_grad() and after set_to_none
     assert all(torch.equal(torch.tensor(a[0]), torch.tensor(b[0])) for a, b in zip(grads0, grads1))  # ranks agree
+    assert views0 == [True] * 3
 
 
 def _one_backward_both_modes():
@@ -127,18 +132,28 @@ def _one_backward_both_modes():
 
     launch = init_distributed(30)
     grid = ProcessGrid(2, 1, 1, launch.rank, launch.world_size)
-    grads = {}
-    for mode in ("bucketed", "naive"):
+    grads, views = {}, []
+    for mode, zeroings in (("bucketed", ("none", "dp.zero_grad", "set_to_none")), ("naive", ("none",))):
         torch.manual_seed(0)
         model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=16))
         dp = DataParallel(model, grid.dp_group, grid.dp, mode, bucket_mb=0.002)
         torch.manual_seed(1 + launch.rank)  # each rank its own data
         x = torch.randint(64, (2, 16))
-        model(x, x)[1].backward()
-        dp.finish()
-        grads[mode] = [p.grad.flatten().tolist() for p in model.parameters()]
+        for zeroing in zeroings:
+            if zeroing == "dp.zero_grad":
+                dp.zero_grad()
+            elif zeroing == "set_to_none":
+                model.zero_grad(set_to_none=True)
+            model(x, x)[1].backward()
+            dp.finish()
+            grads.setdefault(mode, []).append([p.grad.flatten().tolist() for p in model.parameters()])
+            if mode == "bucketed":
+                flat_of = {p: dp.flats[i] for p, i in dp.bucket_of.items()}
+                views.append(all(p.grad.untyped_storage().data_ptr() == flat_of[p].untyped_storage().data_ptr()
+                                 for p in model.parameters()))
     destroy_distributed()
-    return list(zip(grads["bucketed"], grads["naive"]))
+    first, *again = grads["bucketed"]  # per parameter: (bucketed, naive, bucketed after each zeroing)
+    return [(b, n, *rest) for b, n, *rest in zip(first, grads["naive"][0], *again)], views
 
 
 def _grid_coordinates():

@@ -62,21 +62,14 @@ if not fired:
 return z, self._sort(fired)
 """),
     "dp_average": ("gradients summed over the ranks, not averaged", """\
-for i, bucket in enumerate(self.buckets):
+for i in range(len(self.buckets)):
     if i not in self.in_flight and self.mode == "bucketed":
-        for p in bucket:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
         self._launch(i)
 if self.mode == "naive":
     for p in self.params:
         dist.all_reduce(p.grad, group=self.group)
-for i, (flat, work) in self.in_flight.items():
+for flat, work in self.in_flight.values():
     work.wait()
-    offset = 0
-    for p in self.buckets[i]:
-        p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-        offset += p.numel()
 self.in_flight.clear()
 self.ready = [0] * len(self.buckets)
 """),
