@@ -529,8 +529,13 @@ def global_grad_norm(sliced, whole, grid=None):
     positions); they count once. Each pipeline stage holds other parameters, so the
     stages' sums add up over the PP group."""
     device = (sliced + whole)[0].device if sliced + whole else None
-    sliced_sq = sum((g.detach().float().pow(2).sum() for g in sliced), torch.zeros((), device=device))
-    whole_sq = sum((g.detach().float().pow(2).sum() for g in whole), torch.zeros((), device=device))
+
+    def sum_of_squares(grads):  # one multi-tensor kernel instead of three small ops per gradient
+        if not grads:
+            return torch.zeros((), device=device)
+        return torch.nn.utils.get_total_norm([g.detach().float() for g in grads], foreach=True).pow(2)
+
+    sliced_sq, whole_sq = sum_of_squares(sliced), sum_of_squares(whole)
     if grid is not None and grid.tp > 1:
         dist.all_reduce(sliced_sq, group=grid.tp_group)
     total = sliced_sq + whole_sq

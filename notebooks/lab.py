@@ -59,9 +59,10 @@ def run(name, *flags, fresh=True, ranks=1):
     """Train with `flags` (as on the command line) into out/notebooks/<name>, printing nothing.
     fresh=True starts over there (--overwrite); fresh=False continues or resumes what is there.
     ranks > 1 runs that many ranks over gloo on this machine, as torchrun would start them
-    (local_ranks.run_ranks); the log is rank 0's."""
+    (local_ranks.run_ranks); the log is rank 0's. The dtype is float32 unless the flags say
+    otherwise, so that every CPU, with native bf16 or without, measures what the notebook shows."""
     out_dir = f"out/notebooks/{name}"
-    argv = ["--out_dir", out_dir, *(["--overwrite"] if fresh else []), *map(str, flags)]
+    argv = ["--out_dir", out_dir, "--dtype", "float32", *(["--overwrite"] if fresh else []), *map(str, flags)]
     if ranks == 1:
         log, error = _train_quietly(argv)
     else:

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, causal_attention
 
 SMALL = dict(block_size=32, vocab_size=256, n_layer=3, n_head=4, n_embd=64)
 
@@ -105,3 +105,14 @@ def test_bf16_autocast_forward_backward_is_finite_on_cpu():
     loss.backward()
     assert torch.isfinite(loss)
     assert all(p.dtype == torch.float32 and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_attention_runs_in_fp32_under_cpu_bf16_autocast():
+    """The CPU's bf16 flash-attention kernel is slower than its fp32 one, so attention leaves autocast
+    there: the same numbers as fp32 attention on the same (bf16-rounded) q, k, v."""
+    q, k, v = (torch.randn(2, 4, 16, 8).bfloat16() for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = causal_attention(q, k, v, 0.0)
+    assert y.dtype == torch.float32
+    expected = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)

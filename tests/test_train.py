@@ -90,6 +90,13 @@ def test_bf16_autocast_step_on_cpu_is_finite(tmp_path):
     assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in model.parameters())  # fp32 master weights
 
 
+@pytest.mark.parametrize("native_bf16, expected", [(True, torch.bfloat16), (False, torch.float32)])
+def test_auto_dtype_on_cpu_is_bf16_only_where_native(monkeypatch, native_bf16, expected):
+    monkeypatch.setattr(train, "cpu_has_native_bf16", lambda: native_bf16)
+    assert train.pick_dtype("auto", torch.device("cpu")) == expected
+    assert train.pick_dtype("float32", torch.device("cpu")) == torch.float32  # an explicit dtype is kept
+
+
 def test_tiny_preset_end_to_end(tmp_path):
     """The README's main command, shortened: prepares the stdlib corpus, trains, evaluates, samples."""
     out = tmp_path / "run"
