@@ -27,8 +27,10 @@ def single_device_model(gpt_config, state_dict, device):
 
 def sample_texts(model, tokenizer, scfg, device):
     """num_samples continuations of the prompt; document boundaries shown as <|endoftext|>."""
+    if scfg.num_samples == 0:  # --num_samples 0: no samples
+        return []
     prompt = tokenizer.encode(scfg.prompt) if scfg.prompt else [tokenizer.eot]
-    idx = torch.tensor([prompt] * scfg.num_samples, dtype=torch.long, device=device)
+    idx = torch.tensor([prompt] * scfg.num_samples, dtype=torch.long, device=device)  # (num_samples, len(prompt))
     model.eval()
     out = model.generate(idx, scfg.max_new_tokens, temperature=scfg.temperature, top_k=scfg.top_k or None)
     model.train()

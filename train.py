@@ -455,7 +455,9 @@ def finish(run, val_loss):
     samples = sample_texts(model, get_tokenizer(run.meta["tokenizer"]), run.scfg, run.model.device)
     with open(os.path.join(run.out_dir, "samples.txt"), "w") as f:
         f.write("\n\n==========\n\n".join(samples) + "\n")
-    print(f"samples:\n{samples[0]}\nwrote {run.out_dir}: metrics.jsonl, metrics.png, samples.txt, ckpt/")
+    if samples:
+        print(f"samples:\n{samples[0]}")
+    print(f"wrote {run.out_dir}: metrics.jsonl, metrics.png, samples.txt, ckpt/")
 
 
 # ----------------------------------------------------------------------------

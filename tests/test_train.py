@@ -136,8 +136,9 @@ def test_short_run_in_process_and_out_dir_protection(small_corpus, tmp_path, cap
     code, text = run_main([*args, "--n_layer", "3"], capsys)
     assert "holds a different run" in str(code) and "n_layer: 2 -> 3" in str(code) and "--overwrite" in str(code)
     assert (out / "metrics.jsonl").read_text() == metrics  # nothing overwritten
-    train.main([str(a) for a in [*args, "--n_layer", "3", "--overwrite"]])
+    train.main([str(a) for a in [*args, "--n_layer", "3", "--overwrite", "--num_samples", "0"]])
     assert json.loads((out / "run.json").read_text())["GPTConfig"]["n_layer"] == 3
+    assert (out / "samples.txt").read_text() == "\n"  # --num_samples 0: no samples, and no error
 
 
 def snapshot(folder):
