@@ -98,22 +98,17 @@ def pick_dtype(name, device):
     """Mixed precision: the forward/backward matmuls run in 16 bits under autocast, the
     weights and AdamW state stay fp32 ("master weights"). bf16 keeps fp32's exponent
     range, so unlike fp16 it needs no loss scaling."""
-    if name == "auto":
-        if device.type == "cuda":
-            name = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-        elif device.type == "cpu" and cpu_has_native_bf16():
-            name = "bfloat16"
-        else:
-            name = "float32"
+    if name == "auto" and device.type == "cuda":
+        name = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    elif name == "auto":
+        name = "bfloat16" if device.type == "cpu" and cpu_has_native_bf16() else "float32"
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if name not in dtypes:
         raise ValueError(f"--dtype {name!r}: choose auto, {', '.join(dtypes)}")
     return dtypes[name]
 
 
-def cpu_has_native_bf16():
-    """AVX512-BF16 or AMX: bf16 matmuls run natively, about 2x the fp32 ones. Without them
-    PyTorch emulates bf16 on the CPU, slower than fp32."""
+def cpu_has_native_bf16():  # AVX512-BF16 or AMX: bf16 matmuls at ~2x fp32; elsewhere bf16 is emulated, slower
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
@@ -134,9 +129,8 @@ def make_optimizer(module, cfg, device):
     decay, no_decay = parameter_groups(module.named_parameters())
     groups = [{"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
               {"params": [p for _, p in no_decay], "weight_decay": 0.0}]
-    return torch.optim.AdamW(
-        groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=True
-    )
+    fused = device.type in ("cuda", "cpu")  # one kernel updates every tensor; the moments stay fp32
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
 
 
 # ----------------------------------------------------------------------------
@@ -412,14 +406,13 @@ def timed_step_seconds(model, scaler, batch, repeats=3):
     """The fastest of a few forward + backward passes (the first one warms up), then drop the
     gradients. sync=False: data parallelism starts no all-reduce for these."""
     x, y = batch
+    synchronize = torch.cuda.synchronize if model.device.type == "cuda" else lambda: None  # wait for the GPU
     times = []
     for _ in range(repeats):
-        if model.device.type == "cuda":
-            torch.cuda.synchronize()
+        synchronize()
         t0 = time.perf_counter()
         model.forward_backward(x, y, 1.0, scaler, sync=False)
-        if model.device.type == "cuda":
-            torch.cuda.synchronize()
+        synchronize()
         times.append(time.perf_counter() - t0)
     model.zero_grad()
     return min(times)
@@ -455,9 +448,8 @@ def finish(run, val_loss):
     samples = sample_texts(model, get_tokenizer(run.meta["tokenizer"]), run.scfg, run.model.device)
     with open(os.path.join(run.out_dir, "samples.txt"), "w") as f:
         f.write("\n\n==========\n\n".join(samples) + "\n")
-    if samples:
-        print(f"samples:\n{samples[0]}")
-    print(f"wrote {run.out_dir}: metrics.jsonl, metrics.png, samples.txt, ckpt/")
+    shown = f"samples:\n{samples[0]}\n" if samples else ""  # --num_samples 0: none
+    print(f"{shown}wrote {run.out_dir}: metrics.jsonl, metrics.png, samples.txt, ckpt/")
 
 
 # ----------------------------------------------------------------------------
