@@ -29,10 +29,10 @@ from local_ranks import results_of, run_ranks  # noqa: E402
 from parallel import ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
 from pipeline import SCHEDULES, PipelineStage, bubble_fraction, plot_gantt, run_schedule  # noqa: E402
 
-BLOCKS_PER_STAGE = 4
+BATCH, BLOCK, N_EMBD, BLOCKS_PER_STAGE = 32, 128, 256, 4  # >= 4 rows per micro-batch up to m = 8
 
 
-def stage_timeline(p, m, schedule, batch, block, n_embd):
+def stage_timeline(p, m, schedule, batch=BATCH, block=BLOCK, n_embd=N_EMBD):
     """One stage (one rank): run the schedule twice, return every stage's timeline of the second."""
     launch = init_distributed(120)
     try:
@@ -60,9 +60,9 @@ def measure(p, m, schedule, batch, block, n_embd):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch", type=int, default=32, help="sequences per step, cut into m micro-batches")
-    parser.add_argument("--block", type=int, default=128, help="tokens per sequence")
-    parser.add_argument("--n_embd", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=BATCH, help="sequences per step, cut into m micro-batches")
+    parser.add_argument("--block", type=int, default=BLOCK, help="tokens per sequence")
+    parser.add_argument("--n_embd", type=int, default=N_EMBD)
     parser.add_argument("--out", default=os.path.join("out", "bench"), help="folder for the Gantt charts")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
