@@ -238,7 +238,7 @@ class DataParallel:
             self.buckets.append(bucket)
         self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b}
         self.flats = [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype, device=b[0].device)
-                      for b in self.buckets]  # (numel of the bucket,) each
+                      for b in self.buckets] if mode == "bucketed" else []  # (numel of the bucket,) each
         self.views = [[g.view_as(p) for g, p in zip(flat.split([p.numel() for p in b]), b)]
                       for flat, b in zip(self.flats, self.buckets)]  # each parameter's gradient, in its bucket
         if mode == "bucketed":
