@@ -44,7 +44,7 @@ def test_shakespeare_baby_gpt_matches_nanogpt(shakespeare_clean):
     assert val_loss <= 1.89
 
 
-SHORT = ["--max_iters", "600", "--ckpt_interval", "50"]  # the runbook's check: a fault at 220 of 600 steps
+SHORT = ["--max_iters", "600", "--lr_decay_iters", "600", "--ckpt_interval", "50"]  # the runbook's check: a fault at 220 of 600 steps
 
 
 @pytest.fixture(scope="module")
