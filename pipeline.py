@@ -242,8 +242,9 @@ class Inbox:
 def run_schedule(stage, order, inputs, targets, micro_batches, grid, n_embd, loss_scale=1.0, clock=time.perf_counter):
     """Execute one stage's operation list over m micro-batches of inputs/targets (B, T).
 
-    Sends are non-blocking (waited for at the end) and receives block, so a stage waits
-    only for data it needs: the pipeline cannot deadlock as long as the schedule is valid.
+    Sends are non-blocking (waited for at the end) and receives are posted ahead (Inbox) and
+    waited for only when the operation needs its input, so a stage waits only for data it
+    needs: the pipeline cannot deadlock as long as the schedule is valid.
     Each micro-batch's loss is divided by m, so the summed gradients equal those of the
     whole batch (times loss_scale, for gradient accumulation). Returns (loss or None, records, peak stored activations), records being
     (kind, i, start, end) for computing ("F"/"B") and for waiting ("wait").
