@@ -7,15 +7,19 @@ reads them through a memory map, walking the file in order.
     python data.py --source stdlib --tokenizer byte --out_dir data/stdlib-byte
     python data.py --source shakespeare --tokenizer gpt2 --out_dir data/shakespeare-gpt2
     python data.py --source 'my_corpus/**/*.txt' --tokenizer byte --out_dir data/mine
+    python data.py --source corpus.jsonl.gz --text_field text --tokenizer gpt2 --out_dir data/web
 
 Sources: `stdlib` (the Python standard library's own source text: needs no
 network), `shakespeare` (Tiny Shakespeare, downloaded once and checked against
-its sha256), or any local text file, folder or glob. Tokenizers: `byte` (UTF-8
-bytes, vocab 256) or any tiktoken encoding name (`gpt2`, `cl100k_base`, ...).
+its sha256), or any local file, folder or glob. A text file is one document; a
+JSON Lines file (`.jsonl`, `.jsonl.gz`) holds one document per line, its text
+under --text_field. Tokenizers: `byte` (UTF-8 bytes, vocab 256) or any tiktoken
+encoding name (`gpt2`, `cl100k_base`, ...).
 """
 
 import argparse
 import glob
+import gzip
 import hashlib
 import json
 import os
@@ -190,10 +194,11 @@ def remove_if_exists(path):
 
 @dataclass
 class DataConfig:
-    source: str = "stdlib"  # stdlib | shakespeare | a text file, folder or glob
+    source: str = "stdlib"  # stdlib | shakespeare | a text or JSON Lines file, folder or glob
     tokenizer: str = "byte"  # byte | a tiktoken encoding name (gpt2, ...)
     val_fraction: float = 0.1  # the last tenth of the token stream is held out for validation
     url: str = ""  # download mirror for a named source (a file:// URL works); empty = the usual one
+    text_field: str = "text"  # JSON Lines sources: the field of each line that holds its document's text
 
 
 def token_dtype(vocab_size):
@@ -219,6 +224,8 @@ def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22):
         source_sha256=corpus_sha256(files),
         val_fraction=config.val_fraction,
     )
+    if any(is_json_lines(path) for path in files):  # which field was read is part of what the data is
+        identity["text_field"] = config.text_field
     meta_path = os.path.join(data_dir, "meta.json")
     if os.path.exists(meta_path):
         old = load_meta(data_dir)
@@ -235,22 +242,24 @@ def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22):
     tokenizer = get_tokenizer(config.tokenizer)
     dtype = token_dtype(tokenizer.vocab_size)
     tmp_train, tmp_val = (os.path.join(data_dir, f"{s}.bin.tmp") for s in ("train", "val"))
-    n_tokens, n_chars, t0, last_print = 0, 0, time.time(), 0.0
+    n_tokens, n_chars, n_documents, t0, last_print = 0, 0, 0, time.time(), 0.0
     try:
         with open(tmp_train, "wb") as out:
             for i, path in enumerate(files):
-                for text in read_chunks(path, chunk_chars):
-                    ids = np.asarray(tokenizer.encode(text), dtype=dtype)
-                    out.write(ids.tobytes())
-                    n_tokens += len(ids)
-                    n_chars += len(text)
-                if n_tokens:  # end-of-text between documents
-                    out.write(np.asarray([tokenizer.eot], dtype=dtype).tobytes())
-                    n_tokens += 1
+                for document in documents(path, config.text_field, chunk_chars):
+                    for text in document:
+                        ids = np.asarray(tokenizer.encode(text), dtype=dtype)
+                        out.write(ids.tobytes())
+                        n_tokens += len(ids)
+                        n_chars += len(text)
+                    n_documents += 1
+                    if n_tokens:  # end-of-text between documents
+                        out.write(np.asarray([tokenizer.eot], dtype=dtype).tobytes())
+                        n_tokens += 1
                 if time.time() - last_print > 2 or i == len(files) - 1:
                     last_print = time.time()
                     print(
-                        f"tokenizing {description}: {i + 1}/{len(files)} documents, "
+                        f"tokenizing {description}: {i + 1}/{len(files)} files, {n_documents:,} documents, "
                         f"{n_chars / 1e6:.1f}M chars -> {n_tokens / 1e6:.2f}M tokens "
                         f"({time.time() - t0:.0f}s)",
                         flush=True,
@@ -273,7 +282,7 @@ def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22):
             dtype=np.dtype(dtype).name,
             train_tokens=n_train,
             val_tokens=n_val,
-            documents=len(files),
+            documents=n_documents,
         )
         remove_if_exists(meta_path)  # data without meta.json is never taken for prepared
         os.replace(tmp_train, os.path.join(data_dir, "train.bin"))
@@ -303,6 +312,32 @@ def load_or_prepare(dcfg, data_dir):
             "pass the tokenizer it was prepared with, or another --data_dir"
         )
     return meta
+
+
+def is_json_lines(path):
+    return path.endswith((".jsonl", ".jsonl.gz"))
+
+
+def documents(path, text_field, chunk_chars):
+    """Yield the documents of one corpus file, each an iterable of text pieces: a text file is one
+    document (read in pieces of about chunk_chars); a JSON Lines file is one document per line,
+    its text under text_field (read a line at a time, so memory stays bounded)."""
+    if not is_json_lines(path):
+        yield read_chunks(path, chunk_chars)
+        return
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}, line {number}: not JSON ({e}); each line must be one JSON object") from None
+            if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+                fields = ", ".join(record) if isinstance(record, dict) else type(record).__name__
+                raise ValueError(f"{path}, line {number}: no text under --text_field {text_field!r} "
+                                 f"(its fields: {fields}); pass the field that holds the text")
+            yield [record[text_field]]
 
 
 def read_chunks(path, chunk_chars):
@@ -412,14 +447,16 @@ class TokenStream:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     defaults = DataConfig()
-    parser.add_argument("--source", default=defaults.source, help="stdlib | shakespeare | file, folder or glob")
+    parser.add_argument("--source", default=defaults.source,
+                        help="stdlib | shakespeare | a text or JSON Lines (.jsonl, .jsonl.gz) file, folder or glob")
     parser.add_argument("--tokenizer", default=defaults.tokenizer, help="byte | a tiktoken encoding (gpt2, ...)")
     parser.add_argument("--out_dir", required=True, help="where train.bin, val.bin and meta.json go")
     parser.add_argument("--val_fraction", type=float, default=defaults.val_fraction)
     parser.add_argument("--url", default=defaults.url, help="mirror for a named download (file:// works)")
+    parser.add_argument("--text_field", default=defaults.text_field, help="JSON Lines: the field holding the text")
     parser.add_argument("--overwrite", action="store_true", help="replace data prepared from other inputs")
     args = parser.parse_args(argv)
-    config = DataConfig(args.source, args.tokenizer, args.val_fraction, args.url)
+    config = DataConfig(args.source, args.tokenizer, args.val_fraction, args.url, args.text_field)
     try:
         meta = prepare(config, args.out_dir, overwrite=args.overwrite)
     except ValueError as e:

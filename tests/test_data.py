@@ -212,3 +212,38 @@ def test_data_cli(small_corpus, tmp_path):
     assert "prepared" in result.stdout and (tmp_path / "d" / "meta.json").exists()
     bad = run_script([ROOT / "data.py", "--source", tmp_path / "nope", "--out_dir", tmp_path / "e"], cwd=tmp_path)
     assert bad.returncode != 0 and "nope" in bad.stderr and "Traceback" not in bad.stderr
+
+
+JSONL_DOCS = ["First document.\nIt has two lines.", "  second: naïve café 日本語 🙂 <|endoftext|> as text", "third"]
+
+
+@needs_gpt2
+@pytest.mark.parametrize("name", ["corpus.jsonl", "corpus.jsonl.gz"])
+def test_json_lines_corpus_gives_back_its_documents_in_order(tmp_path, name):
+    """python data.py --source corpus.jsonl --text_field body --tokenizer gpt2: one document per line;
+    decoding train.bin + val.bin gives the documents back, in order, each followed by end-of-text."""
+    import gzip
+
+    lines = "".join(json.dumps({"id": i, "body": text}) + "\n" for i, text in enumerate(JSONL_DOCS)) + "\n"
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(lines.encode()) if name.endswith(".gz") else lines.encode())
+    out = tmp_path / "prepared"
+    result = run_script([ROOT / "data.py", "--source", path, "--text_field", "body", "--tokenizer", "gpt2",
+                         "--out_dir", out], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    tokens = np.concatenate([np.fromfile(out / f"{split}.bin", dtype=meta["dtype"]) for split in ("train", "val")])
+    tok = get_tokenizer("gpt2")
+    assert tokens[-1] == tok.eot and meta["documents"] == 3 and meta["text_field"] == "body"
+    pieces = np.split(tokens, np.flatnonzero(tokens == tok.eot) + 1)[:-1]
+    assert [tok.decode(piece[:-1].tolist()) for piece in pieces] == JSONL_DOCS
+
+
+def test_json_lines_without_the_text_field_is_named(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    path.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"body": "no text field"}) + "\n")
+    with pytest.raises(ValueError, match=r"corpus.jsonl, line 2: no text under --text_field 'text' \(its fields: body\)"):
+        prepare(DataConfig(source=str(path)), str(tmp_path / "out"))
+    path.write_text("{not json\n")
+    with pytest.raises(ValueError, match="corpus.jsonl, line 1: not JSON"):
+        prepare(DataConfig(source=str(path)), str(tmp_path / "out"))
