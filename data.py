@@ -22,6 +22,7 @@ import glob
 import gzip
 import hashlib
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -199,23 +200,30 @@ class DataConfig:
     val_fraction: float = 0.1  # the last tenth of the token stream is held out for validation
     url: str = ""  # download mirror for a named source (a file:// URL works); empty = the usual one
     text_field: str = "text"  # JSON Lines sources: the field of each line that holds its document's text
+    workers: int = 0  # tokenizing processes; 0 = one per core
 
 
 def token_dtype(vocab_size):
     return np.uint16 if vocab_size <= 2**16 else np.uint32
 
 
-def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22):
+def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22, shard_chars=1 << 24):
     """Tokenize the corpus into data_dir once; return its meta dict.
 
-    Documents are read in chunks of about chunk_chars characters (split at line
-    ends), so memory stays bounded whatever the corpus size. Output goes to
-    temporary files that are renamed at the end, meta.json last: a crash leaves
-    the previous data (or none), never half-written files. The same inputs
-    again are a no-op.
+    The documents are read in order, in pieces of about chunk_chars characters (cut
+    at line ends), and grouped into shards of about shard_chars. Worker processes
+    (--workers, default: every core) tokenize the shards, a few at a time, so memory
+    stays bounded whatever the corpus size. Each finished shard is renamed into
+    place with its counts, so a prepare that is killed and run again tokenizes only
+    the shards it had not finished, and produces the same bytes. The shards are
+    then joined into train.bin and val.bin under temporary names, renamed at the
+    end, meta.json last: a crash leaves the previous data (or none), never
+    half-written files. The same inputs again are a no-op.
     """
     if not 0 < config.val_fraction < 1:
         raise ValueError(f"--val_fraction {config.val_fraction} must lie strictly between 0 and 1")
+    if config.workers < 0:
+        raise ValueError(f"--workers {config.workers} must be 0 (every core) or more")
     os.makedirs(data_dir, exist_ok=True)
     files, description = resolve_source(config.source, data_dir, config.url or None)
     identity = dict(
@@ -241,31 +249,25 @@ def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22):
 
     tokenizer = get_tokenizer(config.tokenizer)
     dtype = token_dtype(tokenizer.vocab_size)
+    shard_dir = os.path.join(data_dir, "shards.partial")  # finished shards of an unfinished prepare
+    plan = dict(identity, chunk_chars=chunk_chars, shard_chars=shard_chars, dtype=np.dtype(dtype).name)
+    if os.path.exists(shard_dir) and read_json(os.path.join(shard_dir, "plan.json")) != plan:
+        shutil.rmtree(shard_dir)  # left by a prepare of other inputs: of no use here
+    os.makedirs(shard_dir, exist_ok=True)
+    write_json_atomic(os.path.join(shard_dir, "plan.json"), plan)
     tmp_train, tmp_val = (os.path.join(data_dir, f"{s}.bin.tmp") for s in ("train", "val"))
-    n_tokens, n_chars, n_documents, t0, last_print = 0, 0, 0, time.time(), 0.0
     try:
-        with open(tmp_train, "wb") as out:
-            for i, path in enumerate(files):
-                for document in documents(path, config.text_field, chunk_chars):
-                    for text in document:
-                        ids = np.asarray(tokenizer.encode(text), dtype=dtype)
-                        out.write(ids.tobytes())
-                        n_tokens += len(ids)
-                        n_chars += len(text)
-                    n_documents += 1
-                    if n_tokens:  # end-of-text between documents
-                        out.write(np.asarray([tokenizer.eot], dtype=dtype).tobytes())
-                        n_tokens += 1
-                if time.time() - last_print > 2 or i == len(files) - 1:
-                    last_print = time.time()
-                    print(
-                        f"tokenizing {description}: {i + 1}/{len(files)} files, {n_documents:,} documents, "
-                        f"{n_chars / 1e6:.1f}M chars -> {n_tokens / 1e6:.2f}M tokens "
-                        f"({time.time() - t0:.0f}s)",
-                        flush=True,
-                    )
+        counts = tokenize_shards(shards(files, config.text_field, chunk_chars, shard_chars), shard_dir,
+                                 config.tokenizer, dtype, config.workers or os.cpu_count() or 1, description,
+                                 total_chars=None if any(p.endswith(".gz") for p in files) else
+                                 sum(os.path.getsize(p) for p in files))
+        n_tokens, n_documents = sum(c["tokens"] for c in counts), sum(c["documents"] for c in counts)
         if n_tokens == 0:
             raise ValueError(f"--source {config.source!r} produced no tokens: the corpus is empty")
+        with open(tmp_train, "wb") as out:  # the shards in order: the whole token stream
+            for i in range(len(counts)):
+                with open(shard_path(shard_dir, i), "rb") as f:
+                    shutil.copyfileobj(f, out)
         # The held-out split is the tail of the stream (as nanoGPT splits
         # Shakespeare): copy the tail to val, then cut it off train.
         n_val = max(1, int(n_tokens * config.val_fraction))
@@ -288,11 +290,112 @@ def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22):
         os.replace(tmp_train, os.path.join(data_dir, "train.bin"))
         os.replace(tmp_val, os.path.join(data_dir, "val.bin"))
         write_json_atomic(meta_path, meta)
+        shutil.rmtree(shard_dir)
+    except ValueError:  # bad input: nothing to resume from
+        shutil.rmtree(shard_dir, ignore_errors=True)
+        raise
     finally:
         remove_if_exists(tmp_train)
         remove_if_exists(tmp_val)
     print(f"prepared {data_dir}: {n_train:,} train + {n_val:,} val tokens ({meta['dtype']})", flush=True)
     return meta
+
+
+def shards(files, text_field, chunk_chars, shard_chars):
+    """The corpus as shards: lists of (text piece, whether a document ends after it), about
+    shard_chars characters each, in corpus order. An empty document leaves no trace."""
+    shard, size = [], 0
+    for path in files:
+        for document in documents(path, text_field, chunk_chars):
+            pieces = [text for text in document if text]
+            for j, text in enumerate(pieces):
+                shard.append((text, j == len(pieces) - 1))
+                size += len(text)
+                if size >= shard_chars:
+                    yield shard
+                    shard, size = [], 0
+    if shard:
+        yield shard
+
+
+def shard_path(shard_dir, i):
+    return os.path.join(shard_dir, f"{i:06d}.bin")
+
+
+def tokenize_shards(corpus_shards, shard_dir, tokenizer_name, dtype, workers, description, total_chars):
+    """Tokenize each shard into shard_dir (workers processes, at most 2 shards per worker in
+    flight); skip the shards a killed prepare had finished. Returns each shard's counts."""
+    counts, pending, skipped, pool, t0, last_print = [], [], 0, None, time.time(), 0.0
+    start_tokenizer(tokenizer_name)  # the first shard is tokenized here: a small corpus starts no processes
+
+    def collect(result):
+        nonlocal last_print
+        counts.append(result if isinstance(result, dict) else result.get())
+        if time.time() - last_print > 2:
+            last_print = time.time()
+            print(progress_line(description, counts, time.time() - t0, total_chars), flush=True)
+
+    try:
+        for i, shard in enumerate(corpus_shards):
+            done = read_json(shard_path(shard_dir, i) + ".json")  # written after the shard: it is complete
+            if done is not None:
+                skipped += 1
+                counts.append(done)
+                continue
+            if i == 1 and workers > 1:  # a second shard: worth starting the workers
+                pool = multiprocessing.get_context("spawn").Pool(workers, start_tokenizer, (tokenizer_name,))
+            job = (shard, shard_path(shard_dir, i), dtype)
+            pending.append(pool.apply_async(tokenize_shard, (job,)) if pool else tokenize_shard(job))
+            while len(pending) > (2 * workers if pool else 0):
+                collect(pending.pop(0))
+        while pending:
+            collect(pending.pop(0))
+    finally:
+        if pool:
+            pool.terminate()
+    if skipped:
+        print(f"resumed: {skipped} of {len(counts)} shards were already tokenized, skipped", flush=True)
+    print(progress_line(description, counts, time.time() - t0, total_chars), flush=True)
+    return counts
+
+
+_tokenizer = None  # each worker's own tokenizer
+
+
+def start_tokenizer(name):
+    global _tokenizer
+    _tokenizer = get_tokenizer(name)
+
+
+def tokenize_shard(job):
+    """(shard, path, dtype) -> the shard's ids, end-of-text after each document, written to path
+    (atomically, then its counts beside it); returns the counts."""
+    shard, path, dtype = job
+    ids = [np.asarray(_tokenizer.encode(text) + ([_tokenizer.eot] if ends_document else []), dtype=dtype)
+           for text, ends_document in shard]
+    ids = np.concatenate(ids)
+    ids.tofile(path + ".tmp")
+    os.replace(path + ".tmp", path)
+    counts = dict(tokens=len(ids), chars=sum(len(text) for text, _ in shard),
+                  documents=sum(ends for _, ends in shard))
+    write_json_atomic(path + ".json", counts)
+    return counts
+
+
+def progress_line(description, counts, seconds, total_chars):
+    chars, tokens = sum(c["chars"] for c in counts), sum(c["tokens"] for c in counts)
+    eta = f", ETA {max(0.0, total_chars - chars) / max(chars / max(seconds, 1e-9), 1):.0f}s" if total_chars else ""
+    return (f"tokenizing {description}: {len(counts)} shards, {sum(c['documents'] for c in counts):,} documents, "
+            f"{chars / 1e6:.1f}M chars -> {tokens / 1e6:.2f}M tokens, {chars / 1e6 / max(seconds, 1e-9):.1f} MB/s"
+            f"{eta} ({seconds:.0f}s)")
+
+
+def read_json(path):
+    """The JSON in path, or None if there is no such file."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
 
 
 def default_data_dir(dcfg):
@@ -454,9 +557,10 @@ def main(argv=None):
     parser.add_argument("--val_fraction", type=float, default=defaults.val_fraction)
     parser.add_argument("--url", default=defaults.url, help="mirror for a named download (file:// works)")
     parser.add_argument("--text_field", default=defaults.text_field, help="JSON Lines: the field holding the text")
+    parser.add_argument("--workers", type=int, default=defaults.workers, help="tokenizing processes; 0 = every core")
     parser.add_argument("--overwrite", action="store_true", help="replace data prepared from other inputs")
     args = parser.parse_args(argv)
-    config = DataConfig(args.source, args.tokenizer, args.val_fraction, args.url, args.text_field)
+    config = DataConfig(args.source, args.tokenizer, args.val_fraction, args.url, args.text_field, args.workers)
     try:
         meta = prepare(config, args.out_dir, overwrite=args.overwrite)
     except ValueError as e:

@@ -1,5 +1,8 @@
 import json
 import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -247,3 +250,51 @@ def test_json_lines_without_the_text_field_is_named(tmp_path):
     path.write_text("{not json\n")
     with pytest.raises(ValueError, match="corpus.jsonl, line 1: not JSON"):
         prepare(DataConfig(source=str(path)), str(tmp_path / "out"))
+
+
+def test_sharded_parallel_prepare_writes_the_same_bytes(tmp_path):
+    """Shards tokenized by 2 worker processes, or in one, or one big shard: the same token files."""
+    from conftest import write_word_corpus
+
+    write_word_corpus(tmp_path / "corpus.txt", 20000)
+    outputs = {}
+    for name, workers, shard_chars in (("one shard", 1, 1 << 24), ("shards, 1 worker", 1, 1 << 16),
+                                       ("shards, 2 workers", 2, 1 << 16)):
+        out = tmp_path / name
+        prepare(DataConfig(source=str(tmp_path / "corpus.txt"), workers=workers), str(out), chunk_chars=1 << 14,
+                shard_chars=shard_chars)
+        outputs[name] = [(out / f).read_bytes() for f in ("train.bin", "val.bin")]
+        assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]  # no shards left behind
+    assert outputs["one shard"] == outputs["shards, 1 worker"] == outputs["shards, 2 workers"]
+
+
+KILL_AT_SHARD = r"""
+import os, signal, sys
+import data
+calls = 0
+tokenize = data.tokenize_shard
+def tokenize_then_die(job):
+    global calls
+    calls += 1
+    if calls == 4:
+        os.kill(os.getpid(), signal.SIGKILL)  # killed mid-way, after 3 finished shards
+    return tokenize(job)
+data.tokenize_shard = tokenize_then_die
+data.prepare(data.DataConfig(source=sys.argv[1], workers=1), sys.argv[2], chunk_chars=1 << 14, shard_chars=1 << 16)
+"""
+
+
+def test_a_killed_prepare_resumes_without_redoing_finished_shards(tmp_path, capsys):
+    from conftest import write_word_corpus
+
+    write_word_corpus(tmp_path / "corpus.txt", 20000)
+    corpus, killed, whole = str(tmp_path / "corpus.txt"), tmp_path / "killed", tmp_path / "whole"
+    result = subprocess.run([sys.executable, "-c", KILL_AT_SHARD, corpus, str(killed)], cwd=ROOT, timeout=120)
+    assert result.returncode == -signal.SIGKILL
+    assert not (killed / "meta.json").exists() and len(list((killed / "shards.partial").glob("*.bin"))) == 3
+    prepare(DataConfig(source=corpus, workers=1), str(killed), chunk_chars=1 << 14, shard_chars=1 << 16)
+    assert "resumed: 3 of" in capsys.readouterr().out
+    prepare(DataConfig(source=corpus, workers=2), str(whole), chunk_chars=1 << 14, shard_chars=1 << 16)
+    for name in ("train.bin", "val.bin"):
+        assert (killed / name).read_bytes() == (whole / name).read_bytes()
+    assert sorted(os.listdir(killed)) == ["meta.json", "train.bin", "val.bin"]
