@@ -257,7 +257,7 @@ def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22, shard_chars=
     write_json_atomic(os.path.join(shard_dir, "plan.json"), plan)
     tmp_train, tmp_val = (os.path.join(data_dir, f"{s}.bin.tmp") for s in ("train", "val"))
     try:
-        counts = tokenize_shards(shards(files, config.text_field, chunk_chars, shard_chars), shard_dir,
+        counts = tokenize_shards(shards(files, chunk_chars, shard_chars), shard_dir, config.text_field,
                                  config.tokenizer, dtype, config.workers or os.cpu_count() or 1, description,
                                  total_chars=None if any(p.endswith(".gz") for p in files) else
                                  sum(os.path.getsize(p) for p in files))
@@ -301,16 +301,16 @@ def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22, shard_chars=
     return meta
 
 
-def shards(files, text_field, chunk_chars, shard_chars):
-    """The corpus as shards: lists of (text piece, whether a document ends after it), about
+def shards(files, chunk_chars, shard_chars):
+    """The corpus as shards: lists of (piece, whether a document ends after it), about
     shard_chars characters each, in corpus order. An empty document leaves no trace."""
     shard, size = [], 0
     for path in files:
-        for document in documents(path, text_field, chunk_chars):
-            pieces = [text for text in document if text]
-            for j, text in enumerate(pieces):
-                shard.append((text, j == len(pieces) - 1))
-                size += len(text)
+        for document in documents(path, chunk_chars):
+            pieces = [piece for piece in document if piece]
+            for j, piece in enumerate(pieces):
+                shard.append((piece, j == len(pieces) - 1))
+                size += len(piece) if isinstance(piece, str) else len(piece[2])
                 if size >= shard_chars:
                     yield shard
                     shard, size = [], 0
@@ -322,11 +322,11 @@ def shard_path(shard_dir, i):
     return os.path.join(shard_dir, f"{i:06d}.bin")
 
 
-def tokenize_shards(corpus_shards, shard_dir, tokenizer_name, dtype, workers, description, total_chars):
+def tokenize_shards(corpus_shards, shard_dir, text_field, tokenizer_name, dtype, workers, description, total_chars):
     """Tokenize each shard into shard_dir (workers processes, at most 2 shards per worker in
     flight); skip the shards a killed prepare had finished. Returns each shard's counts."""
-    counts, pending, skipped, pool, t0, last_print = [], [], 0, None, time.time(), 0.0
-    start_tokenizer(tokenizer_name)  # the first shard is tokenized here: a small corpus starts no processes
+    counts, pending, skipped, pool, held, t0, last_print = [], [], 0, None, None, time.time(), 0.0
+    start_tokenizer(tokenizer_name)  # a corpus of one shard is tokenized here, starting no processes
 
     def collect(result):
         nonlocal last_print
@@ -342,12 +342,21 @@ def tokenize_shards(corpus_shards, shard_dir, tokenizer_name, dtype, workers, de
                 skipped += 1
                 counts.append(done)
                 continue
-            if i == 1 and workers > 1:  # a second shard: worth starting the workers
-                pool = multiprocessing.get_context("spawn").Pool(workers, start_tokenizer, (tokenizer_name,))
-            job = (shard, shard_path(shard_dir, i), dtype)
+            job = (shard, text_field, shard_path(shard_dir, i), dtype)
+            if workers > 1 and pool is None:
+                if held is None:  # the first shard waits: a corpus of one shard is not worth the workers
+                    held = job
+                    continue
+                # forked where the platform can (no interpreter start-up, no re-import): they run no torch
+                method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+                pool = multiprocessing.get_context(method).Pool(workers, start_tokenizer, (tokenizer_name,))
+                pending.append(pool.apply_async(tokenize_shard, (held,)))
+                held = None
             pending.append(pool.apply_async(tokenize_shard, (job,)) if pool else tokenize_shard(job))
             while len(pending) > (2 * workers if pool else 0):
                 collect(pending.pop(0))
+        if held is not None:
+            pending.append(tokenize_shard(held))
         while pending:
             collect(pending.pop(0))
     finally:
@@ -368,16 +377,19 @@ def start_tokenizer(name):
 
 
 def tokenize_shard(job):
-    """(shard, path, dtype) -> the shard's ids, end-of-text after each document, written to path
-    (atomically, then its counts beside it); returns the counts."""
-    shard, path, dtype = job
-    ids = [np.asarray(_tokenizer.encode(text) + ([_tokenizer.eot] if ends_document else []), dtype=dtype)
-           for text, ends_document in shard]
+    """(shard, text_field, path, dtype) -> the shard's ids, end-of-text after each non-empty
+    document, written to path (atomically, then its counts beside it); returns the counts."""
+    shard, text_field, path, dtype = job
+    ids, chars, documents_ended = [np.zeros(0, dtype=dtype)], 0, 0
+    for piece, ends_document in shard:
+        text = piece if isinstance(piece, str) else json_text(piece, text_field)
+        ends_document = ends_document and bool(text)  # a JSON line with empty text leaves no trace
+        ids.append(np.asarray(_tokenizer.encode(text) + ([_tokenizer.eot] if ends_document else []), dtype=dtype))
+        chars, documents_ended = chars + len(text), documents_ended + ends_document
     ids = np.concatenate(ids)
     ids.tofile(path + ".tmp")
     os.replace(path + ".tmp", path)
-    counts = dict(tokens=len(ids), chars=sum(len(text) for text, _ in shard),
-                  documents=sum(ends for _, ends in shard))
+    counts = dict(tokens=len(ids), chars=chars, documents=documents_ended)
     write_json_atomic(path + ".json", counts)
     return counts
 
@@ -421,26 +433,32 @@ def is_json_lines(path):
     return path.endswith((".jsonl", ".jsonl.gz"))
 
 
-def documents(path, text_field, chunk_chars):
-    """Yield the documents of one corpus file, each an iterable of text pieces: a text file is one
-    document (read in pieces of about chunk_chars); a JSON Lines file is one document per line,
-    its text under text_field (read a line at a time, so memory stays bounded)."""
+def documents(path, chunk_chars):
+    """Yield the documents of one corpus file, each a list of pieces: a text file is one document
+    (read in pieces of about chunk_chars, each a str); a JSON Lines file is one document per line,
+    read a line at a time (so memory stays bounded) and left unparsed, as (path, line number, line):
+    the workers parse it (json_text), in parallel."""
     if not is_json_lines(path):
         yield read_chunks(path, chunk_chars)
         return
     with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {number}: not JSON ({e}); each line must be one JSON object") from None
-            if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-                fields = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-                raise ValueError(f"{path}, line {number}: no text under --text_field {text_field!r} "
-                                 f"(its fields: {fields}); pass the field that holds the text")
-            yield [record[text_field]]
+            if line.strip():
+                yield [(path, number, line)]
+
+
+def json_text(item, text_field):
+    """The document text in one JSON line, (path, line number, line), under text_field."""
+    path, number, line = item
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}, line {number}: not JSON ({e}); each line must be one JSON object") from None
+    if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+        fields = ", ".join(record) if isinstance(record, dict) else type(record).__name__
+        raise ValueError(f"{path}, line {number}: no text under --text_field {text_field!r} "
+                         f"(its fields: {fields}); pass the field that holds the text")
+    return record[text_field]
 
 
 def read_chunks(path, chunk_chars):

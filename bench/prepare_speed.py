@@ -16,7 +16,6 @@ import random
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = ("the of and to in is was that for it with as his on be at by had not are but from or have an they "
