@@ -307,15 +307,27 @@ def shards(files, chunk_chars, shard_chars):
     shard, size = [], 0
     for path in files:
         for document in documents(path, chunk_chars):
-            pieces = [piece for piece in document if piece]
-            for j, piece in enumerate(pieces):
-                shard.append((piece, j == len(pieces) - 1))
+            for piece, ends_document in marked_ends(document):
+                shard.append((piece, ends_document))
                 size += len(piece) if isinstance(piece, str) else len(piece[2])
                 if size >= shard_chars:
                     yield shard
                     shard, size = [], 0
     if shard:
         yield shard
+
+
+def marked_ends(document):
+    """(piece, is it the document's last) for each non-empty piece, one piece ahead: a document
+    read in pieces is never held whole."""
+    previous = None
+    for piece in document:
+        if piece:
+            if previous is not None:
+                yield previous, False
+            previous = piece
+    if previous is not None:
+        yield previous, True
 
 
 def shard_path(shard_dir, i):
