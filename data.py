@@ -303,16 +303,21 @@ def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22, shard_chars=
 
 def shards(files, chunk_chars, shard_chars):
     """The corpus as shards: lists of (piece, whether a document ends after it), about
-    shard_chars characters each, in corpus order. An empty document leaves no trace."""
-    shard, size = [], 0
+    shard_chars characters each, in corpus order. Every document ends with end-of-text, except
+    empty ones before the first text."""
+    shard, size, seen_text = [], 0, False
     for path in files:
         for document in documents(path, chunk_chars):
+            empty = True
             for piece, ends_document in marked_ends(document):
                 shard.append((piece, ends_document))
                 size += len(piece) if isinstance(piece, str) else len(piece[2])
+                empty, seen_text = False, True
                 if size >= shard_chars:
                     yield shard
                     shard, size = [], 0
+            if empty and seen_text:  # an empty document after the first text still ends with end-of-text
+                shard.append(("", True))
     if shard:
         yield shard
 
@@ -337,7 +342,8 @@ def shard_path(shard_dir, i):
 def tokenize_shards(corpus_shards, shard_dir, text_field, tokenizer_name, dtype, workers, description, total_chars):
     """Tokenize each shard into shard_dir (workers processes, at most 2 shards per worker in
     flight); skip the shards a killed prepare had finished. Returns each shard's counts."""
-    counts, pending, skipped, pool, held, t0, last_print = [], [], 0, None, None, time.time(), 0.0
+    counts, pending, skipped, pool, held, t0 = [], [], 0, None, None, time.time()
+    last_print = t0
     start_tokenizer(tokenizer_name)  # a corpus of one shard is tokenized here, starting no processes
 
     def collect(result):
@@ -389,13 +395,12 @@ def start_tokenizer(name):
 
 
 def tokenize_shard(job):
-    """(shard, text_field, path, dtype) -> the shard's ids, end-of-text after each non-empty
-    document, written to path (atomically, then its counts beside it); returns the counts."""
+    """(shard, text_field, path, dtype) -> the shard's ids, end-of-text after each document,
+    written to path (atomically, then its counts beside it); returns the counts."""
     shard, text_field, path, dtype = job
     ids, chars, documents_ended = [np.zeros(0, dtype=dtype)], 0, 0
     for piece, ends_document in shard:
         text = piece if isinstance(piece, str) else json_text(piece, text_field)
-        ends_document = ends_document and bool(text)  # a JSON line with empty text leaves no trace
         ids.append(np.asarray(_tokenizer.encode(text) + ([_tokenizer.eot] if ends_document else []), dtype=dtype))
         chars, documents_ended = chars + len(text), documents_ended + ends_document
     ids = np.concatenate(ids)
