@@ -505,10 +505,10 @@ def write_json_atomic(path, obj):
 
 def load_meta(data_dir):
     path = os.path.join(data_dir, "meta.json")
-    if not os.path.exists(path):
+    meta = read_json(path)
+    if meta is None:
         raise ValueError(f"{path} not found: prepare the data first (python data.py --out_dir {data_dir} ...)")
-    with open(path) as f:
-        return json.load(f)
+    return meta
 
 
 # ----------------------------------------------------------------------------
