@@ -10,6 +10,7 @@ defaults < preset < command line. nanoGPT's names mean the same here.
 import argparse
 import dataclasses
 import difflib
+import os
 from dataclasses import dataclass
 
 from data import DataConfig
@@ -98,6 +99,14 @@ class SampleConfig:
     top_k: int = 200
 
 
+@dataclass
+class BenchmarkConfig:  # the benchmark of the final check and --eval_only (evaluation.py)
+    benchmark: str = ""  # "" = none | hellaswag (downloaded, sha256-checked) | a local .jsonl file in its format
+    benchmark_url: str = ""  # where to fetch hellaswag from; "" = its public URL (file:///path works offline)
+    benchmark_examples: int = 0  # score the first N examples only; 0 = all
+    benchmark_dir: str = os.path.join("data", "hellaswag")  # where the download is kept
+
+
 PRESETS = {
     "tiny": {},  # the defaults above: ~0.8M parameters on Python's own source code, minutes on a laptop CPU
     # nanoGPT's CPU "baby GPT" (README of karpathy/nanoGPT: val loss ~1.88 at 2000 iterations), the same
@@ -114,7 +123,7 @@ PRESETS = {
         tokenizer="gpt2", block_size=1024, n_layer=12, n_head=12, n_embd=768,
         batch_size=16, gradient_accumulation_steps=32, lanes=512, max_iters=19073,
         learning_rate=6e-4, min_lr=6e-5, warmup_iters=700, beta2=0.95,
-        log_interval=10, eval_interval=500, eval_iters=4, compile=True,
+        log_interval=10, eval_interval=500, eval_iters=4, compile=True, benchmark="hellaswag",
     ),
 }
 
@@ -127,14 +136,15 @@ def parse_bool(text):
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-CONFIG_CLASSES = (GPTConfig, DataConfig, TrainConfig, ParallelConfig, RecoveryConfig, SampleConfig)
+CONFIG_CLASSES = (GPTConfig, DataConfig, TrainConfig, ParallelConfig, RecoveryConfig, SampleConfig, BenchmarkConfig)
+MODES = ("sample", "eval_only")  # what to do instead of training: a flag each, at most one
 
 
 def parse_args(argv):
-    """--preset NAME, --sample, and --field value for every field of the config dataclasses.
+    """--preset NAME, --sample or --eval_only, and --field value for every field of the config dataclasses.
 
     Precedence: dataclass default < preset < command line. Returns
-    (preset, sample_mode, {config class: instance}).
+    (preset, mode: "train" or one of MODES, {config class: instance}).
     """
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
@@ -142,7 +152,9 @@ def parse_args(argv):
     parser.add_argument("--preset", default="tiny", help=f"one of: {', '.join(PRESETS)}")
     # a boolean flag alone means true (--resume); --resume true|false also works
     boolean = dict(type=parse_bool, nargs="?", const=True, metavar="true|false")
-    parser.add_argument("--sample", default=False, help="sample from the checkpoint in --out_dir", **boolean)
+    parser.add_argument("--sample", default=False, help="sample from the newest checkpoint in --out_dir", **boolean)
+    parser.add_argument("--eval_only", default=False, help="val loss and the benchmark of the newest checkpoint in "
+                        "--out_dir, logged to its metrics.jsonl; no training", **boolean)
     owner = {}
     for cls in CONFIG_CLASSES:
         for f in dataclasses.fields(cls):
@@ -154,12 +166,15 @@ def parse_args(argv):
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         flag = unknown[0].split("=")[0]
-        valid = ["--preset", "--sample"] + [f"--{name}" for name in owner]
+        valid = ["--preset"] + [f"--{mode}" for mode in MODES] + [f"--{name}" for name in owner]
         close = difflib.get_close_matches(flag, valid, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         parser.error(f"unknown flag {flag}{hint}. Valid flags: {' '.join(valid)}")
     if args.preset not in PRESETS:
         parser.error(f"unknown preset {args.preset!r}: choose one of {', '.join(PRESETS)}")
+    modes = [mode for mode in MODES if getattr(args, mode)]
+    if len(modes) > 1:
+        parser.error(f"--{modes[0]} and --{modes[1]} exclude each other: give one")
     values = {**PRESETS[args.preset], **{k: v for k, v in vars(args).items() if v is not None and k in owner}}
     configs = {cls: cls(**{k: v for k, v in values.items() if owner[k] is cls}) for cls in CONFIG_CLASSES}
-    return args.preset, args.sample, configs
+    return args.preset, modes[0] if modes else "train", configs

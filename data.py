@@ -100,6 +100,7 @@ DOWNLOADS = {
         url="https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
         sha256="86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
         filename="tinyshakespeare.txt",
+        offline_flags=("--source", "--url"),  # how a user without network hands over a local copy
     ),
 }
 NAMED_SOURCES = ["stdlib", *DOWNLOADS]
@@ -120,9 +121,9 @@ def stdlib_files():
     return sorted(files, key=lambda f: os.path.relpath(f, root))
 
 
-def download(name, dest_dir, url=None):
-    """Fetch a named download into dest_dir once, verify its sha256, return its path."""
-    spec = DOWNLOADS[name]
+def download(name, dest_dir, url=None, spec=None):
+    """Fetch a named download (DOWNLOADS[name], or spec) into dest_dir once, verify its sha256, return its path."""
+    spec = spec or DOWNLOADS[name]
     os.makedirs(dest_dir, exist_ok=True)
     path = os.path.join(dest_dir, spec["filename"])
     if os.path.exists(path) and file_sha256(path) == spec["sha256"]:
@@ -135,14 +136,15 @@ def download(name, dest_dir, url=None):
             shutil.copyfileobj(response, f)
     except OSError as e:
         remove_if_exists(tmp)
+        path_flag, url_flag = spec["offline_flags"]
         raise ValueError(
             f"could not download {name} from {url} ({e}). Without network, pass a local copy "
-            f"as --source path/to/{spec['filename']} or as --url file:///path/to/{spec['filename']}"
+            f"as {path_flag} path/to/{spec['filename']} or as {url_flag} file:///path/to/{spec['filename']}"
         ) from None
     got = file_sha256(tmp)
     if got != spec["sha256"]:
         remove_if_exists(tmp)
-        raise ValueError(f"{url} has sha256 {got}, expected {spec['sha256']}: not the {name} corpus")
+        raise ValueError(f"{url} has sha256 {got}, expected {spec['sha256']}: not the {name} file")
     os.replace(tmp, path)
     return path
 

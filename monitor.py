@@ -12,6 +12,7 @@ spike above a robust baseline.
 import contextlib
 import math
 import statistics
+import sys
 import time
 from collections import deque
 
@@ -65,6 +66,19 @@ class SavedActivations:
 
     def __exit__(self, *exc):
         self.hooks.__exit__(*exc)
+
+
+def peak_memory_bytes(device):
+    """The most memory this process has held so far: the CUDA allocator's peak on a GPU, else the
+    process's peak resident set (weights, AdamW state, activations, the token files' pages read);
+    None where neither is known."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    if sys.platform == "win32":
+        return None
+    import resource  # Unix only
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
 
 
 class _Saved:

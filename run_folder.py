@@ -15,6 +15,11 @@ from dataclasses import asdict
 from data import remove_if_exists, write_json_atomic
 
 
+def out_dir_of(preset, cfg):
+    """--out_dir, or out/<preset> when it is not given."""
+    return cfg.out_dir or os.path.join("out", preset)
+
+
 def run_identity(mcfg, cfg, meta, global_batch):
     """What makes two runs the same run. The layout is not part of it: the same global batch
     on dp=1 or dp=4 reads the same rows and takes the same step, so either may resume the other."""

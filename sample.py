@@ -16,6 +16,7 @@ import checkpoint
 from config import SampleConfig, TrainConfig
 from data import get_tokenizer
 from model import GPT, GPTConfig
+from run_folder import out_dir_of
 
 
 def single_device_model(gpt_config, state_dict, device):
@@ -46,7 +47,7 @@ def sample(preset, configs, device):
     """--sample: print samples from the newest checkpoint in --out_dir (or out/<preset>)."""
     cfg, scfg = configs[TrainConfig], configs[SampleConfig]
     torch.manual_seed(cfg.seed)
-    ckpt_dir = os.path.join(cfg.out_dir or os.path.join("out", preset), "ckpt")
+    ckpt_dir = os.path.join(out_dir_of(preset, cfg), "ckpt")
     latest = checkpoint.load_latest(ckpt_dir, device)
     if latest is None:
         raise ValueError(f"no checkpoint in {ckpt_dir}: train first (python train.py --out_dir ...)")

@@ -5,6 +5,7 @@
     python train.py --preset gpt2-small --source 'corpus/*.txt'   # 124M parameters, one GPU, days
     python train.py --n_layer 6 --learning_rate 3e-4 # any config field, as --name value
     python train.py --sample --out_dir out/tiny      # sample from a finished run
+    python train.py --eval_only --benchmark hellaswag --out_dir out/tiny   # evaluate a run's newest checkpoint
 
 Read `train()` first: the chapter's loop, on one screen. What it calls comes
 before it in the order the math needs it (the defenses, one optimizer step,
@@ -37,16 +38,17 @@ import checkpoint
 import cost
 from config import CONFIG_CLASSES, RecoveryConfig, SampleConfig, TrainConfig, parse_args
 from data import TokenStream, default_data_dir, get_tokenizer, load_or_prepare
+from evaluation import evaluate, final_check, read_benchmark
 from faults import FaultInjector
 from model import GPT, GPTConfig
-from monitor import HealthMonitor, Throughput, plot_metrics
+from monitor import HealthMonitor, Throughput, peak_memory_bytes, plot_metrics
 from parallel import (ProcessGrid, ShardedModel, all_reduce_mean, check_tensor_parallel_layout,
                       check_visible_everywhere, destroy_distributed, init_distributed, raise_on_every_rank,
                       run_on_rank0, take_busiest_comm_bytes, take_comm_bytes)
 from pipeline import SCHEDULES, PipelineModel, check_micro_batches, check_pipeline_layout
-from sample import sample, sample_texts, single_device_model
-from run_folder import (append_jsonl, check_out_dir_is_ours, config_changes, is_finished, prepare_out_dir,
-                        read_jsonl, record_identity, run_identity, write_jsonl)
+from sample import sample, sample_texts
+from run_folder import (append_jsonl, check_out_dir_is_ours, config_changes, is_finished, out_dir_of,
+                        prepare_out_dir, read_jsonl, record_identity, run_identity, write_jsonl)
 
 # ----------------------------------------------------------------------------
 # The defenses that live in the loop: LR schedule, clipping, precision
@@ -134,7 +136,7 @@ def make_optimizer(module, cfg, device):
 
 
 # ----------------------------------------------------------------------------
-# One optimizer step, and evaluation
+# One optimizer step
 
 
 def optimizer_step(model, optimizer, scaler, next_batch, lr, cfg):
@@ -162,21 +164,6 @@ def optimizer_step(model, optimizer, scaler, next_batch, lr, cfg):
     scaler.update()
     model.zero_grad()
     return loss_sum / micro_steps, grad_norm
-
-
-@torch.no_grad()
-def evaluate(model, stream, batches, grid):
-    """Mean loss over the first `batches` micro-batches of each rank's share of the stream,
-    averaged over the DP ranks: the same rows every time, and the same rows for any layout
-    that reads the same number of global batches."""
-    model.module.eval()  # no dropout
-    stream.load_state_dict({"position": 0})
-    loss_sum = torch.zeros((), device=model.device)
-    for _ in range(batches):
-        x, y = stream.next_batch()
-        loss_sum += model.loss(x.to(model.device), y.to(model.device)).float()
-    model.module.train()
-    return all_reduce_mean(loss_sum / batches, grid.dp_group, grid.dp).item()
 
 
 # ----------------------------------------------------------------------------
@@ -231,6 +218,19 @@ def train(preset, configs):
     finish(run, record["val_loss"])
 
 
+def evaluate_only(preset, configs):
+    """--eval_only: the final check of the newest checkpoint in out_dir, with no training."""
+    out_dir = out_dir_of(preset, configs[TrainConfig])
+    if not os.path.isdir(os.path.join(out_dir, "ckpt")):
+        raise ValueError(f"--eval_only: {out_dir} holds no checkpoints; train there first, or point --out_dir at a run")
+    run = set_up(preset, configs)
+    latest = load_checkpoint(run)
+    if latest is None:
+        raise ValueError(f"--eval_only: no checkpoint in {run.ckpt_dir} verifies")
+    checkpoint.load_full_state_dict(run.model, latest[1]["model"], run.grid)
+    final_check(run, latest[0], evaluate(run.model, run.val_stream, run.eval_batches, run.grid))
+
+
 # ----------------------------------------------------------------------------
 # Set-up
 
@@ -251,6 +251,7 @@ class Run:
     identity: dict  # what makes two runs the same run (run.json)
     continued: list  # the schedule fields that differ from the run already in out_dir ("max_iters: 2000 -> 3000")
     meta: dict  # the token files' meta.json
+    benchmark: list  # its examples, for the final check ([]: none); read at set-up, so a failed download fails early
     train_stream: TokenStream
     val_stream: TokenStream
     eval_batches: int  # micro-batches per evaluation, on each rank
@@ -308,7 +309,7 @@ def model_for_rank(whole, grid, pcfg, autocast=contextlib.nullcontext(), compile
 
 def set_up(preset, configs):
     """Everything before the first step: processes, data, the run's folder, model, optimizer, watchers."""
-    mcfg, dcfg, cfg, pcfg, rcfg, scfg = (configs[c] for c in CONFIG_CLASSES)
+    mcfg, dcfg, cfg, pcfg, rcfg, scfg, bcfg = (configs[c] for c in CONFIG_CLASSES)
     check_layout(mcfg, cfg, pcfg)
     launch = init_distributed(pcfg.dist_timeout)
     grid = ProcessGrid(pcfg.dp, pcfg.tp, pcfg.pp, launch.rank, launch.world_size)
@@ -319,11 +320,12 @@ def set_up(preset, configs):
     if pcfg.pp > 1 and dtype == torch.float16:
         raise ValueError(f"--dtype {cfg.dtype} gives float16 here, which needs loss scaling, which the pipeline "
                          "path lacks: pass --dtype bfloat16 or float32")
-    out_dir = cfg.out_dir or os.path.join("out", preset)
+    out_dir = out_dir_of(preset, cfg)
     data_dir = cfg.data_dir or default_data_dir(dcfg)
 
     run_on_rank0(lambda: check_out_dir_is_ours(out_dir), grid.rank == 0)  # before the data may land inside it
     meta = run_on_rank0(lambda: load_or_prepare(dcfg, data_dir), grid.rank == 0)
+    benchmark = run_on_rank0(lambda: read_benchmark(bcfg), grid.rank == 0)
     # Pad V to a multiple of 64 for fast matmuls (50257 -> 50304); the extra ids are never targets.
     mcfg = dataclasses.replace(mcfg, vocab_size=64 * math.ceil(meta["vocab_size"] / 64))
     global_batch = grid.dp * cfg.batch_size * cfg.gradient_accumulation_steps  # sequences per optimizer step
@@ -350,7 +352,7 @@ def set_up(preset, configs):
     model = model_for_rank(whole, grid, pcfg, autocast, cfg.compile)
     return Run(
         cfg=cfg, rcfg=rcfg, scfg=scfg, mcfg=mcfg, grid=grid, say=say, out_dir=out_dir, identity=identity,
-        continued=continued, meta=meta,
+        continued=continued, meta=meta, benchmark=benchmark,
         train_stream=train_stream, val_stream=val_stream, eval_batches=eval_iters * cfg.gradient_accumulation_steps,
         model=model, optimizer_groups=optimizer_groups, optimizer=make_optimizer(model.module, cfg, device),
         scaler=torch.amp.GradScaler(device.type, enabled=dtype == torch.float16), dtype=dtype,
@@ -431,20 +433,16 @@ def print_cost_account(run):
 
 
 def finish(run, val_loss):
-    """The final check: val loss and perplexity, the layout's own account, the metrics plot,
-    and samples from the model in single-device form."""
-    vocab = run.meta["vocab_size"]
-    run.say(f"final val loss {val_loss:.4f}, perplexity {math.exp(val_loss):.2f} "
-            f"(uniform guessing: {vocab}) after {(time.perf_counter() - run.started) / 60:.1f} min")
-    whole = checkpoint.full_state_dict(run.model, run.grid)  # every rank takes part in gathering
+    """The end of a run: the final check, the layout's own account, the metrics plot, and samples."""
+    peak = peak_memory_bytes(run.model.device)  # set against the cost account's memory line at the start
+    run.say(f"training took {(time.perf_counter() - run.started) / 60:.1f} min" +
+            (f"; peak memory {peak / 2**30:.2f} GiB" if peak else ""))
+    model = final_check(run, run.cfg.max_iters, val_loss)
     run.model.report(run.out_dir, run.say, run.is_rank0)
     if not run.is_rank0:
         return
-    final = {"step": run.cfg.max_iters, "val_loss": val_loss}
-    run.records.append(final)
-    append_jsonl(run.metrics_path, final)
-    plot_metrics(run.records, read_jsonl(run.incidents_path), os.path.join(run.out_dir, "metrics.png"), math.log(vocab))
-    model = single_device_model(run.identity["GPTConfig"], whole, run.model.device)
+    plot_metrics(run.records, read_jsonl(run.incidents_path), os.path.join(run.out_dir, "metrics.png"),
+                 math.log(run.meta["vocab_size"]))
     samples = sample_texts(model, get_tokenizer(run.meta["tokenizer"]), run.scfg, run.model.device)
     with open(os.path.join(run.out_dir, "samples.txt"), "w") as f:
         f.write("\n\n==========\n\n".join(samples) + "\n")
@@ -679,9 +677,11 @@ def log_step(run, record, throughput):
 
 def main(argv=None):
     try:
-        preset, sample_mode, configs = parse_args(sys.argv[1:] if argv is None else argv)
-        if sample_mode:
+        preset, mode, configs = parse_args(sys.argv[1:] if argv is None else argv)
+        if mode == "sample":
             sample(preset, configs, pick_device(configs[TrainConfig].device))
+        elif mode == "eval_only":
+            evaluate_only(preset, configs)
         else:
             train(preset, configs)
     except ValueError as e:

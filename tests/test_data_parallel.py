@@ -228,7 +228,7 @@ def test_torchrun_end_to_end(corpus, single):
     result = run_script([*launcher, ROOT / "train.py", *args(corpus, out, "--dp", 2, "--batch_size", 4)],
                         cwd=corpus, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[:3000]
-    assert "ProcessGrid(rank 0/2: dp 0/2" in result.stdout and result.stdout.count("final val loss") == 1
+    assert "ProcessGrid(rank 0/2: dp 0/2" in result.stdout and result.stdout.count("final check: val loss") == 1
     assert_same_run(out, single)
 
 

@@ -110,7 +110,7 @@ def test_tiny_preset_end_to_end(tmp_path):
     assert logged[-1]["loss"] < logged[0]["loss"] - 1.0  # and it learns
     assert records[-1]["step"] == 50 and "val_loss" in records[-1]
     assert "ln 256 = 5.5452" in result.stdout and "cost: training compute" in result.stdout
-    assert "final val loss" in result.stdout and "perplexity" in result.stdout
+    assert "final check: val loss" in result.stdout and "perplexity" in result.stdout
     assert (out / "metrics.png").stat().st_size > 10_000
     assert (out / "samples.txt").read_text().strip()
     sampled = run_script([ROOT / "train.py", "--sample", "--out_dir", out, "--num_samples", "1",
@@ -213,7 +213,10 @@ def test_boolean_flags_work_bare_or_with_a_value(flag, field):
 
     assert value([flag]) is True and value([flag, "--n_layer", "3"]) is True  # bare, also before another flag
     assert value([flag, "true"]) is True and value([flag, "false"]) is False and value([]) is False
-    assert parse_args(["--sample"])[1] is True and parse_args(["--sample", "false"])[1] is False
+    assert parse_args(["--sample"])[1] == "sample" and parse_args(["--sample", "false"])[1] == "train"
+    assert parse_args(["--eval_only"])[1] == "eval_only" and parse_args([])[1] == "train"
+    with pytest.raises(SystemExit):  # argparse's error: "--sample and --eval_only exclude each other"
+        parse_args(["--sample", "--eval_only"])
 
 
 def test_train_py_reads_on_one_screen():
