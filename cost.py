@@ -198,6 +198,9 @@ GPUS = {
     "A100-80GB": Hardware("A100-80GB", GPU_PEAK_FLOPS["A100"], 80e9, 300e9, 25e9, 10e-6, 8),
     "H100": Hardware("H100", GPU_PEAK_FLOPS["H100"], 80e9, 450e9, 50e9, 10e-6, 8),
     "H200": Hardware("H200", GPU_PEAK_FLOPS["H200"], 141e9, 450e9, 50e9, 10e-6, 8),
+    # the card of someone training at home: 24 GB, no NVLink (PCIe 4.0 x16, ~25 GB/s each way), 4 to a
+    # workstation, 10 Gb/s Ethernet between workstations
+    "RTX4090": Hardware("RTX4090", GPU_PEAK_FLOPS["RTX 4090"], 24e9, 25e9, 1.25e9, 20e-6, 4),
 }
 GPU_ALIASES = {"A100": "A100-80GB"}
 
