@@ -91,7 +91,7 @@ def only_attention_kernel(attention):
         torch.backends.cuda.enable_math_sdp(False)
 
 
-def print_profile(step, device, rows=15):
+def print_profile(step, device, rows=30):
     """Where one step's time goes: the kernels (GPU) or operators (CPU) that took most of it."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
