@@ -106,6 +106,10 @@ class BenchmarkConfig:  # the benchmark of the final check and --eval_only (eval
     benchmark_examples: int = 0  # score the first N examples only; 0 = all
     benchmark_dir: str = os.path.join("data", "hellaswag")  # where the download is kept
 
+    def __post_init__(self):
+        if self.benchmark_examples < 0:
+            raise ValueError(f"--benchmark_examples {self.benchmark_examples}: give a count, or 0 for all")
+
 
 PRESETS = {
     "tiny": {},  # the defaults above: ~0.8M parameters on Python's own source code, minutes on a laptop CPU
@@ -175,6 +179,8 @@ def parse_args(argv):
     modes = [mode for mode in MODES if getattr(args, mode)]
     if len(modes) > 1:
         parser.error(f"--{modes[0]} and --{modes[1]} exclude each other: give one")
+    if modes and args.overwrite:  # they read a run: starting it over would delete what they came to read
+        parser.error(f"--{modes[0]} reads the run in --out_dir, and --overwrite would delete it: drop --overwrite")
     values = {**PRESETS[args.preset], **{k: v for k, v in vars(args).items() if v is not None and k in owner}}
     configs = {cls: cls(**{k: v for k, v in values.items() if owner[k] is cls}) for cls in CONFIG_CLASSES}
     return args.preset, modes[0] if modes else "train", configs

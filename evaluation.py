@@ -113,7 +113,8 @@ def render(context, endings, tokenizer, block_size):
     A row longer than the model's context keeps its last block_size + 1 tokens (the model reads
     block_size of them and predicts the last block_size): the ending is what is scored, so the
     context is what gets cut. The first token of a row has no prediction, so an ending never
-    starts before index 1."""
+    starts before index 1; an ending longer than the model's context loses its head too, and is
+    scored on the tokens that remain."""
     context_tokens = tokenizer.encode(context)
     rows, starts = [], []
     for ending in endings:
@@ -143,8 +144,12 @@ def ending_losses(model, rows, starts, device):
     return summed, summed / scored.sum(1)
 
 
-def benchmark_scores(model, tokenizer, examples, device, autocast, examples_per_batch=16):
-    """acc, acc_norm and chance of model (a single-device GPT) on [(context, endings, label)]."""
+def benchmark_scores(model, tokenizer, examples, device, autocast, examples_per_batch=4):
+    """acc, acc_norm and chance of model (a single-device GPT) on [(context, endings, label)].
+
+    A few examples per forward pass: their logits, (examples x endings, T, V), are the memory this
+    costs, and with GPT-2's vocabulary 4 HellaSwag examples (16 rows of ~100-250 tokens) already
+    take ~1-2 GB beside the model at the end of a run."""
     model.eval()
     correct, correct_norm = 0, 0
     for first in range(0, len(examples), examples_per_batch):
@@ -170,17 +175,18 @@ def benchmark_scores(model, tokenizer, examples, device, autocast, examples_per_
 # The final check
 
 
-def final_check(run, step, val_loss):
+def final_check(run, step, val_loss, eval_only=False):
     """Val loss and perplexity, and the benchmark, of the weights in run.model (train.Run): printed,
-    and one record in metrics.jsonl. Every rank calls it (the weights are gathered into
-    single-device form); rank 0 scores the benchmark and gets that model back, the others None."""
+    and one record in metrics.jsonl (marked `eval_only` when --eval_only asked for it, so it never
+    passes for the end of the run). Every rank calls it (the weights are gathered into single-device
+    form); rank 0 scores the benchmark alone and gets that model back, the others None."""
     run.say(f"step {step}, final check: val loss {val_loss:.4f}, perplexity {math.exp(val_loss):.2f} "
             f"(uniform guessing: {run.meta['vocab_size']})")
     whole = checkpoint.full_state_dict(run.model, run.grid)
     if not run.is_rank0:
         return None
     model = single_device_model(run.identity["GPTConfig"], whole, run.model.device)
-    record = {"step": step, "val_loss": val_loss}
+    record = {"step": step, "val_loss": val_loss, **({"eval_only": True} if eval_only else {})}
     if run.benchmark:
         scores = benchmark_scores(model, get_tokenizer(run.meta["tokenizer"]), run.benchmark, run.model.device,
                                   run.model.autocast)

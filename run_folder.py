@@ -95,10 +95,12 @@ def record_identity(out_dir, identity):
 def is_finished(metrics_path, step, max_iters):
     """Whether a run whose newest checkpoint is at `step` has nothing left to do: it is past
     max_iters, or at it with the final check logged (the last record: a val loss and no train
-    loss). A run that died between its last checkpoint and its final check is not finished."""
+    loss). A run that died between its last checkpoint and its final check is not finished, and
+    --eval_only's check of that checkpoint does not finish it."""
     if step != max_iters:
         return step > max_iters
-    return any(r["step"] == step and "loss" not in r for r in read_jsonl(metrics_path))
+    final_checks = [r for r in read_jsonl(metrics_path) if "loss" not in r and not r.get("eval_only")]
+    return any(r["step"] == step for r in final_checks)
 
 
 def read_jsonl(path):

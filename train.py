@@ -228,7 +228,7 @@ def evaluate_only(preset, configs):
     if latest is None:
         raise ValueError(f"--eval_only: no checkpoint in {run.ckpt_dir} verifies")
     checkpoint.load_full_state_dict(run.model, latest[1]["model"], run.grid)
-    final_check(run, latest[0], evaluate(run.model, run.val_stream, run.eval_batches, run.grid))
+    final_check(run, latest[0], evaluate(run.model, run.val_stream, run.eval_batches, run.grid), eval_only=True)
 
 
 # ----------------------------------------------------------------------------
@@ -437,8 +437,8 @@ def finish(run, val_loss):
     peak = peak_memory_bytes(run.model.device)  # set against the cost account's memory line at the start
     run.say(f"training took {(time.perf_counter() - run.started) / 60:.1f} min" +
             (f"; peak memory {peak / 2**30:.2f} GiB" if peak else ""))
+    run.model.report(run.out_dir, run.say, run.is_rank0)  # its collectives before rank 0 scores the benchmark alone
     model = final_check(run, run.cfg.max_iters, val_loss)
-    run.model.report(run.out_dir, run.say, run.is_rank0)
     if not run.is_rank0:
         return
     plot_metrics(run.records, read_jsonl(run.incidents_path), os.path.join(run.out_dir, "metrics.png"),

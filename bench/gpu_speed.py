@@ -82,8 +82,6 @@ def measure(mcfg, batch_size, steps, warmup, device_name, compile, attention="fl
 
 def only_attention_kernel(attention):
     """Leave one scaled-dot-product-attention kernel on CUDA (flash or cudnn), or PyTorch's choice (auto)."""
-    if attention not in ("flash", "cudnn", "auto"):
-        raise ValueError(f"--attention {attention!r}: choose flash, cudnn or auto")
     if attention != "auto":
         torch.backends.cuda.enable_flash_sdp(attention == "flash")
         torch.backends.cuda.enable_cudnn_sdp(attention == "cudnn")
@@ -109,16 +107,19 @@ def main():
     parser.add_argument("--device", default="cuda", help="cuda | cpu (a tiny shape)")
     parser.add_argument("--batch_sizes", default="", help="per-GPU sequences per step, comma-separated "
                         "(default 16,32,64 on CUDA, 4 on CPU)")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per row (at least 1)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first: compilation happens here")
     parser.add_argument("--compile", type=config.parse_bool, default=True)
     parser.add_argument("--dp", type=int, default=0, help="ranks for the data-parallel rows; 0 = every visible "
                         "GPU (no DP rows with one), 1 = none. On CPU: gloo ranks")
     parser.add_argument("--peak_tflops", type=float, default=0.0, help="the device's peak; 0 = look it up")
-    parser.add_argument("--attention", default="flash", help="flash | cudnn | auto: the SDPA kernel on CUDA")
+    parser.add_argument("--attention", default="flash", choices=("flash", "cudnn", "auto"),
+                        help="the SDPA kernel on CUDA")
     parser.add_argument("--profile", type=config.parse_bool, nargs="?", const=True, default=False,
                         help="after the first batch size, print the kernels one step spends most time in")
     args = parser.parse_args()
+    if args.steps < 1:
+        parser.error(f"--steps {args.steps}: time at least one step")
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     if cuda and not torch.cuda.is_available():

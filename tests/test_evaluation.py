@@ -13,6 +13,7 @@ from config import BenchmarkConfig
 from conftest import ROOT, run_script
 from data import ByteTokenizer, file_sha256
 from model import GPTConfig
+from run_folder import is_finished
 
 FIXTURE = ROOT / "tests" / "data" / "hellaswag_mini.jsonl"  # 8 examples in HellaSwag's format, 4 endings each
 
@@ -112,9 +113,22 @@ def test_a_model_trained_on_the_right_endings_picks_them_and_eval_only_agrees(tm
     final, evaluated = records[-2], records[-1]
     assert final["hellaswag_acc_norm"] >= 0.75  # 6 of 8 or better; guessing: 2 of 8
     assert final["step"] == evaluated["step"] == 250 and "loss" not in evaluated
+    assert evaluated["eval_only"] is True and "eval_only" not in final
     for key in ("val_loss", "hellaswag_acc_norm", "hellaswag_acc"):
         assert final[key] == evaluated[key]
     assert "step 250, final check: val loss" in again.stdout and "step    " not in again.stdout  # no training step ran
+
+
+def test_an_eval_only_record_does_not_finish_a_run(tmp_path):
+    """A run that died after its last checkpoint but before its final check is not finished, and
+    --eval_only's record at that step must not make it look finished (its plot and samples would never come)."""
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"step": 9, "loss": 2.0}) + "\n" +
+                       json.dumps({"step": 10, "val_loss": 2.0, "eval_only": True}) + "\n")
+    assert not is_finished(str(metrics), 10, 10)
+    with metrics.open("a") as f:
+        f.write(json.dumps({"step": 10, "val_loss": 2.0}) + "\n")  # the run's own final check
+    assert is_finished(str(metrics), 10, 10)
 
 
 def test_eval_only_without_a_run_says_so(tmp_path):

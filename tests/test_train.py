@@ -217,6 +217,8 @@ def test_boolean_flags_work_bare_or_with_a_value(flag, field):
     assert parse_args(["--eval_only"])[1] == "eval_only" and parse_args([])[1] == "train"
     with pytest.raises(SystemExit):  # argparse's error: "--sample and --eval_only exclude each other"
         parse_args(["--sample", "--eval_only"])
+    with pytest.raises(SystemExit):  # they read the run that --overwrite would delete
+        parse_args(["--eval_only", "--overwrite"])
 
 
 def test_train_py_reads_on_one_screen():
