@@ -28,6 +28,7 @@ and `label`), given as --benchmark path/to/file.jsonl.
 import json
 import math
 import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -130,7 +131,8 @@ def ending_losses(model, rows, starts, device):
     """The summed and the mean loss of each row's ending tokens, each (R,) fp32.
 
     Rows are padded on the right: a causal model's loss at a position never sees what follows,
-    so the padding changes nothing that is scored."""
+    so the padding changes nothing that is scored. Only the endings' positions go through the
+    fp32 log-softmax over V, a fraction of the (R, T-1, V) logits."""
     T = max(len(row) for row in rows)
     tokens = torch.zeros(len(rows), T, dtype=torch.long)  # (R, T)
     scored = torch.zeros(len(rows), T - 1, dtype=torch.bool)  # (R, T-1): position t predicts token t+1
@@ -139,32 +141,38 @@ def ending_losses(model, rows, starts, device):
         scored[i, start - 1 : len(row) - 1] = True
     tokens, scored = tokens.to(device), scored.to(device)
     logits, _ = model(tokens[:, :-1])  # (R, T-1, V)
-    losses = F.cross_entropy(logits.float().transpose(1, 2), tokens[:, 1:], reduction="none")  # (R, T-1)
-    summed = (losses * scored).sum(1)
+    losses = torch.zeros(scored.shape, device=device)  # (R, T-1), zero where nothing is scored
+    losses[scored] = F.cross_entropy(logits[scored].float(), tokens[:, 1:][scored], reduction="none")
+    summed = losses.sum(1)
     return summed, summed / scored.sum(1)
 
 
-def benchmark_scores(model, tokenizer, examples, device, autocast, examples_per_batch=4):
-    """acc, acc_norm and chance of model (a single-device GPT) on [(context, endings, label)].
+def benchmark_scores(model, tokenizer, examples, device, autocast, examples_per_batch=4, say=None):
+    """acc, acc_norm and chance of model (a single-device GPT) on [(context, endings, label)];
+    say, if given, hears the progress every half minute.
 
     A few examples per forward pass: their logits, (examples x endings, T, V), are the memory this
     costs, and with GPT-2's vocabulary 4 HellaSwag examples (16 rows of ~100-250 tokens) already
-    take ~1-2 GB beside the model at the end of a run."""
+    take ~1 GB beside the model at the end of a run."""
     model.eval()
-    correct, correct_norm = 0, 0
+    correct, correct_norm, started, told = 0, 0, time.perf_counter(), time.perf_counter()
     for first in range(0, len(examples), examples_per_batch):
         batch = examples[first : first + examples_per_batch]
         rendered = [render(context, endings, tokenizer, model.config.block_size) for context, endings, _ in batch]
         rows = [row for rows, _ in rendered for row in rows]
         starts = [start for _, starts in rendered for start in starts]
         with autocast:
-            summed, mean = ending_losses(model, rows, starts, device)
+            summed, mean = (losses.tolist() for losses in ending_losses(model, rows, starts, device))
         offset = 0
-        for (_, endings, label) in batch:
-            ours = slice(offset, offset + len(endings))
-            correct += int(summed[ours].argmin()) == label  # the first of equal losses wins a tie
-            correct_norm += int(mean[ours].argmin()) == label
+        for _, endings, label in batch:
+            ours = range(offset, offset + len(endings))
+            correct += min(ours, key=summed.__getitem__) - offset == label  # the first of equal losses wins a tie
+            correct_norm += min(ours, key=mean.__getitem__) - offset == label
             offset += len(endings)
+        done = first + len(batch)
+        if say and time.perf_counter() - told > 30 and done < len(examples):
+            told, seconds = time.perf_counter(), time.perf_counter() - started
+            say(f"benchmark: {done:,} of {len(examples):,} examples, ETA {seconds * (len(examples) / done - 1):.0f}s")
     model.train()
     n = len(examples)
     return {"acc": correct / n, "acc_norm": correct_norm / n, "chance": sum(1 / len(e) for _, e, _ in examples) / n,
@@ -189,7 +197,7 @@ def final_check(run, step, val_loss, eval_only=False):
     record = {"step": step, "val_loss": val_loss, **({"eval_only": True} if eval_only else {})}
     if run.benchmark:
         scores = benchmark_scores(model, get_tokenizer(run.meta["tokenizer"]), run.benchmark, run.model.device,
-                                  run.model.autocast)
+                                  run.model.autocast, say=lambda line: print(line, flush=True))
         record.update(hellaswag_acc_norm=scores["acc_norm"], hellaswag_acc=scores["acc"])
         print(f"benchmark: acc_norm {scores['acc_norm']:.4f}, acc {scores['acc']:.4f} on {scores['examples']:,} "
               f"HellaSwag-format examples (guessing scores {scores['chance']:.4f})", flush=True)
