@@ -433,7 +433,7 @@ def print_cost_account(run):
 
 
 def finish(run, val_loss):
-    """The end of a run: the final check, the layout's own account, the metrics plot, and samples."""
+    """The end of a run: its peak memory, the layout's own account, the final check, the metrics plot, samples."""
     peak = peak_memory_bytes(run.model.device)  # set against the cost account's memory line at the start
     run.say(f"training took {(time.perf_counter() - run.started) / 60:.1f} min" +
             (f"; peak memory {peak / 2**30:.2f} GiB" if peak else ""))
