@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT))  # the project's modules, however the tests were s
 SHARED_DATA = ROOT.parent / "shared" / "data"
 SHAKESPEARE = SHARED_DATA / "tinyshakespeare.txt"
 TIKTOKEN_CACHE = SHARED_DATA / "tiktoken_cache"
+HELLASWAG_FIXTURE = ROOT / "tests" / "data" / "hellaswag_mini.jsonl"  # 8 examples in HellaSwag's format, 4 endings each
 
 if TIKTOKEN_CACHE.is_dir():  # tiktoken reads this at load time: gpt2 works offline
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))

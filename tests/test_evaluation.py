@@ -10,12 +10,11 @@ import torch.nn as nn
 
 import evaluation
 from config import BenchmarkConfig
-from conftest import ROOT, run_script
+from conftest import HELLASWAG_FIXTURE as FIXTURE, ROOT, run_script
 from data import ByteTokenizer, file_sha256
 from model import GPTConfig
 from run_folder import is_finished
 
-FIXTURE = ROOT / "tests" / "data" / "hellaswag_mini.jsonl"  # 8 examples in HellaSwag's format, 4 endings each
 
 
 class UnigramModel(nn.Module):

@@ -3,9 +3,8 @@ both run on the CPU at a tiny scale, so neither can rot where no GPU is at hand.
 
 import re
 
-from conftest import ROOT, needs_gpt2, run_script, write_word_corpus
+from conftest import HELLASWAG_FIXTURE as FIXTURE, ROOT, needs_gpt2, run_script, write_word_corpus
 
-FIXTURE = ROOT / "tests" / "data" / "hellaswag_mini.jsonl"
 
 
 @needs_gpt2
