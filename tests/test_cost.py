@@ -4,6 +4,8 @@ import json
 import math
 
 import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 import cost
 from conftest import ROOT, run_script
@@ -14,21 +16,70 @@ def account(*argv):
     return cost.account(cost.parse_args(list(argv)))
 
 
-@pytest.mark.parametrize("kwargs", [dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=100),
-                                    dict(n_layer=3, n_head=4, n_embd=64, block_size=8, vocab_size=256, bias=True,
-                                         norm="layernorm"),
-                                    dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64,
-                                         norm_position="post")])
-def test_parameters_and_flops_follow_the_model(kwargs):
+SHAPES = [pytest.param(dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=100), id="small"),
+          pytest.param(dict(n_layer=3, n_head=4, n_embd=64, block_size=8, vocab_size=256, bias=True, norm="layernorm"),
+                       id="bias-layernorm"),
+          pytest.param(dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, norm_position="post"),
+                       id="post-ln"),
+          pytest.param(dict(n_layer=1, n_head=3, n_embd=24, block_size=1, vocab_size=50), id="T=1"),
+          pytest.param(dict(n_layer=3, n_head=1, n_embd=8, block_size=40, vocab_size=30), id="T>C")]
+
+
+@pytest.mark.parametrize("kwargs", SHAPES)
+def test_parameters_follow_the_model(kwargs, monkeypatch):
+    monkeypatch.setattr(GPT, "_init_weights", lambda self, module: None)  # the count needs no particular values
     mc = GPTConfig(**kwargs)
     N = GPT(mc).num_params()
-    assert cost.parameters_on_rank(mc) == N
-    assert cost.flops_per_token(mc) == 6 * (N - mc.block_size * mc.n_embd) + 12 * mc.n_layer * mc.n_embd * mc.block_size
+    assert cost.parameters_on_rank(mc) == N, f"the closed form counts the model's parameters: expected {N}, " \
+                                             f"got {cost.parameters_on_rank(mc)}"
+
+
+def attention_by_matmuls(q, k, v, dropout_p):
+    """model.causal_attention as two plain matmuls, which torch's FLOP counter sees (the fused kernel
+    it replaces is not counted on a CPU); the (T, T) square is computed whole, the mask applied after."""
+    T = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1) @ v  # (B, H, T, C/H)
+
+
+@pytest.mark.parametrize("kwargs", SHAPES)
+def test_flops_per_token_counts_the_matmuls_of_forward_and_backward(kwargs, monkeypatch):
+    """torch counts the FLOPs of every matmul of one forward and backward over full rows of block_size
+    tokens: the weights' 6 per parameter and attention's 12 L C T. 6 N also counts the norms' and biases'
+    vectors, which do no matmul; N leaves out only the positions, which are looked up."""
+    monkeypatch.setattr("model.causal_attention", attention_by_matmuls)
+    monkeypatch.setattr(GPT, "_init_weights", lambda self, module: None)  # FLOPs do not depend on the values
+    mc = GPTConfig(**kwargs)
+    gpt = GPT(mc)
+    idx = torch.randint(mc.vocab_size, (2, mc.block_size), generator=torch.Generator().manual_seed(0))
+    with FlopCounterMode(display=False) as counter:
+        logits, _ = gpt(idx)
+        logits.pow(2).mean().backward()
+    matmuls = counter.get_total_flops() / idx.numel()
+    vectors = sum(p.numel() for p in gpt.parameters() if p.dim() == 1)  # norm weights and biases
+    want, got = matmuls + 6 * vectors, cost.flops_per_token(mc)
+    L, C, T = mc.n_layer, mc.n_embd, mc.block_size
+    assert got == want, f"FLOPs per token of {kwargs}: the matmuls of forward and backward count {matmuls:.0f} " \
+                        f"(of which attention's 12 L C T = {12 * L * C * T}), plus 6 x {vectors} norm and bias " \
+                        f"parameters: expected {want:.0f}, got {got}"
+
+
+def test_gpt2_small_costs_nanogpts_855_mflops_per_token():
+    """GPT-2 small (124,439,808 parameters, nanoGPT's 123.65M without the 1024 x 768 positions) at T = 1024:
+    6 x 123,653,376 + 12 x 12 layers x 768 x 1024 = 855,166,464 FLOPs per token, nanoGPT's estimate_mfu."""
+    gpt2 = GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257, bias=True,
+                     norm="layernorm")
+    want = 6 * 123_653_376 + 12 * 12 * 768 * 1024
+    got = cost.flops_per_token(gpt2)
+    assert got == want, f"GPT-2 small: 6 N = {6 * 123_653_376} plus attention 12 L C T = {12 * 12 * 768 * 1024}: " \
+                        f"expected {want}, got {got}"
 
 
 def test_gpt3_175b_on_300b_tokens_is_3_14e23_flops():
     flops = account("--model", "175B", "--tokens", "300B", "--gpu", "A100", "--gpus", "1024")["train_flops"]
-    assert flops == pytest.approx(3.14e23, rel=0.05)
+    assert flops == pytest.approx(3.14e23, rel=0.05), \
+        f"GPT-3 175B on 300B tokens, the paper's 3.14e23 FLOPs within 5%: expected 3.14e23, got {flops:.3g}"
 
 
 @pytest.mark.parametrize("model, published", [("70B", 1_720_320), ("7B", 184_320)])

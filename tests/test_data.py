@@ -147,43 +147,87 @@ def test_unreachable_download_says_what_to_do(tmp_path):
 
 
 def write_tokens(path, n):
+    """A token file whose token i is the number i, so every window names its own position."""
     np.arange(n, dtype=np.uint16).tofile(path)
     return np.arange(n)
 
 
-@pytest.mark.parametrize("lanes", [1, 4])
-def test_token_stream_walks_without_gaps_or_overlap(tmp_path, lanes):
-    T, B, n = 8, 3, 8 * 24 + 1  # 24 windows of 8 predictions each
-    tokens = write_tokens(tmp_path / "t.bin", n)
+def check_shapes(x, y, B, T):
+    assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor), \
+        f"next_batch returns two torch tensors (x, y): got {type(x).__name__} and {type(y).__name__}"
+    assert tuple(x.shape) == tuple(y.shape) == (B, T), \
+        f"next_batch returns x and y of shape (B, T) = {(B, T)}: got {tuple(x.shape)} and {tuple(y.shape)}"
+    assert x.dtype == y.dtype == torch.int64, \
+        f"x and y are int64 (embedding indices and cross-entropy targets): got {x.dtype} and {y.dtype}"
+
+
+@pytest.mark.parametrize("B, T, lanes, n_windows", [
+    pytest.param(3, 8, 1, 24, id="B=3, T=8, lanes=1"),
+    pytest.param(3, 8, 4, 26, id="B=3, T=8, lanes=4, 2 windows sit out"),
+    pytest.param(2, 5, 3, 12, id="B=2, T=5, lanes=3"),
+    pytest.param(1, 1, 1, 5, id="B=1, T=1"),
+])
+def test_token_stream_walks_without_gaps_or_overlap(tmp_path, B, T, lanes, n_windows):
+    """Row r of the walk is window stream.window(r), tokens [w*T, w*T + T]: x its first T, y its last T."""
+    tokens = write_tokens(tmp_path / "t.bin", n_windows * T + 1)
     stream = TokenStream(str(tmp_path / "t.bin"), "uint16", B, T, lanes=lanes)
-    xs, ys = zip(*(stream.next_batch() for _ in range(24 // B)))  # one epoch
-    x, y = torch.cat(xs), torch.cat(ys)  # (24, T)
-    assert x.dtype == torch.int64 and x.shape == (24, T)
-    assert torch.equal(y[:, :-1], x[:, 1:])  # y is x shifted by one
-    starts = sorted(row[0].item() for row in x)
-    assert starts == list(range(0, 24 * T, T))  # every window exactly once
+    rows = stream.windows_per_epoch  # one epoch
+    xs, ys = [], []
+    for batch in range(rows // B):  # each batch checked as it comes: a wrong one is named before the next is read
+        x, y = stream.next_batch()
+        check_shapes(x, y, B, T)
+        for b in range(B):
+            r = batch * B + b
+            w = stream.window(r)
+            where = f"row {r} of the walk (batch {batch}, row {b}) is window self.window({r}) = {w}"
+            want_x, want_y = tokens[w * T : w * T + T].tolist(), tokens[w * T + 1 : w * T + T + 1].tolist()
+            assert x[b].tolist() == want_x, f"{where}: x holds tokens {w * T}..{w * T + T - 1}: " \
+                                            f"expected {want_x}, got {x[b].tolist()}"
+            assert y[b].tolist() == want_y, f"{where}: y is x shifted by one, the next tokens: " \
+                                            f"expected {want_y}, got {y[b].tolist()}"
+        xs.append(x)
+        ys.append(y)
+    x, y = torch.cat(xs), torch.cat(ys)  # (rows, T)
     predicted = sorted(y.flatten().tolist())
-    assert predicted == tokens[1:].tolist()  # every token predicted exactly once
-    if lanes == 1:
-        assert x.flatten().tolist() == tokens[:-1].tolist()  # in file order
-    nxt, _ = stream.next_batch()  # the next epoch starts over
-    assert torch.equal(nxt, x[:B])
+    assert predicted == tokens[1 : rows * T + 1].tolist(), \
+        f"one epoch predicts each of tokens 1..{rows * T} exactly once: got {predicted[:12]}..."
+    assert stream.position == rows, \
+        f"position counts the rows read: after {rows // B} batches of {B}, expected {rows}, got {stream.position}"
+    again, _ = stream.next_batch()
+    assert torch.equal(again, x[:B]), \
+        f"after one epoch of {rows} rows the walk starts over: expected {x[:B, 0].tolist()} as the rows' first " \
+        f"tokens, got {again[:, 0].tolist()}"
 
 
-def test_token_stream_shards_by_rank_and_resumes(tmp_path):
-    T, B = 4, 2
-    write_tokens(tmp_path / "t.bin", 4 * 64 + 1)
+@pytest.mark.parametrize("world_size", [2, 3], ids=["world=2", "world=3"])
+def test_token_stream_shards_by_rank_and_resumes(tmp_path, world_size):
+    """Rank r of a world reads rows r*B .. r*B + B - 1 of the global batch one process of world*B reads."""
+    T, B, steps = 4, 2, 5
+    write_tokens(tmp_path / "t.bin", T * 64 + 1)
     path = str(tmp_path / "t.bin")
-    single = TokenStream(path, "uint16", 2 * B, T, lanes=8)
-    ranks = [TokenStream(path, "uint16", B, T, rank=r, world_size=2, lanes=8) for r in range(2)]
-    for _ in range(5):
-        x, _ = single.next_batch()
-        parts = [s.next_batch()[0] for s in ranks]
-        assert torch.equal(torch.cat(parts), x)  # the ranks split the global batch, disjoint and complete
-    assert single.state_dict() == ranks[0].state_dict() == {"position": 20}
-    resumed = TokenStream(path, "uint16", 2 * B, T, lanes=8)
-    resumed.load_state_dict(single.state_dict())
-    assert torch.equal(resumed.next_batch()[0], single.next_batch()[0])
+    single = TokenStream(path, "uint16", world_size * B, T, lanes=8)
+    ranks = [TokenStream(path, "uint16", B, T, rank=r, world_size=world_size, lanes=8) for r in range(world_size)]
+    for step in range(steps):
+        x, y = single.next_batch()
+        for r, stream in enumerate(ranks):
+            xr, yr = stream.next_batch()
+            check_shapes(xr, yr, B, T)
+            want = x[r * B : r * B + B]
+            assert torch.equal(xr, want) and torch.equal(yr, y[r * B : r * B + B]), \
+                f"at step {step}, rank {r} of {world_size} reads rows {r * B}..{r * B + B - 1} of the global batch " \
+                f"of {world_size * B}: expected rows starting at tokens {want[:, 0].tolist()}, " \
+                f"got {xr[:, 0].tolist()}"
+    for r, stream in enumerate(ranks):
+        assert stream.position == steps * world_size * B, \
+            f"position counts the rows the whole group has read: after {steps} steps of {world_size} ranks x {B} " \
+            f"rows, expected {steps * world_size * B} on rank {r}, got {stream.position}"
+    resumed = [TokenStream(path, "uint16", B, T, rank=r, world_size=world_size, lanes=8) for r in range(world_size)]
+    for stream in resumed:
+        stream.load_state_dict(single.state_dict())
+    want, got = single.next_batch()[0], torch.cat([stream.next_batch()[0] for stream in resumed])
+    assert torch.equal(got, want), \
+        f"ranks resumed from one process's position read its next global batch: expected rows starting at " \
+        f"tokens {want[:, 0].tolist()}, got {got[:, 0].tolist()}"
 
 
 def test_a_seeded_order_reads_the_same_windows_in_another_sequence(tmp_path):
@@ -196,11 +240,16 @@ def test_a_seeded_order_reads_the_same_windows_in_another_sequence(tmp_path):
         return [row[0].item() for _ in range(n_windows // B) for row in stream.next_batch()[0]]
 
     plain, shuffled = epoch(0), epoch(7)
-    assert sorted(shuffled) == sorted(plain) == list(range(0, T * n_windows, T))  # each window once
-    assert shuffled != plain and epoch(7) == shuffled and epoch(8) != shuffled  # another order, fixed by the seed
+    every_window = list(range(0, T * n_windows, T))
+    assert sorted(shuffled) == sorted(plain) == every_window, \
+        f"with or without order_seed an epoch reads each window once: expected the starts {every_window}, got " \
+        f"{sorted(plain)} and, with order_seed=7, {sorted(shuffled)}"
+    assert shuffled != plain, f"order_seed=7 reads the windows in another order than the lanes: got {shuffled}"
+    assert epoch(7) == shuffled and epoch(8) != shuffled, \
+        "the order is fixed by the seed (order_seed=7 twice gives one order) and changes with it (order_seed=8)"
     ranks = [TokenStream(path, "uint16", B // 2, T, rank=r, world_size=2, lanes=4, order_seed=7) for r in range(2)]
     sharded = [row[0].item() for _ in range(n_windows // B) for s in ranks for row in s.next_batch()[0]]
-    assert sharded == shuffled  # the ranks still split the same global batches
+    assert sharded == shuffled, f"two ranks still split the same global batches: expected {shuffled}, got {sharded}"
 
 
 def test_token_stream_too_small_for_a_block(tmp_path):

@@ -113,17 +113,30 @@ def test_layout_matches_single_process(corpus, single, world_size, extra):
         assert {d: record[f"comm_bytes_{d}"] for d in closed_form} == {d: b for d, (b, _) in closed_form.items()}
 
 
-def test_bucketed_and_naive_average_to_the_same_gradients(corpus):
+def first_values(tensor_or_list):
+    return [round(v, 6) for v in torch.as_tensor(tensor_or_list).flatten()[:3].tolist()]
+
+
+def test_bucketed_and_naive_average_to_the_same_gradients():
     """Compare the two modes directly on one backward, gradient by gradient; bucketed DP's
     gradients are views into its buckets, and stay right after either way of zeroing them."""
     outcome = run_ranks(2, _one_backward_both_modes, timeout=60)
-    (status0, (grads0, views0)), (status1, (grads1, _)) = outcome[0], outcome[1]
-    assert status0 == status1 == "ok", outcome
-    for bucketed, naive, *again in grads0:
-        torch.testing.assert_close(torch.tensor(bucketed), torch.tensor(naive))
-        assert all(repeat == bucketed for repeat in again)  # after dp.zero_grad() and after set_to_none
-    assert all(torch.equal(torch.tensor(a[0]), torch.tensor(b[0])) for a, b in zip(grads0, grads1))  # ranks agree
-    assert views0 == [True] * 3
+    for rank in range(2):
+        status, value = outcome.get(rank, ("missing", None))
+        assert status == "ok", f"both ranks finish a backward in each mode: rank {rank} ended {status}: {value}"
+    (grads0, views0), (grads1, _) = outcome[0][1], outcome[1][1]
+    for number, (bucketed, naive, *again) in enumerate(grads0):
+        close = torch.allclose(torch.tensor(bucketed), torch.tensor(naive), rtol=1e-5, atol=1e-7)
+        assert close, f"parameter {number}: bucketed and naive DP average to the same gradient: expected (naive) " \
+                      f"{first_values(naive)}..., got (bucketed) {first_values(bucketed)}..."
+        for zeroing, repeat in zip(("dp.zero_grad()", "set_to_none"), again):
+            assert repeat == bucketed, f"parameter {number}: the same backward after {zeroing} gives the same " \
+                                       f"average: expected {first_values(bucketed)}..., got {first_values(repeat)}..."
+    for number, (a, b) in enumerate(zip(grads0, grads1)):
+        assert a[0] == b[0], f"parameter {number}: both ranks hold the same average: rank 0 {first_values(a[0])}" \
+                             f"..., rank 1 {first_values(b[0])}..."
+    assert views0 == [True] * 3, f"after finish() every gradient is still a view into its bucket (after no " \
+                                 f"zeroing, dp.zero_grad(), set_to_none): expected [True, True, True], got {views0}"
 
 
 def _one_backward_both_modes():
@@ -154,6 +167,100 @@ def _one_backward_both_modes():
     destroy_distributed()
     first, *again = grads["bucketed"]  # per parameter: (bucketed, naive, bucketed after each zeroing)
     return [(b, n, *rest) for b, n, *rest in zip(first, grads["naive"][0], *again)], views
+
+
+class ThreeLayersAndAnUnusedOne(torch.nn.Module):
+    """A small net whose `unused` layer gets no gradient: it shares the last bucket with fc1, so that bucket's
+    hooks never all fire and finish() must send it itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.unused = torch.nn.Linear(8, 16), torch.nn.Linear(4, 4)
+        self.fc2, self.fc3 = torch.nn.Linear(16, 16), torch.nn.Linear(16, 4)
+
+    def forward(self, x):  # (B, 8) -> (B, 4)
+        return self.fc3(torch.tanh(self.fc2(torch.tanh(self.fc1(x)))))
+
+
+def _data(rank, step):
+    g = torch.Generator().manual_seed(1000 * step + rank)  # every rank, every step its own rows
+    return torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
+
+
+DP_SETUPS = {"bucketed": ("bucketed", True), "bucketed-no-overlap": ("bucketed", False), "naive": ("naive", True)}
+
+
+def _dp_average_over_steps(steps):
+    """On 4 ranks as dp 2 x pp 2 (DP groups {0, 2} and {1, 3}): each setup of DataParallel over `steps` steps,
+    each rank with its own data. Per setup and step: this rank's gradients after finish(), the average of
+    its DP group's gradients computed here from the group's data on an unwrapped twin, and the DP bytes
+    sent during backward and in the whole step."""
+    import copy
+
+    from parallel import DataParallel, destroy_distributed, init_distributed, take_comm_bytes, zero_grad
+
+    launch = init_distributed(20)
+    grid = ProcessGrid(2, 1, 2, launch.rank, launch.world_size)
+    results = {}
+    for setup, (mode, overlap) in DP_SETUPS.items():
+        torch.manual_seed(0)
+        net = ThreeLayersAndAnUnusedOne()
+        twin = copy.deepcopy(net)
+        # buckets of 1000 B: fc3 and fc2 (1360 B) fill the first, the unused layer and fc1 (656 B) the last
+        dp = DataParallel(net, grid.dp_group, grid.dp, mode, bucket_mb=1000 / 2**20, overlap=overlap)
+        for step in range(steps):
+            zero_grad(net, dp)
+            take_comm_bytes()
+            x, y = _data(launch.rank, step)
+            torch.nn.functional.mse_loss(net(x), y).backward()
+            sent_in_backward = take_comm_bytes()["dp"]
+            dp.finish()
+            sent_in_step = sent_in_backward + take_comm_bytes()["dp"]
+            want = {name: torch.zeros_like(p) for name, p in twin.named_parameters()}
+            for peer in grid.dp_ranks:
+                twin.zero_grad(set_to_none=True)
+                peer_x, peer_y = _data(peer, step)
+                torch.nn.functional.mse_loss(twin(peer_x), peer_y).backward()
+                for name, p in twin.named_parameters():
+                    if p.grad is not None:
+                        want[name] += p.grad / grid.dp
+            got = {name: (torch.zeros_like(p) if p.grad is None else p.grad).tolist()
+                   for name, p in net.named_parameters()}
+            results[setup, step] = dict(got=got, want={name: g.tolist() for name, g in want.items()},
+                                        sent_in_backward=sent_in_backward, sent_in_step=sent_in_step)
+    destroy_distributed()
+    return results
+
+
+def test_finish_leaves_the_group_average_on_every_step():
+    """DataParallel.finish() on dp 2 x pp 2: after every step each gradient is the average over this rank's DP
+    group (not the world), whether the hooks sent a bucket during backward, finish() had to send it (a
+    parameter without gradient, or overlap=False as under pipelines), or naive mode sent each gradient;
+    bucketed DP sends each gradient once per step, and every complete bucket during backward, on every step."""
+    steps = 3
+    outcome = run_ranks(4, _dp_average_over_steps, steps, timeout=60)
+    numel = sum(p.numel() for p in ThreeLayersAndAnUnusedOne().parameters())
+    for rank in range(4):
+        status, results = outcome.get(rank, ("missing", None))
+        assert status == "ok", f"every rank finishes its steps: rank {rank} ended {status}: {results}"
+        for (setup, step), r in results.items():
+            for name, want in r["want"].items():
+                got = torch.tensor(r["got"][name])
+                close = torch.allclose(got, torch.tensor(want), rtol=1e-5, atol=1e-7)
+                assert close, f"{setup}, step {step}, rank {rank}: {name}'s gradient is the average over the " \
+                              f"DP group's 2 ranks: expected {first_values(want)}..., got {first_values(got)}..."
+            if setup.startswith("bucketed"):
+                assert r["sent_in_step"] == 4 * numel, \
+                    f"{setup}, step {step}: each fp32 gradient is sent once per step: expected {4 * numel} bytes, " \
+                    f"got {r['sent_in_step']}"
+        first = results["bucketed", 0]["sent_in_backward"]
+        assert 0 < first < 4 * numel, f"rank {rank}: the complete bucket is sent during backward, the one " \
+                                      f"with the unused layer in finish(): expected between 0 and {4 * numel} " \
+                                      f"bytes during the first backward, got {first}"
+        for step in range(1, steps):
+            again = results["bucketed", step]["sent_in_backward"]
+            assert again == first, f"rank {rank}, step {step}: the hooks send the complete buckets during " \
+                                   f"backward on every step, as on the first: expected {first} bytes, got {again}"
 
 
 def _grid_coordinates():

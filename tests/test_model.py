@@ -2,25 +2,34 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from model import GPT, GPTConfig, causal_attention
+from model import GPT, GPTConfig, causal_attention, clm_loss
 
 SMALL = dict(block_size=32, vocab_size=256, n_layer=3, n_head=4, n_embd=64)
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [{}, dict(n_embd=256, n_head=8), dict(vocab_size=50304, n_embd=128), dict(norm="layernorm", norm_position="post")],
-)
+def first_loss(model, cfg, batch=8):
+    """A fresh model's mean next-token cross-entropy on random tokens, from its logits (PyTorch's own loss)."""
+    x = torch.randint(cfg.vocab_size, (batch, cfg.block_size))
+    y = torch.randint(cfg.vocab_size, (batch, cfg.block_size))
+    logits, _ = model(x)  # (B, T, V)
+    return F.cross_entropy(logits.float().flatten(0, 1), y.flatten()).item()
+
+
+@pytest.mark.parametrize("overrides", [
+    pytest.param({}, id="pre-LN, rmsnorm"),
+    pytest.param(dict(n_embd=256, n_head=8), id="n_embd=256"),
+    pytest.param(dict(vocab_size=50304, n_embd=128), id="vocab=50304"),
+    pytest.param(dict(norm="layernorm", norm_position="post"), id="post-LN, layernorm"),
+])
 def test_initial_loss_is_uniform_guessing(overrides):
     """A fresh model's loss is ~ln V: the scaled init makes its first predictions near-uniform."""
     torch.manual_seed(0)
     cfg = GPTConfig(**{**SMALL, **overrides})
-    model = GPT(cfg)
-    x = torch.randint(cfg.vocab_size, (8, cfg.block_size))
-    y = torch.randint(cfg.vocab_size, (8, cfg.block_size))
-    _, loss = model(x, y)
-    assert abs(loss.item() - math.log(cfg.vocab_size)) < 0.1
+    loss, uniform = first_loss(GPT(cfg), cfg), math.log(cfg.vocab_size)
+    assert abs(loss - uniform) < 0.1, \
+        f"a fresh model guesses near-uniformly: its first loss is within 0.1 of ln V = {uniform:.3f}, got {loss:.3f}"
 
 
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
@@ -38,42 +47,135 @@ def test_causality(norm_position):
         assert not torch.allclose(new_logits[:, t + 1 :], logits[:, t + 1 :])
 
 
-def test_init_std_follows_the_stated_rule():
+@pytest.mark.parametrize("overrides", [
+    pytest.param(dict(n_layer=6, n_embd=512, vocab_size=4096), id="L=6, C=512"),
+    pytest.param(dict(n_layer=2, n_embd=256, vocab_size=2048, bias=True, norm="layernorm", norm_position="post"),
+                 id="L=2, C=256, biases, layernorm"),
+])
+def test_init_std_follows_the_stated_rule(overrides):
     torch.manual_seed(0)
-    cfg = GPTConfig(block_size=256, vocab_size=4096, n_layer=6, n_head=8, n_embd=512)
+    cfg = GPTConfig(**{**dict(block_size=256, n_head=8), **overrides})
     model = GPT(cfg)
     C, L = cfg.n_embd, cfg.n_layer
     hidden = math.sqrt(2 / (5 * C))
-    expected = {
-        "wte.weight": 0.25 / math.sqrt(C),
-        "wpe.weight": 0.25 / math.sqrt(C),
-        "attn.c_attn.weight": hidden,
-        "mlp.c_fc.weight": hidden,
-        "attn.c_proj.weight": hidden / math.sqrt(2 * L),
-        "mlp.c_proj.weight": hidden / math.sqrt(2 * L),
+    expected = {  # name ending: (std, the rule in words)
+        "wte.weight": (0.25 / math.sqrt(C), "the tied embedding / head: 0.25 / sqrt(C)"),
+        "wpe.weight": (0.25 / math.sqrt(C), "the position embedding: 0.25 / sqrt(C), like the token embedding"),
+        "attn.c_attn.weight": (hidden, "a Linear reading the residual stream: sqrt(2 / (5 C))"),
+        "mlp.c_fc.weight": (hidden, "a Linear reading the residual stream: sqrt(2 / (5 C))"),
+        "attn.c_proj.weight": (hidden / math.sqrt(2 * L), "a residual projection: sqrt(2 / (5 C)) / sqrt(2 L)"),
+        "mlp.c_proj.weight": (hidden / math.sqrt(2 * L), "a residual projection: sqrt(2 / (5 C)) / sqrt(2 L)"),
     }
     seen = set()
     for name, p in model.named_parameters():
-        if p.dim() == 1:
-            assert torch.equal(p, torch.ones_like(p)), name  # norm gains start at 1
-            continue
-        rule = next(k for k in expected if name.endswith(k))
-        seen.add(rule)
-        assert abs(p.mean().item()) < 0.05 * expected[rule], name
-        assert p.std().item() == pytest.approx(expected[rule], rel=0.03), name
-    assert seen == set(expected)
-    assert model.lm_head.weight is model.wte.weight  # the head is the tied embedding
+        if name.endswith(".bias"):
+            assert torch.equal(p, torch.zeros_like(p)), \
+                f"biases start at 0: {name} has values up to {p.abs().max().item():.3g}"
+        elif p.dim() == 1:
+            assert torch.equal(p, torch.ones_like(p)), \
+                f"norm weights start at 1 (the init leaves them alone): {name} has mean {p.mean().item():.3g}, " \
+                f"std {p.std().item():.3g}"
+        else:
+            rule = next(k for k in expected if name.endswith(k))
+            seen.add(rule)
+            std, words = expected[rule]
+            assert p.std().item() == pytest.approx(std, rel=0.03), \
+                f"{name} has the std of {words} = {std:.5f}: got {p.std().item():.5f}"
+            assert abs(p.mean().item()) < 0.05 * std, f"{name} is centred on 0: got mean {p.mean().item():.3g}"
+    assert seen == set(expected), f"every kind of matrix is there: missing {set(expected) - seen}"
+    assert model.lm_head.weight is model.wte.weight, "the head is the tied embedding: one matrix, not two"
 
 
 def test_naive_init_uses_one_std_everywhere_and_starts_far_above_ln_v():
     torch.manual_seed(0)
+    cfg = GPTConfig(**{**SMALL, "n_embd": 128}, bias=True, naive_init_std=0.02)
+    for name, p in GPT(cfg).named_parameters():
+        if name.endswith(".bias"):
+            assert torch.equal(p, torch.zeros_like(p)), \
+                f"the naive init zeroes biases too: {name} has values up to {p.abs().max().item():.3g}"
+        elif p.dim() == 1:
+            assert torch.equal(p, torch.ones_like(p)), f"the naive init leaves norm weights at 1: {name} changed"
+        else:
+            assert p.std().item() == pytest.approx(0.02, rel=0.05), \
+                f"--naive_init_std 0.02 gives every matrix and embedding std 0.02, residual projections too (no " \
+                f"depth scaling): {name} has std {p.std().item():.5f}"
     cfg = GPTConfig(**SMALL, naive_init_std=1.0)
-    model = GPT(cfg)
-    for name, p in model.named_parameters():
-        if p.dim() == 2:
-            assert p.std().item() == pytest.approx(1.0, rel=0.05), name  # c_proj too: no residual scaling
-    x = torch.randint(cfg.vocab_size, (8, cfg.block_size))
-    assert model(x, x)[1].item() > 3 * math.log(cfg.vocab_size)  # confidently wrong from the first step
+    loss, uniform = first_loss(GPT(cfg), cfg), math.log(cfg.vocab_size)
+    assert loss > 3 * uniform, \
+        f"naive_init_std 1.0 is confidently wrong from the first step: expected a first loss above 3 ln V = " \
+        f"{3 * uniform:.2f}, got {loss:.2f}"
+
+
+# ----------------------------------------------------------------------------
+# The CLM loss, on tensors
+
+
+def loss_and_gradient(logits, targets):
+    """clm_loss(logits, targets) and its gradient with respect to the logits."""
+    logits = logits.detach().requires_grad_()
+    loss = clm_loss(logits, targets)
+    assert isinstance(loss, torch.Tensor), f"the loss is a tensor, for backward to run through: got {type(loss)}"
+    assert loss.shape == (), f"the loss is one number, a 0-dim tensor: got shape {tuple(loss.shape)}"
+    loss.backward()
+    return loss, logits.grad
+
+
+@pytest.mark.parametrize("B, T, V", [
+    pytest.param(1, 1, 7, id="B=1, T=1"),
+    pytest.param(3, 7, 13, id="B=3, T=7"),
+    pytest.param(2, 5, 256, id="B=2, T=5, V=256"),
+])
+def test_clm_loss_is_the_mean_negative_log_likelihood_over_all_positions(B, T, V):
+    """-log softmax(logits[b, t])[targets[b, t]], averaged over all B*T positions; its gradient in closed form."""
+    torch.manual_seed(0)
+    logits, targets = 3 * torch.randn(B, T, V), torch.randint(V, (B, T))
+    z = logits.double()
+    log_p = z - z.exp().sum(-1, keepdim=True).log()  # (B, T, V): log-softmax over the vocabulary
+    nll = -log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T): each position's loss
+    loss, grad = loss_and_gradient(logits, targets)
+    assert loss.item() == pytest.approx(nll.mean().item(), rel=1e-5), \
+        f"the loss is the mean over all B*T = {B * T} positions of -log softmax(logits[b, t])[targets[b, t]]: " \
+        f"expected {nll.mean().item():.6f}, got {loss.item():.6f} (their sum is {nll.sum().item():.6f})"
+    want = (log_p.exp() - F.one_hot(targets, V)) / (B * T)  # d mean / d logits = (softmax - one_hot) / (B*T)
+    assert grad is not None and torch.allclose(grad.double(), want, atol=1e-6), \
+        "the loss's gradient with respect to the logits is (softmax - one_hot(targets)) / (B*T): " + \
+        ("got none: the loss is cut off from the logits" if grad is None else
+         f"largest difference {(grad.double() - want).abs().max().item():.2e}")
+
+
+def test_clm_loss_scores_a_perfect_predictor_zero():
+    """The targets are already the next tokens (next_batch shifted them): position t predicts targets[:, t]."""
+    torch.manual_seed(0)
+    B, T, V = 2, 6, 11
+    targets = torch.randint(V, (B, T))
+    logits = 30.0 * F.one_hot(targets, V).float()  # (B, T, V): all the mass on targets[b, t] at position t
+    loss = clm_loss(logits, targets).item()
+    assert loss == pytest.approx(0.0, abs=1e-6), \
+        f"logits that put all the mass on targets[b, t] at position t score 0 (y is already shifted: shift " \
+        f"nothing again): got {loss:.3f}"
+
+
+@pytest.mark.parametrize("level", [0.0, 1000.0], ids=["logits=0", "logits=1000 (no overflow)"])
+def test_clm_loss_of_uniform_logits_is_ln_v(level):
+    B, T, V = 2, 3, 50
+    targets = torch.randint(V, (B, T))
+    loss = clm_loss(torch.full((B, T, V), level), targets).item()
+    assert loss == pytest.approx(math.log(V), rel=1e-6), \
+        f"equal logits ({level:g}) are a uniform guess and score ln V = {math.log(V):.6f} whatever their level " \
+        f"(the log-softmax subtracts the largest logit first): got {loss}"
+
+
+def test_clm_loss_is_fp32_from_bf16_logits():
+    """Under bf16 autocast the logits come in bf16; the log-softmax sums V exponentials, so it runs in fp32."""
+    torch.manual_seed(0)
+    B, T, V = 4, 16, 50304
+    logits, targets = (3 * torch.randn(B, T, V)).bfloat16(), torch.randint(V, (B, T))
+    loss = clm_loss(logits, targets)
+    assert loss.dtype == torch.float32, f"the loss is fp32 whatever the logits' dtype: got {loss.dtype}"
+    want = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).item()
+    assert loss.item() == pytest.approx(want, rel=1e-5), \
+        f"the loss is computed in fp32 from the bf16 logits (not in bf16 and then converted): expected {want:.6f}, " \
+        f"got {loss.item():.6f}"
 
 
 def test_config_errors_name_the_values():

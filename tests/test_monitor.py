@@ -1,4 +1,6 @@
+import copy
 import math
+import statistics
 
 import pytest
 import torch
@@ -6,41 +8,171 @@ import torch
 from model import GPT, GPTConfig
 from monitor import HealthMonitor, layer_grad_norms
 
+SETTINGS = dict(window=10, spike_factor=2.0, grad_z_threshold=6.0, val_rise_evals=3)
 
-def warmed(triggers=("nonfinite", "spike"), **overrides):
-    settings = dict(window=10, spike_factor=2.0, grad_z_threshold=6.0, val_rise_evals=3)
-    monitor = HealthMonitor(**{**settings, **overrides}, triggers=list(triggers))
-    for i in range(10):
-        assert monitor.check_step(1.0 + 0.01 * (i % 3), 1.0 + 0.05 * (i % 2)) == (pytest.approx(0, abs=2), [])
+
+def after_healthy_steps(losses, grad_norms, triggers=("nonfinite", "spike"), **overrides):
+    """A monitor that has checked these steps, each of which must fire nothing."""
+    monitor = HealthMonitor(**{**SETTINGS, **overrides}, triggers=list(triggers))
+    for step, (loss, grad_norm) in enumerate(zip(losses, grad_norms)):
+        _, fired = monitor.check_step(loss, grad_norm)
+        assert fired == [], \
+            f"a steady run fires nothing: step {step} (loss {loss}, grad norm {grad_norm}): expected [], got {fired}"
     return monitor
 
 
-def test_spike_is_judged_against_the_recent_median():
+STEADY_LOSSES = [1.0 + 0.01 * (i % 3) for i in range(10)]
+STEADY_GRAD_NORMS = [1.0 + 0.05 * (i % 2) for i in range(10)]
+
+
+def warmed(triggers=("nonfinite", "spike"), **overrides):
+    """10 healthy steps: losses 1.00-1.02 (median 1.01), grad norms 1.00 / 1.05 (mean 1.025, std 0.025)."""
+    return after_healthy_steps(STEADY_LOSSES, STEADY_GRAD_NORMS, triggers, **overrides)
+
+
+def fired_names(fired):
+    return [name for name, _ in fired]
+
+
+# (window, healthy losses, healthy grad norms): baselines where the usual mistakes move the spike threshold
+SPIKE_BASELINES = [
+    pytest.param(10, STEADY_LOSSES, STEADY_GRAD_NORMS, id="steady"),
+    # median 1.0, mean 1.36: a spike judged over the mean (threshold 2.72) would let 2.06 through
+    pytest.param(10, [1.0] * 6 + [1.9] * 4, STEADY_GRAD_NORMS, id="median-below-mean"),
+    # a full window of 4 whose median (1.1) moves to 1.2 if the loss being judged joins it
+    pytest.param(4, [1.0, 1.0, 1.2, 1.2], [1.0, 1.1, 1.0, 1.1], id="short-window"),
+]
+
+
+@pytest.mark.parametrize("window, losses, grad_norms", SPIKE_BASELINES)
+def test_spike_is_judged_against_the_recent_median(window, losses, grad_norms):
+    """A loss above spike_factor x the median of the healthy losses before it is a spike; just below, it is not."""
+    monitor = after_healthy_steps(losses, grad_norms, window=window)
+    median = statistics.median(losses[-window:])
+    for loss in (0.97 * SETTINGS["spike_factor"] * median, 1.03 * SETTINGS["spike_factor"] * median):
+        judged = copy.deepcopy(monitor)
+        _, fired = judged.check_step(loss, statistics.fmean(grad_norms))
+        is_spike = loss > SETTINGS["spike_factor"] * median
+        assert ("spike" in fired_names(fired)) == is_spike, \
+            f"loss {loss:.4f} against {SETTINGS['spike_factor']} x the median {median:.4f} of the healthy losses " \
+            f"{losses[-window:]} is {'a spike' if is_spike else 'no spike'}: expected " \
+            f"{['spike'] if is_spike else []}, got {fired_names(fired)}"
+        if is_spike:
+            values = dict(fired)["spike"]
+            assert values["baseline"] == pytest.approx(median), \
+                f"the spike reports its baseline, the median of the healthy losses before it: expected {median}, " \
+                f"got {values['baseline']}"
+            assert judged.is_incident(fired), f"spike is a trigger here: expected an incident, got {fired}"
+
+
+def test_spikes_and_warnings_stay_out_of_the_baselines():
+    """Only healthy steps feed the baselines: a run of spikes keeps firing, a run of high grad norms keeps
+    warning, and a NaN step leaves the next normal step unjudged by it."""
     monitor = warmed()
-    _, fired = monitor.check_step(1.9, 1.0)
-    assert fired == []  # below 2 x median: noise, not a spike
-    _, fired = monitor.check_step(2.5, 1.0)
-    assert fired[0][0] == "spike" and monitor.is_incident(fired)
-    assert fired[0][1]["baseline"] == pytest.approx(1.01, abs=0.01)
+    for repeat in range(6):
+        _, fired = monitor.check_step(2.5, 1.0)
+        assert fired_names(fired) == ["spike"], \
+            f"spike number {repeat + 1} in a row (loss 2.5 over the healthy median 1.01): expected ['spike'], " \
+            f"got {fired_names(fired)}; a spike is no healthy step and stays out of the median"
+    monitor = warmed()
+    for repeat in range(4):
+        z, fired = monitor.check_step(1.0, 5.0)
+        assert fired_names(fired) == ["grad_z"], \
+            f"warning number {repeat + 1} in a row (grad norm 5.0, healthy mean 1.025, std 0.025, z = 159): " \
+            f"expected ['grad_z'], got {fired_names(fired)} with z = {z}"
+    monitor = warmed()
+    monitor.check_step(float("nan"), float("nan"))
+    z, fired = monitor.check_step(1.01, 1.025)
+    assert fired == [] and z == pytest.approx(0, abs=1e-6), \
+        f"a normal step after a NaN one is judged against the healthy steps only: expected z = 0 and nothing " \
+        f"fired, got z = {z} and {fired_names(fired)}"
 
 
-def test_non_finite_is_always_an_incident():
-    monitor = warmed(triggers=[])
-    _, fired = monitor.check_step(float("nan"), 1.0)
-    assert fired[0][0] == "nonfinite" and monitor.is_incident(fired)
-    _, fired = monitor.check_step(1.0, float("inf"))
-    assert fired[0][0] == "nonfinite"
+NON_FINITE = [(float("nan"), 1.0), (float("inf"), 1.0), (1.0, float("nan")), (1.0, float("inf")),
+              (float("nan"), float("nan"))]
+NON_FINITE_IDS = ["loss=nan", "loss=inf", "grad_norm=nan", "grad_norm=inf", "both=nan"]
+
+
+@pytest.mark.parametrize("loss, grad_norm", NON_FINITE, ids=NON_FINITE_IDS)
+@pytest.mark.parametrize("history", ["warmed", "first-step"])
+def test_non_finite_is_always_an_incident(loss, grad_norm, history):
+    """NaN or inf in the loss or the grad norm is an incident even when no trigger is named, from the first step."""
+    monitor = warmed(triggers=[]) if history == "warmed" else HealthMonitor(**SETTINGS, triggers=[])
+    _, fired = monitor.check_step(loss, grad_norm)
+    assert fired_names(fired)[:1] == ["nonfinite"] and monitor.is_incident(fired), \
+        f"loss {loss}, grad norm {grad_norm} ({history}): expected the incident 'nonfinite' first, got " \
+        f"{fired_names(fired)}"
+    assert "spike" not in fired_names(fired), \
+        f"a non-finite loss is not also judged as a spike: expected no 'spike', got {fired_names(fired)}"
+
+
+@pytest.mark.parametrize("grad_norm", [1.0, 1.1, 1.3, 0.2], ids=["at-mean", "z=3", "z=11", "falling"])
+def test_grad_norm_z_is_the_distance_from_the_healthy_mean_in_stds(grad_norm):
+    """z = (grad norm - mean) / std of the healthy grad norms before it, the last `window` of them;
+    only a rise above the threshold warns."""
+    history = [1.0 + 0.05 * (i % 2) for i in range(15)]  # 15 steps, window 10: the first 5 have left the baseline
+    history[:5] = [9.0] * 5  # far from the others, so a baseline that kept them would show
+    losses = [1.0] * 15
+    monitor = HealthMonitor(**SETTINGS, triggers=["nonfinite", "spike"])
+    for loss, norm in zip(losses, history):
+        monitor.check_step(loss, norm)
+    recent = history[-SETTINGS["window"]:]
+    mean = statistics.fmean(recent)
+    population, sample = (grad_norm - mean) / statistics.pstdev(recent), (grad_norm - mean) / statistics.stdev(recent)
+    z, fired = monitor.check_step(1.0, grad_norm)
+    assert z == pytest.approx(population) or z == pytest.approx(sample), \
+        f"grad norm {grad_norm} against the last {SETTINGS['window']} healthy grad norms (mean {mean}): expected " \
+        f"z = {population:.4f} (population std) or {sample:.4f} (sample std), got {z}"
+    warns = z > SETTINGS["grad_z_threshold"]
+    assert ("grad_z" in fired_names(fired)) == warns, \
+        f"z = {z:.3f} against the threshold {SETTINGS['grad_z_threshold']}: expected " \
+        f"{['grad_z'] if warns else []}, got {fired_names(fired)}"
+
+
+def test_z_waits_for_the_baseline_and_survives_a_constant_one():
+    """Before baseline_ready() nothing is judged (z = 0); a baseline of equal grad norms (std 0) gives z = 0
+    for the same norm and fires on a higher one, without dividing by zero."""
+    monitor = HealthMonitor(**SETTINGS, triggers=["nonfinite", "spike"])
+    for step, (loss, grad_norm) in enumerate([(5.0, 1.0), (2.0, 4.0), (1.0, 1.0), (3.0, 8.0)]):
+        assert not monitor.baseline_ready()
+        z, fired = monitor.check_step(loss, grad_norm)
+        assert (z, fired) == (0.0, []), \
+            f"step {step}, before the baseline holds {SETTINGS['window'] // 2} healthy steps: expected z = 0 and " \
+            f"nothing fired, got z = {z} and {fired_names(fired)}"
+    constant = after_healthy_steps([1.0] * 5, [2.0] * 5)
+    z, fired = copy.deepcopy(constant).check_step(1.0, 2.0)
+    assert (z, fired) == (0.0, []), \
+        f"grad norm 2.0 after five of 2.0 (std 0): expected z = 0 and nothing fired, got z = {z}, {fired_names(fired)}"
+    z, fired = constant.check_step(1.0, 2.5)
+    assert z > SETTINGS["grad_z_threshold"] and fired_names(fired) == ["grad_z"], \
+        f"grad norm 2.5 after five of 2.0 (std 0) is far out: expected z above {SETTINGS['grad_z_threshold']} " \
+        f"and ['grad_z'], got z = {z} and {fired_names(fired)}"
 
 
 def test_grad_norm_z_warns_and_marks_the_next_checkpoint_unhealthy():
+    """A detector not in `triggers` warns (the next checkpoint is unhealthy); one in it is an incident, listed first."""
     monitor = warmed()
-    assert monitor.take_healthy_mark()
+    assert monitor.take_healthy_mark(), "after healthy steps the checkpoint is healthy: expected True, got False"
     z, fired = monitor.check_step(1.0, 5.0)
-    assert z > 6 and fired[0][0] == "grad_z" and not monitor.is_incident(fired)
-    assert not monitor.take_healthy_mark()  # the checkpoint after a warning is not a rollback target
-    assert monitor.take_healthy_mark()
+    assert z > 6 and fired_names(fired) == ["grad_z"] and not monitor.is_incident(fired), \
+        f"grad norm 5.0 (z = 159) with triggers nonfinite, spike: expected the warning ['grad_z'], not an " \
+        f"incident, got z = {z}, {fired_names(fired)}, incident {monitor.is_incident(fired)}"
+    healthy = monitor.take_healthy_mark()
+    assert not healthy, f"the checkpoint after a warning is not a rollback target: expected False, got {healthy}"
+    healthy = monitor.take_healthy_mark()
+    assert healthy, f"the mark is taken once: the checkpoint after that is healthy again: expected True, got {healthy}"
+
     as_trigger = warmed(triggers=["spike", "grad_z"])
-    assert as_trigger.is_incident(as_trigger.check_step(1.0, 5.0)[1])
+    _, fired = as_trigger.check_step(1.0, 5.0)
+    assert as_trigger.is_incident(fired), f"grad_z named in triggers: expected an incident, got {fired}"
+    assert as_trigger.take_healthy_mark(), "an incident is rolled back, not warned about: expected a healthy mark"
+
+    spike_warns = warmed(triggers=["grad_z"])
+    _, fired = spike_warns.check_step(2.5, 5.0)  # a spike (a warning here) and a grad-norm rise (an incident)
+    assert fired_names(fired) == ["grad_z", "spike"] and spike_warns.is_incident(fired), \
+        f"triggers grad_z only, loss 2.5 and grad norm 5.0: expected the incident first, ['grad_z', 'spike'], " \
+        f"got {fired_names(fired)}, incident {spike_warns.is_incident(fired)}"
+    assert not spike_warns.take_healthy_mark(), "the spike warned: expected the next checkpoint unhealthy"
 
 
 def test_val_rise_while_train_falls():

@@ -11,7 +11,7 @@ from data import TokenStream
 from model import GPT, GPTConfig
 from conftest import ROOT, run_script
 from config import TrainConfig, parse_args
-from parallel import ProcessGrid, ShardedModel, global_grad_norm
+from parallel import ProcessGrid, ShardedModel
 from train import clip_gradients, lr_at, optimizer_step
 
 # a run small enough for a unit test: 2 layers of width 32 on the small corpus
@@ -19,41 +19,114 @@ QUICK = ["--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "1
          "--eval_iters", "2", "--log_interval", "1", "--max_new_tokens", "20"]
 
 
-def test_lr_schedule_warmup_then_cosine():
-    cfg = TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, max_iters=1000)
-    assert lr_at(0, cfg) == pytest.approx(1e-5)  # first step: 1/warmup of the peak
-    assert lr_at(99, cfg) == pytest.approx(1e-3)  # end of warmup: the peak
-    assert lr_at(100, cfg) == pytest.approx(1e-3)
-    assert lr_at(550, cfg) == pytest.approx((1e-3 + 1e-4) / 2)  # halfway down the cosine
-    assert lr_at(1000, cfg) == pytest.approx(1e-4)  # the end: min_lr
-    assert lr_at(1500, cfg) == pytest.approx(1e-4)  # past the end: it stays there, the cosine does not turn up
-    stretched = TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, max_iters=1000, lr_decay_iters=2000)
-    assert lr_at(1050, stretched) == pytest.approx((1e-3 + 1e-4) / 2)  # --lr_decay_iters sets where it ends
-    lrs = [lr_at(s, cfg) for s in range(1000)]
-    assert all(a <= b for a, b in zip(lrs[:100], lrs[1:100])) and all(a >= b for a, b in zip(lrs[100:], lrs[101:]))
+def cosine_schedule(step, peak, low, warmup, end):
+    """The schedule as lr_at's docstring states it, written out: (step + 1) / warmup of the peak, then a half
+    cosine from the peak at step warmup to low at step end, then low."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    if step >= end:
+        return low
+    return low + (peak - low) * (1 + math.cos(math.pi * (step - warmup) / (end - warmup))) / 2
+
+
+@pytest.mark.parametrize("overrides", [
+    pytest.param(dict(warmup_iters=100, max_iters=1000), id="warmup=100, decay to max_iters=1000"),
+    pytest.param(dict(warmup_iters=100, max_iters=1000, lr_decay_iters=2000), id="lr_decay_iters=2000"),
+    pytest.param(dict(warmup_iters=0, max_iters=400, min_lr=0.0), id="no warmup, min_lr=0"),
+    pytest.param(dict(warmup_iters=1, max_iters=9, lr_decay_iters=5), id="warmup=1, lr_decay_iters=5"),
+])
+def test_lr_schedule_warmup_then_cosine(overrides):
+    cfg = TrainConfig(**{**dict(learning_rate=1e-3, min_lr=1e-4), **overrides})
+    peak, low, warmup = cfg.learning_rate, cfg.min_lr, cfg.warmup_iters
+    end = cfg.lr_decay_iters or cfg.max_iters  # lr_decay_iters 0 means max_iters
+    quarter = (end - warmup) // 4  # every case decays over a multiple of 4 steps
+    points = [  # (step, the LR there, the rule in words)
+        *([(0, peak / warmup, "step 0 takes learning_rate / warmup_iters"),
+           (warmup - 1, peak, "the last warmup step, warmup_iters - 1, reaches learning_rate")] if warmup else []),
+        (warmup, peak, "the decay starts from learning_rate at step warmup_iters"),
+        (warmup + quarter, low + (peak - low) * (1 + math.cos(math.pi / 4)) / 2,
+         "a quarter of the way from warmup_iters to the end, the cosine gives min_lr + (learning_rate - min_lr) "
+         "(1 + cos(pi/4)) / 2"),
+        (warmup + 2 * quarter, (peak + low) / 2, "halfway down the cosine, halfway from learning_rate to min_lr"),
+        (end, low, "the decay ends at min_lr at step lr_decay_iters (0: max_iters)"),
+        (end + 2 * quarter, low, "past the end it stays at min_lr: the cosine does not turn up again"),
+    ]
+    for step, want, words in points:
+        got = lr_at(step, cfg)
+        assert got == pytest.approx(want), f"{words}: at step {step} expected {want:.6g}, got {got:.6g}"
+    for step in range(2 * end + 1):
+        got, want = lr_at(step, cfg), cosine_schedule(step, peak, low, warmup, end)
+        assert got == pytest.approx(want), \
+            f"linear warmup over warmup_iters, cosine to min_lr at step {end}: at step {step} expected {want:.6g}, " \
+            f"got {got:.6g}"
+
+
+def parameters_with_gradients(scale, seed=0):
+    """Three parameters whose gradients are views into one flat buffer, as bucketed DP holds them, and a fourth
+    without a gradient (unused this step): (parameters, buffer)."""
+    shapes = [(10, 10), (7,), (3, 5)]
+    buffer = scale * torch.randn(sum(math.prod(s) for s in shapes), generator=torch.Generator().manual_seed(seed))
+    params, offset = [], 0
+    for shape in shapes:
+        p = torch.nn.Parameter(torch.zeros(shape))
+        p.grad = buffer[offset : offset + math.prod(shape)].view(shape)
+        offset += math.prod(shape)
+        params.append(p)
+    return params + [torch.nn.Parameter(torch.zeros(4))], buffer
 
 
 def test_clipping_bounds_the_global_norm():
-    torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(10, 10)) for _ in range(3)]
-    for p in params:
-        p.grad = 5 * torch.randn_like(p)
-    reference = [p.grad.clone() for p in params]
-    norm = global_grad_norm([], [p.grad for p in params])
-    clip_gradients(params, norm, max_norm=1.0)
-    assert norm.item() == pytest.approx(torch.cat([g.flatten() for g in reference]).norm().item(), rel=1e-5)
-    assert torch.cat([p.grad.flatten() for p in params]).norm().item() == pytest.approx(1.0, rel=1e-4)
-    twins = [torch.nn.Parameter(torch.zeros_like(g)) for g in reference]
-    for twin, g in zip(twins, reference):
-        twin.grad = g.clone()
-    assert torch.nn.utils.clip_grad_norm_(twins, 1.0).item() == pytest.approx(norm.item(), rel=1e-5)  # torch agrees
-    for p, g in zip(params, reference):  # one factor for all: directions are kept
-        torch.testing.assert_close(p.grad, g * (1.0 / norm), rtol=1e-4, atol=1e-6)
-    before = [p.grad.clone() for p in params]
-    small = global_grad_norm([], [p.grad for p in params])
-    clip_gradients(params, small, max_norm=10.0)  # below the threshold: untouched
-    assert small.item() == pytest.approx(1.0, rel=1e-4)
-    assert all(torch.equal(p.grad, b) for p, b in zip(params, before))
+    params, buffer = parameters_with_gradients(scale=5.0)
+    before = buffer.clone()
+    norm = before.norm()  # the global norm, as the model's grad_norm() hands it over: a 0-dim fp32 tensor
+    clip_gradients((p for p in params), norm, max_norm=1.0)  # a generator, as train.py passes parameters()
+    assert params[-1].grad is None, "a parameter without a gradient is skipped and keeps none"
+    twins, want = parameters_with_gradients(scale=5.0)  # the same gradients, clipped by PyTorch
+    torch.nn.utils.clip_grad_norm_(twins, max_norm=1.0)
+    got = torch.cat([p.grad.flatten() for p in params[:-1]])
+    factors = got / before
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-7), \
+        f"every gradient is scaled by one factor, max_norm / grad_norm = {1.0 / norm.item():.6f} (as " \
+        f"torch.nn.utils.clip_grad_norm_ does): got factors from {factors.min().item():.6f} to " \
+        f"{factors.max().item():.6f}"
+    assert got.norm().item() == pytest.approx(1.0, rel=1e-5), \
+        f"after clipping the global norm is max_norm = 1.0: got {got.norm().item():.6f}"
+    assert torch.allclose(buffer, want, rtol=1e-5, atol=1e-7), \
+        "the gradients are scaled in place: bucketed DP holds them as views into its buckets, which must hold the " \
+        f"clipped values; the buckets still hold a norm of {buffer.norm().item():.4f}"
+
+
+@pytest.mark.parametrize("scale, max_norm", [
+    pytest.param(0.01, 1.0, id="norm below max_norm"),
+    pytest.param(5.0, 0.0, id="max_norm=0 means no clipping"),
+    pytest.param(0.0, 1.0, id="all gradients zero"),
+])
+def test_clipping_leaves_gradients_within_bounds_alone(scale, max_norm):
+    params, buffer = parameters_with_gradients(scale)
+    before = buffer.clone()
+    norm = before.norm()
+    clip_gradients(params, norm, max_norm)
+    assert params[-1].grad is None, "a parameter without a gradient is skipped and keeps none"
+    got = torch.cat([p.grad.flatten() for p in params[:-1]])
+    why = "max_norm 0 means no clipping (--grad_clip 0)" if max_norm == 0 else \
+        f"a global norm of {norm.item():.3g}, not above max_norm = {max_norm}, is not clipped (nor scaled up)"
+    assert torch.equal(got, before), \
+        f"{why}: the gradients are left as they are; got a norm of {got.norm().item():.4g} for {norm.item():.4g}"
+
+
+def test_clipping_uses_the_global_norm_it_is_given():
+    """Under DP, TP and PP a rank holds a share of the gradient: the factor comes from grad_norm, the norm over every
+    rank's share, so that every rank scales by the same factor."""
+    params, buffer = parameters_with_gradients(scale=5.0)
+    before = buffer.clone()
+    local = before.norm()
+    everyone = 2 * local  # the whole model's gradient: this rank's share is a part of it
+    clip_gradients(params, everyone, max_norm=1.5 * local.item())
+    got = torch.cat([p.grad.flatten() for p in params[:-1]])
+    factor = (got.norm() / local).item()
+    assert factor == pytest.approx(0.75, rel=1e-5), \
+        f"the factor is max_norm / grad_norm = 1.5 |this rank's share| / (2 |this rank's share|) = 0.75, from the " \
+        f"grad_norm it is given and not from the gradients this rank holds: got {factor:.6f}"
 
 
 def one_step(tmp_path, batch_size, accumulation, dtype=torch.float32):

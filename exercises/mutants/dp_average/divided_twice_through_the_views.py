@@ -1,0 +1,17 @@
+# wrong: divides each bucket and then each parameter's gradient, a view into the same bucket: divided twice
+if self.mode == "naive":
+    for p in self.params:
+        if p.grad is not None:
+            dist.all_reduce(counted("dp", p.grad), group=self.group)
+            p.grad /= self.size
+    return
+for i in range(len(self.buckets)):
+    if i not in self.in_flight:
+        self._launch(i)
+for flat, work in self.in_flight.values():
+    work.wait()
+    flat /= self.size
+for p in self.params:
+    p.grad /= self.size
+self.in_flight.clear()
+self.ready = [0] * len(self.buckets)

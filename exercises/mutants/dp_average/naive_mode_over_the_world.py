@@ -1,0 +1,15 @@
+# wrong: naive mode all-reduces over the default group, every rank of the world, not the DP group
+if self.mode == "naive":
+    for p in self.params:
+        if p.grad is not None:
+            dist.all_reduce(counted("dp", p.grad))
+            p.grad /= self.size
+    return
+for i in range(len(self.buckets)):
+    if i not in self.in_flight:
+        self._launch(i)
+for flat, work in self.in_flight.values():
+    work.wait()
+    flat /= self.size
+self.in_flight.clear()
+self.ready = [0] * len(self.buckets)

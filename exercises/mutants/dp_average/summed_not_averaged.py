@@ -1,0 +1,11 @@
+# wrong: gradients summed over the ranks, not averaged
+for i in range(len(self.buckets)):
+    if i not in self.in_flight and self.mode == "bucketed":
+        self._launch(i)
+if self.mode == "naive":
+    for p in self.params:
+        dist.all_reduce(p.grad, group=self.group)
+for flat, work in self.in_flight.values():
+    work.wait()
+self.in_flight.clear()
+self.ready = [0] * len(self.buckets)

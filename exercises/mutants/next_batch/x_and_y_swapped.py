@@ -1,0 +1,8 @@
+# wrong: x and y swapped: the model would be asked for the previous token
+B, T = self.batch_size, self.block_size
+first = self.position + self.rank * B
+starts = [self.window(first + b) * T for b in range(B)]
+rows = np.stack([self.tokens[s : s + T + 1] for s in starts]).astype(np.int64)  # (B, T+1)
+self.position += self.world_size * B
+y, x = rows[:, :-1], rows[:, 1:]
+return torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
