@@ -3,8 +3,9 @@
 Follows GPT-2 (Radford et al. 2019) as nanoGPT writes it, with the stability
 choices of modern pretraining: Pre-LN blocks, RMSNorm (Zhang & Sennrich 2019),
 no biases, width-scaled initialization. LayerNorm and Post-LN stay selectable
-so the two can be compared. The loss is the causal language modelling (CLM)
-loss: cross-entropy of each position's prediction of the next token, in fp32.
+so the two can be compared, and attention can run written out instead of in
+PyTorch's fused kernel. The loss is the causal language modelling (CLM) loss:
+cross-entropy of each position's prediction of the next token, in fp32.
 
 Shapes: B batch, T sequence, C channels (n_embd), H heads, V vocab.
 """
@@ -29,6 +30,8 @@ class GPTConfig:
     norm: str = "rmsnorm"  # rmsnorm | layernorm
     norm_position: str = "pre"  # pre (Pre-LN: x + f(norm(x))) | post (Post-LN: norm(x + f(x)))
     naive_init_std: float = 0.0  # 0: the width-scaled init (GPT._init_weights); > 0: N(0, std^2) everywhere, to compare
+    # sdpa: PyTorch's fused kernel, the (T, T) scores never stored | manual: written out, as a learner reads it
+    attention: str = "sdpa"
 
     def __post_init__(self):
         if self.n_embd % self.n_head:
@@ -44,6 +47,8 @@ class GPTConfig:
             raise ValueError(f"norm_position {self.norm_position!r} must be pre or post")
         if self.naive_init_std < 0:
             raise ValueError(f"naive_init_std {self.naive_init_std} must be 0 (width-scaled init) or positive")
+        if self.attention not in ("sdpa", "manual"):
+            raise ValueError(f"attention {self.attention!r} must be sdpa or manual")
 
 
 class RMSNorm(nn.Module):
@@ -82,11 +87,33 @@ def causal_attention(q, k, v, dropout_p):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
 
 
+def manual_causal_attention(q, k, v, dropout_p):
+    """causal_attention written out, as a learner reads it: softmax(q k^T / sqrt(C/H) + causal mask) v, each
+    attention weight dropped with probability dropout_p (the kept ones scaled by 1 / (1 - dropout_p)).
+    q, k, v (B, H, T, C/H) -> (B, H, T, C/H) in v's dtype. It stores the (B, H, T, T) scores and weights that
+    the fused kernel never does: memory grows with T^2.
+
+    The scores and their softmax are fp32 whatever the inputs' dtype, as in the fused kernels: a score near
+    100 held in bf16 is off by up to 0.25, which moves its weight by up to 28%. (Under autocast the matmul
+    itself runs in bf16, as do the model's other matmuls.)"""
+    # exercise attention: begin
+    T, head_size = q.size(-2), q.size(-1)
+    # 1/sqrt(head size): q . k sums head_size products, so its spread grows like sqrt(head size)
+    scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(head_size)  # (B, H, T, T): query t, key s
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(diagonal=1)  # (T, T): True where s > t
+    scores = scores.masked_fill(future, float("-inf"))  # exp(-inf) = 0: no weight on the future
+    weights = F.softmax(scores, dim=-1)  # (B, H, T, T): over the keys s, each row sums to 1
+    weights = F.dropout(weights, dropout_p)  # each weight dropped with probability p, the others scaled by 1/(1-p)
+    return weights.to(v.dtype) @ v  # (B, H, T, C/H): each position's weighted sum of the values it sees
+    # exercise attention: end
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.head_dim = config.n_embd // config.n_head
         self.dropout = config.dropout
+        self.attention = config.attention
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v at once
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # back into the residual stream
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -97,7 +124,13 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).chunk(3, dim=2)
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H, T, C/H)
         # softmax(q k^T / sqrt(C/H) + causal mask) v: position t attends to positions <= t only
-        y = causal_attention(q, k, v, self.dropout if self.training else 0.0)  # (B, H, T, C/H)
+        dropout_p = self.dropout if self.training else 0.0
+        if self.attention == "sdpa":
+            y = causal_attention(q, k, v, dropout_p)  # (B, H, T, C/H)
+        elif self.attention == "manual":
+            y = manual_causal_attention(q, k, v, dropout_p)  # the same, with the (B, H, T, T) weights stored
+        else:
+            raise ValueError(f"unknown attention {self.attention!r}")
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, C): the heads side by side
         return self.resid_dropout(self.c_proj(y))
 

@@ -314,14 +314,18 @@ class CopyToTensorParallel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
+        # exercise tp_layers, CopyToTensorParallel.forward: begin
         ctx.group = group
         return x
+        # exercise tp_layers, CopyToTensorParallel.forward: end
 
     @staticmethod
     def backward(ctx, grad):
+        # exercise tp_layers, CopyToTensorParallel.backward: begin
         grad = grad.contiguous()
         dist.all_reduce(counted("tp", grad), group=ctx.group)
         return grad, None
+        # exercise tp_layers, CopyToTensorParallel.backward: end
 
 
 class ReduceFromTensorParallel(torch.autograd.Function):
@@ -330,13 +334,17 @@ class ReduceFromTensorParallel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
+        # exercise tp_layers, ReduceFromTensorParallel.forward: begin
         x = x.contiguous()
         dist.all_reduce(counted("tp", x), group=group)
         return x
+        # exercise tp_layers, ReduceFromTensorParallel.forward: end
 
     @staticmethod
     def backward(ctx, grad):
+        # exercise tp_layers, ReduceFromTensorParallel.backward: begin
         return grad, None
+        # exercise tp_layers, ReduceFromTensorParallel.backward: end
 
 
 @dataclass(frozen=True)
@@ -389,7 +397,9 @@ class ColumnParallelLinear(nn.Module):
         return cls(_sharded_parameter(linear.weight, cut, grid), bias, grid.tp_group, cut)
 
     def forward(self, x):  # (B, T, in) -> (B, T, out/tp)
+        # exercise tp_layers, ColumnParallelLinear.forward: begin
         return F.linear(CopyToTensorParallel.apply(x, self.group), self.weight, self.bias)
+        # exercise tp_layers, ColumnParallelLinear.forward: end
 
 
 class RowParallelLinear(nn.Module):
@@ -411,8 +421,10 @@ class RowParallelLinear(nn.Module):
         return cls(_sharded_parameter(linear.weight, cls.cut, grid), linear.bias, grid.tp_group)
 
     def forward(self, x):  # (B, T, in/tp) -> (B, T, out)
+        # exercise tp_layers, RowParallelLinear.forward: begin
         y = ReduceFromTensorParallel.apply(F.linear(x, self.weight), self.group)
         return y if self.bias is None else y + self.bias
+        # exercise tp_layers, RowParallelLinear.forward: end
 
 
 class VocabParallelEmbedding(nn.Module):

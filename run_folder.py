@@ -22,10 +22,11 @@ def out_dir_of(preset, cfg):
 
 def run_identity(mcfg, cfg, meta, global_batch):
     """What makes two runs the same run. The layout is not part of it: the same global batch
-    on dp=1 or dp=4 reads the same rows and takes the same step, so either may resume the other."""
+    on dp=1 or dp=4 reads the same rows and takes the same step, so either may resume the other.
+    Nor is the attention kernel: sdpa and manual compute the same function of the same weights."""
     layout_fields = ("out_dir", "overwrite", "device", "compile", "batch_size", "gradient_accumulation_steps")
     return {
-        "GPTConfig": asdict(mcfg),
+        "GPTConfig": {k: v for k, v in asdict(mcfg).items() if k != "attention"},
         "TrainConfig": {**{k: v for k, v in asdict(cfg).items() if k not in layout_fields}, "global_batch": global_batch},
         "data": {k: meta[k] for k in ("source", "source_sha256", "tokenizer", "val_fraction")},
     }

@@ -455,11 +455,11 @@ def finish(run, val_loss):
 
 
 def checkpoint_state(run, step):
-    """Everything the next step depends on. The chapter's three pieces are the weights with
-    AdamW's moments, the step (where the LR schedule continues) and the data position; the
-    RNG, the monitor's baselines and the runbook's state make the resume exact. Weights and
-    moments are in single-device form (checkpoint.py), so any layout can resume them.
-    Every rank must call it: it gathers slices and stages."""
+    """Everything the next step depends on. The chapter's three pieces: "model" and "optimizer" (the weights, AdamW's
+    moments), "step" (where the LR schedule goes on) and "data" (the stream's position); "rng", "monitor" (baselines),
+    "recovery" (the runbook) and "scaler" make the resume exact; "config" and "meta" name the run. Weights and moments
+    are in single-device form (checkpoint.py): any layout resumes them. Every rank calls it: it gathers the parts."""
+    # exercise checkpoint, checkpoint_state: begin
     return {
         "model": checkpoint.full_state_dict(run.model, run.grid),
         "optimizer": checkpoint.full_optimizer_state_dict(run.optimizer, run.model, run.grid, run.optimizer_groups),
@@ -472,6 +472,7 @@ def checkpoint_state(run, step):
         "config": run.identity,
         "meta": run.meta,
     }
+    # exercise checkpoint, checkpoint_state: end
 
 
 def restore_checkpoint(run, state, forget=()):
@@ -480,23 +481,21 @@ def restore_checkpoint(run, state, forget=()):
     forget (--resume_without) leaves out some of the chapter's three pieces, to show what each
     one is for: "optimizer" (AdamW restarts from zero moments), "data_position" (train.bin is
     read again from its start) or "schedule" (the LR schedule starts over, warmup first)."""
-    changed = config_changes(state["config"], {"GPTConfig": run.identity["GPTConfig"]})
-    if changed:
+    if changed := config_changes(state["config"], {"GPTConfig": run.identity["GPTConfig"]}):
         raise ValueError(f"the checkpoint holds a model of another shape ({'; '.join(changed)})")
+    if "optimizer" not in state and not (run.rcfg.reset_optimizer or "optimizer" in forget):
+        raise ValueError(f"the checkpoint of step {state['step']} in {run.ckpt_dir} has no optimizer state. Resuming "
+                         "would restart AdamW's moment estimates from zero, a jolt in update size and direction that "
+                         "weights alone cannot undo. Pass --reset_optimizer to accept that and continue anyway.")
     if forget:
         run.say(f"warning: resuming without the checkpoint's {', '.join(forget)} (--resume_without)")
+    if "optimizer" not in state or "optimizer" in forget:
+        run.say("warning: no optimizer state taken from the checkpoint; AdamW restarts from zero moments")
+    # exercise checkpoint, restore_checkpoint: begin
     checkpoint.load_full_state_dict(run.model, state["model"], run.grid)
     if "optimizer" in state and "optimizer" not in forget:
         checkpoint.load_full_optimizer_state_dict(run.optimizer, state["optimizer"], run.model, run.grid,
                                                   run.optimizer_groups)
-    elif not (run.rcfg.reset_optimizer or "optimizer" in forget):
-        raise ValueError(
-            f"the checkpoint of step {state['step']} in {run.ckpt_dir} has no optimizer state. Resuming would "
-            "restart AdamW's moment estimates from zero, a jolt in update size and direction that weights "
-            "alone cannot undo. Pass --reset_optimizer to accept that and continue anyway."
-        )
-    else:
-        run.say("warning: no optimizer state taken from the checkpoint; AdamW restarts from zero moments")
     if state.get("scaler"):  # empty when the saving run had no fp16 loss scaling
         run.scaler.load_state_dict(state["scaler"])
     run.train_stream.load_state_dict({"position": 0} if "data_position" in forget else state["data"])
@@ -506,6 +505,7 @@ def restore_checkpoint(run, state, forget=()):
     if "schedule" in forget:
         run.recovery.schedule_from = state["step"]
     return state["step"]
+    # exercise checkpoint, restore_checkpoint: end
 
 
 def load_checkpoint(run, healthy_only=False):

@@ -1,14 +1,248 @@
 """Megatron-style tensor parallelism with real gloo processes: every slice does the single-device math."""
 
+import contextlib
+import copy
+from unittest import mock
+
 import pytest
 import torch
+import torch.distributed as dist
+import torch.nn as nn
 
 import checkpoint
 import train
 from local_ranks import run_ranks
 from model import GPT, GPTConfig
-from parallel import (ColumnParallelLinear, Cut, ProcessGrid, RowParallelLinear, ShardedModel, VocabParallelEmbedding,
-                      check_tensor_parallel_layout, destroy_distributed, global_grad_norm, init_distributed)
+from parallel import (ColumnParallelLinear, CopyToTensorParallel, Cut, ProcessGrid, ReduceFromTensorParallel,
+                      RowParallelLinear, ShardedModel, VocabParallelEmbedding, check_tensor_parallel_layout,
+                      destroy_distributed, global_grad_norm, init_distributed, take_comm_bytes)
+
+# ----------------------------------------------------------------------------
+# The pieces, each against its single-device twin: f, g, a column- and a row-parallel Linear, and the MLP
+# they make. One run of real ranks per layout computes every piece; each test reads one property from it.
+
+B, T, C, H = 2, 3, 5, 12  # batch, time, width (never cut, odd), hidden width (cut by tp: 12 = 2 x 6 = 4 x 3)
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "reduce")
+NOTHING = (0, [])  # (tp bytes counted, collectives called)
+ONE_ALL_REDUCE = (B * T * C * 4, [("all_reduce", (B, T, C))])  # of one (B, T, C) float32 tensor
+
+
+def _pieces_case(dp, tp):
+    """The single-device layers, and per DP replica its own inputs and the gradients that reach the outputs;
+    parts: a different (B, T, C) tensor on each TP rank, for f's gradient and g's partial result."""
+    torch.manual_seed(0)
+    fc, proj = nn.Linear(C, H), nn.Linear(H, C)
+    generator = torch.Generator().manual_seed(1)
+    shapes = dict(x=(B, T, C), hidden=(B, T, H), out_grad=(B, T, C), hidden_grad=(B, T, H), parts=(tp, B, T, C))
+    replicas = [{name: torch.randn(*shape, generator=generator) for name, shape in shapes.items()} for _ in range(dp)]
+    return dict(fc=fc, proj=proj, replicas=replicas)
+
+
+def _hidden_features(tp_rank, tp):
+    """This rank's slice of the H hidden features: the column layer's outputs, the row layer's inputs."""
+    return slice(tp_rank * H // tp, (tp_rank + 1) * H // tp)
+
+
+def _calls(spies):
+    """[(collective, shape of its tensor)] the spies saw since the last look; they start again."""
+    calls = []
+    for name, spy in spies.items():
+        for call in spy.call_args_list:
+            tensor = next(a for a in (*call.args, *call.kwargs.values()) if torch.is_tensor(a))
+            calls.append((name, tuple(tensor.shape)))
+        spy.reset_mock()
+    return sorted(calls)
+
+
+def _measured(what, forward, x, out_grad, module=None):
+    """forward(x) on this rank and its backward from out_grad: the output, the gradients of x and of the
+    module's parameters (None where none arrived), and per direction (tp bytes counted, collectives called)."""
+    x = x.clone().requires_grad_()
+    with contextlib.ExitStack() as stack:
+        spies = {name: stack.enter_context(mock.patch.object(dist, name, wraps=getattr(dist, name)))
+                 for name in COLLECTIVES}
+        take_comm_bytes()  # count from here
+        y = forward(x)
+        sent = {"forward": (take_comm_bytes()["tp"], _calls(spies))}
+        assert y.shape == out_grad.shape, f"{what}: expected an output of shape {tuple(out_grad.shape)}, " \
+                                          f"got {tuple(y.shape)}"
+        y.backward(out_grad.clone())  # a copy: f's backward may all-reduce the gradient it is handed in place
+        sent["backward"] = (take_comm_bytes()["tp"], _calls(spies))
+    parameters = {} if module is None else dict(module.named_parameters())
+    as_numpy = {name: None if p.grad is None else p.grad.numpy() for name, p in parameters.items()}
+    return dict(out=y.detach().numpy(), x_grad=None if x.grad is None else x.grad.numpy(), grads=as_numpy, sent=sent)
+
+
+def _pieces_on_rank(case, dp, tp):
+    """On each rank, with its slices of the single-device weights: f, g, the column- and the row-parallel
+    Linear alone, and the MLP column -> GELU -> row with and without biases."""
+    launch = init_distributed(20)
+    grid = ProcessGrid(dp, tp, 1, launch.rank, launch.world_size)
+    group, replica, mine = grid.tp_group, case["replicas"][grid.dp_rank], _hidden_features(grid.tp_rank, tp)
+    fc, proj = case["fc"], case["proj"]
+
+    def parameter(tensor):
+        return nn.Parameter(tensor.detach().clone())
+
+    def column(bias):  # W cut by rows (output features), the bias like them
+        return ColumnParallelLinear(parameter(fc.weight[mine]), parameter(fc.bias[mine]) if bias else None, group,
+                                    Cut(dim=0))
+
+    def row(bias):  # W cut by columns (input features), the bias whole
+        return RowParallelLinear(parameter(proj.weight[:, mine]), parameter(proj.bias) if bias else None, group)
+
+    part = replica["parts"][grid.tp_rank]
+    got = {
+        "f": _measured("f", lambda x: CopyToTensorParallel.apply(x, group), replica["x"], part),
+        # g's input is a partial result (here a copy of this rank's part), as F.linear's output is in the layer
+        "g": _measured("g", lambda x: ReduceFromTensorParallel.apply(x.clone(), group), part, replica["out_grad"]),
+    }
+    layer = column(bias=True)
+    got["column"] = _measured("the column-parallel Linear", layer, replica["x"], replica["hidden_grad"][..., mine],
+                              layer)
+    layer = row(bias=True)
+    got["row"] = _measured("the row-parallel Linear", layer, replica["hidden"][..., mine], replica["out_grad"], layer)
+    for bias in (True, False):
+        mlp = nn.Sequential(column(bias), nn.GELU(), row(bias))  # parameters 0.weight, 0.bias, 2.weight, 2.bias
+        got[f"mlp bias={bias}"] = _measured("column -> GELU -> row", mlp, replica["x"], replica["out_grad"], mlp)
+    destroy_distributed()
+    return got
+
+
+@pytest.fixture(scope="module", params=[(1, 2), (1, 4), (2, 2)], ids=["tp=2", "tp=4", "dp=2,tp=2"])
+def pieces(request):
+    """(tp, the case, run_ranks' outcome) of one run of dp x tp ranks: two TP groups side by side under dp=2."""
+    dp, tp = request.param
+    case = _pieces_case(dp, tp)
+    return tp, case, run_ranks(dp * tp, _pieces_on_rank, case, dp, tp, timeout=90)
+
+
+def _ranks(pieces):
+    """("rank r", its replica's data, its hidden features, its values) for every rank, once every rank finished."""
+    tp, case, outcome = pieces
+    stopped = []
+    for rank, (status, value) in sorted(outcome.items()):
+        if status != "ok":
+            first_line = str(value).partition("\n")[0]  # the error in its own words, without pytest's account
+            stopped.append(f"rank {rank} ({status}): {first_line}")
+    assert not stopped, "every rank runs the pieces to the end, but " + "; ".join(stopped)
+    return [(f"rank {rank}", case["replicas"][rank // tp], _hidden_features(rank % tp, tp), value)
+            for rank, (_, value) in sorted(outcome.items())]
+
+
+def _single_device(module, x, out_grad):
+    """The single-device twin: module(x) and its backward from out_grad, on a copy; (output, x's gradient, module)."""
+    module, x = copy.deepcopy(module), x.clone().requires_grad_()
+    y = module(x)
+    y.backward(out_grad)
+    return y.detach(), x.grad, module
+
+
+def _first_values(tensor):
+    """The first four values, for a message: enough to see a factor of tp or a sign."""
+    values = ", ".join(f"{v:.4g}" for v in tensor.flatten()[:4].tolist())
+    return f"[{values}{', ...' if tensor.numel() > 4 else ''}]"
+
+
+def _assert_close(got, want, what):
+    """A rank's tensor (numpy, None for a gradient that never arrived) equals the single-device value."""
+    assert got is not None, f"{what}: expected a tensor of shape {tuple(want.shape)}, got None (no gradient)"
+    got = torch.from_numpy(got)
+    assert got.shape == want.shape, f"{what}: expected shape {tuple(want.shape)}, got {tuple(got.shape)}"
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (
+        f"{what}: expected {_first_values(want)}, got {_first_values(got)} "
+        f"(largest difference {(got - want).abs().max().item():.3g})")
+
+
+def _assert_sent(sent, direction, want, what):
+    """The collectives one direction called, and the tp bytes parallel.counted saw, are want's."""
+    bytes_counted, calls = sent[direction]
+    assert calls == want[1], f"{what}: expected the collectives {want[1] or 'none'}, got {calls or 'none'}"
+    assert bytes_counted == want[0], (f"{what}: expected {want[0]} tp bytes counted (hand the tensor through "
+                                      f"counted('tp', ...)), got {bytes_counted}")
+
+
+def test_f_is_the_identity_forward_and_sums_the_gradients_backward(pieces):
+    for rank, replica, _, got in _ranks(pieces):
+        f = got["f"]
+        _assert_close(f["out"], replica["x"], f"{rank}: f's forward returns its input unchanged")
+        _assert_close(f["x_grad"], replica["parts"].sum(0),
+                      f"{rank}: f's backward is the sum of every TP rank's gradient (and only its TP group's)")
+        _assert_sent(f["sent"], "forward", NOTHING, f"{rank}: f communicates nothing in forward")
+        _assert_sent(f["sent"], "backward", ONE_ALL_REDUCE, f"{rank}: f all-reduces the (B, T, C) gradient once")
+
+
+def test_g_sums_the_partial_results_forward_and_passes_the_gradient_back(pieces):
+    for rank, replica, _, got in _ranks(pieces):
+        g = got["g"]
+        _assert_close(g["out"], replica["parts"].sum(0),
+                      f"{rank}: g's forward is the sum of every TP rank's partial result (and only its TP group's)")
+        _assert_close(g["x_grad"], replica["out_grad"], f"{rank}: g's backward passes the gradient on unchanged")
+        _assert_sent(g["sent"], "forward", ONE_ALL_REDUCE, f"{rank}: g all-reduces the (B, T, C) output once")
+        _assert_sent(g["sent"], "backward", NOTHING, f"{rank}: g communicates nothing in backward")
+
+
+def test_column_parallel_linear_computes_this_ranks_output_features(pieces):
+    _, case, _ = pieces
+    for rank, replica, mine, got in _ranks(pieces):
+        y, x_grad, fc = _single_device(case["fc"], replica["x"], replica["hidden_grad"])
+        column = got["column"]
+        _assert_close(column["out"], y[..., mine],
+                      f"{rank}: the column-parallel output is this rank's slice of the output features, X W_i^T + b_i")
+        _assert_close(column["x_grad"], x_grad, f"{rank}: the input's gradient arrives whole (f sums the ranks' parts)")
+        _assert_close(column["grads"]["weight"], fc.weight.grad[mine], f"{rank}: the gradient of this rank's rows of W")
+        _assert_close(column["grads"]["bias"], fc.bias.grad[mine], f"{rank}: the gradient of this rank's slice of b")
+        _assert_sent(column["sent"], "forward", NOTHING,
+                     f"{rank}: the column-parallel Linear communicates nothing in forward")
+        _assert_sent(column["sent"], "backward", ONE_ALL_REDUCE,
+                     f"{rank}: the column-parallel Linear all-reduces the input's gradient once in backward (f)")
+
+
+def test_row_parallel_linear_sums_partial_products_and_adds_its_bias_once(pieces):
+    _, case, _ = pieces
+    for rank, replica, mine, got in _ranks(pieces):
+        y, x_grad, proj = _single_device(case["proj"], replica["hidden"], replica["out_grad"])
+        row = got["row"]
+        _assert_close(row["out"], y, f"{rank}: the row-parallel output is the whole sum_i X_i W_i^T + b, the bias "
+                                     f"added once")
+        _assert_close(row["x_grad"], x_grad[..., mine], f"{rank}: the gradient of this rank's input features")
+        _assert_close(row["grads"]["weight"], proj.weight.grad[:, mine],
+                      f"{rank}: the gradient of this rank's columns of W")
+        _assert_close(row["grads"]["bias"], proj.bias.grad, f"{rank}: the gradient of the whole bias, on every rank")
+        _assert_sent(row["sent"], "forward", ONE_ALL_REDUCE,
+                     f"{rank}: the row-parallel Linear all-reduces its partial output once in forward (g)")
+        _assert_sent(row["sent"], "backward", NOTHING,
+                     f"{rank}: the row-parallel Linear communicates nothing in backward")
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["biases", "no biases"])
+def test_column_then_row_equals_the_single_device_mlp(pieces, bias):
+    _, case, _ = pieces
+    fc, proj = copy.deepcopy(case["fc"]), copy.deepcopy(case["proj"])
+    if not bias:
+        fc.bias = proj.bias = None
+    for rank, replica, mine, got in _ranks(pieces):
+        y, x_grad, single = _single_device(nn.Sequential(fc, nn.GELU(), proj), replica["x"], replica["out_grad"])
+        mlp = got[f"mlp bias={bias}"]
+        _assert_close(mlp["out"], y, f"{rank}: the MLP's output, whole on every rank")
+        _assert_close(mlp["x_grad"], x_grad, f"{rank}: the MLP input's gradient, whole on every rank")
+        want = {"0.weight": single[0].weight.grad[mine], "2.weight": single[2].weight.grad[:, mine]}
+        if bias:
+            want.update({"0.bias": single[0].bias.grad[mine], "2.bias": single[2].bias.grad})
+        for name, grad in want.items():
+            _assert_close(mlp["grads"].get(name), grad, f"{rank}: the gradient of this rank's part of {name}")
+
+
+def test_column_then_row_communicates_one_all_reduce_each_way(pieces):
+    for rank, _, _, got in _ranks(pieces):
+        for bias in (True, False):
+            sent, where = got[f"mlp bias={bias}"]["sent"], f"{rank}, bias={bias}"
+            _assert_sent(sent, "forward", ONE_ALL_REDUCE, f"{where}: the MLP's forward is one all-reduce (g)")
+            _assert_sent(sent, "backward", ONE_ALL_REDUCE, f"{where}: the MLP's backward is one all-reduce (f)")
+
+
+# ----------------------------------------------------------------------------
+# The whole model
 
 
 def _compare_with_single_device(cfg_kwargs, tp):

@@ -1,0 +1,7 @@
+# wrong: dropout is applied to the output, not to the attention weights
+T, head_size = q.size(-2), q.size(-1)
+scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(head_size)  # (B, H, T, T)
+future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(diagonal=1)
+scores = scores.masked_fill(future, float("-inf"))
+weights = F.softmax(scores, dim=-1)
+return F.dropout(weights.to(v.dtype) @ v, dropout_p)

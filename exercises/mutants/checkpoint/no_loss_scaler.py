@@ -1,0 +1,13 @@
+# wrong: the fp16 loss scaler is left out of the checkpoint
+# in: checkpoint_state
+return {
+    "model": checkpoint.full_state_dict(run.model, run.grid),
+    "optimizer": checkpoint.full_optimizer_state_dict(run.optimizer, run.model, run.grid, run.optimizer_groups),
+    "step": step,
+    "data": run.train_stream.state_dict(),
+    "rng": checkpoint.rng_state(),
+    "monitor": run.monitor.state_dict(),
+    "recovery": asdict(run.recovery),
+    "config": run.identity,
+    "meta": run.meta,
+}
