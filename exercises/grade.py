@@ -4,12 +4,14 @@
     python exercises/grade.py --root STUDENT_DIR       # a student's copy
     python exercises/grade.py --root STUDENT_DIR lr_at clip_gradients
 
-One line per exercise:
+One line per exercise, each after the exercises it needs:
   not attempted   its body is still the stub
   passed          every test that grades it passes
-  failed          the first failing property, in words, and the check that failed
-  waiting on N    its tests stop in another exercise's stub (N), so they say nothing about this one yet
-Exits 1 if any graded exercise failed or is not attempted, else 0.
+  failed          a property its body breaks, in words, with the expected and the actual value
+                  (tests that wait on another exercise's stub are counted beside it)
+  waiting on N    every test that could run passed, and the others stop in exercise N's stub:
+                  write N, then grade again
+Exits 0 only if every graded exercise passed.
 """
 
 import argparse
@@ -17,43 +19,102 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from catalog import BY_NAME, EXERCISES, body, stub_line  # noqa: E402
+from catalog import BY_NAME, EXERCISES, MarkerError, body, in_needs_order, stub_line  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STUB = re.compile(r'NotImplementedError: exercise (\w+):')
+STUB = re.compile(r"NotImplementedError: exercise (\w+):")
 
 
-def attempted(root, exercise):
+def stubbed_bodies(root, exercise):
+    """The exercise's bodies that are still the stub, by where they are."""
     with open(os.path.join(root, exercise.file)) as f:
-        _, lines, _ = body(f.read(), exercise.name)
-    return not any(stub_line(exercise.name) in line for line in lines)
+        source = f.read()
+    return [where for where in exercise.where
+            if any(stub_line(exercise.name) in line for line in body(source, exercise, where)[1])]
 
 
-def in_words(node_id):
-    """tests/test_train.py::test_lr_schedule_warmup_then_cosine -> 'lr schedule warmup then cosine'"""
-    return node_id.split("::")[-1].removeprefix("test_").replace("_", " ")
+def in_words(name):
+    """test_lr_schedule_warmup_then_cosine[lanes=4] -> 'lr schedule warmup then cosine (lanes=4)'"""
+    base, _, params = name.partition("[")
+    words = base.removeprefix("test_").replace("_", " ")
+    return words + (f" ({params.rstrip(']')})" if params else "")
 
 
-def grade(root, exercise, timeout=600):
+def what_failed(failure, exercise):
+    """One line from a failed test's report: the property's own message, or where the body raised what."""
+    message, text = failure.get("message", ""), failure.text or ""
+    if message.startswith("assert "):  # a check without words: pytest's account of it
+        return "the check `" + message.splitlines()[0] + "` failed"
+    first = message.split("\nassert ")[0].strip()
+    if first.startswith("AssertionError"):
+        return " ".join(first.removeprefix("AssertionError").lstrip(": ").split())
+    # An exception: say where in the exercise's file it was raised, the student's line.
+    raised = re.findall(rf"^{re.escape(exercise.file)}:(\d+): \w+", text, re.MULTILINE)
+    at = f" at {exercise.file} line {raised[-1]}" if raised else ""
+    return f"raised{at}: " + " ".join(first.split())
+
+
+def run_tests(root, tests, timeout, first_failure_only=False):
+    """{test name: (outcome, detail)} with outcome passed | failed | error, and pytest's output."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = os.path.join(tmp, "report.xml")
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
+                   *(["-x"] if first_failure_only else []), *tests]
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")  # an edited body must never meet a stale .pyc
+        result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=timeout, env=env)
+        cases = ET.parse(report).getroot().iter("testcase") if os.path.exists(report) else []
+        outcomes = {}
+        for case in cases:
+            failure = case.find("failure")
+            error = case.find("error")
+            if failure is not None:
+                outcomes[case.get("name")] = ("failed", failure)
+            elif error is not None:
+                outcomes[case.get("name")] = ("error", error)
+            elif case.find("skipped") is None:
+                outcomes[case.get("name")] = ("passed", None)
+    return outcomes, result.stdout + result.stderr
+
+
+def grade(root, exercise, timeout=900, first_failure_only=False):
     """(status, detail) of one exercise in the project at root."""
-    if not attempted(root, exercise):
-        return "not attempted", exercise.what
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", *exercise.tests],
-                            cwd=root, capture_output=True, text=True, timeout=timeout,
-                            env=dict(os.environ, COLUMNS="240"))  # pytest cuts the failed check to the terminal's width
-    if result.returncode == 0:
-        return "passed", f"{len(exercise.tests)} test(s)"
-    waiting = sorted({n for n in STUB.findall(result.stdout) if n != exercise.name})
+    stubs = stubbed_bodies(root, exercise)
+    if len(stubs) == len(exercise.where):
+        return "not attempted", f"write {', '.join(exercise.where)}: {exercise.what}"
+    if stubs:
+        return "failed", f"{', '.join(stubs)} is still the stub: write every body of the exercise"
+    try:
+        outcomes, output = run_tests(root, exercise.tests, timeout, first_failure_only)
+    except subprocess.TimeoutExpired:
+        return "failed", f"its tests did not finish within {timeout} s: does the body wait for something forever?"
+    failed, waiting = [], {}
+    for name, (outcome, report) in outcomes.items():
+        if outcome == "passed":
+            continue
+        stopped_in = set(STUB.findall(report.text or "")) | set(STUB.findall(report.get("message", "")))
+        stopped_in -= {exercise.name}
+        if stopped_in:
+            for other in stopped_in:
+                waiting.setdefault(other, []).append(name)
+        else:
+            failed.append((name, report))
+    if not outcomes or (len(outcomes) < len(exercise.tests) and not failed and not first_failure_only):
+        lines = [line for line in output.splitlines() if line.strip()]
+        return "failed", "its tests did not run: " + (lines[-1] if lines else "pytest printed nothing")
+    on = f"on exercise {', '.join(sorted(waiting))}"
+    if failed:
+        name, report = failed[0]
+        more = f" [{len(failed) - 1} more test(s) failed]" if len(failed) > 1 else ""
+        wait = f" [{sum(map(len, waiting.values()))} more wait {on}]" if waiting else ""
+        return "failed", f"{in_words(name)}: {what_failed(report, exercise)}{more}{wait}"
     if waiting:
-        return "waiting", f"on exercise {', '.join(waiting)}: its tests need that body too"
-    failed = re.findall(r"^FAILED (\S+)(?: - (.*))?$", result.stdout, re.MULTILINE)
-    if not failed:  # an error before any test ran: a syntax error, an import that fails
-        lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
-        return "failed", lines[-1] if lines else f"pytest exited with {result.returncode}"
-    node, message = failed[0]
-    return "failed", f"{in_words(node)}" + (f": {message.strip()[:200]}" if message else "")
+        return "waiting", f"{on}: {len(outcomes) - sum(map(len, waiting.values()))} test(s) passed, the others " \
+                          f"run that body too"
+    return "passed", f"{len(outcomes)} test(s)"
 
 
 def main(argv=None):
@@ -66,15 +127,22 @@ def main(argv=None):
         raise SystemExit(f"error: {', '.join(unknown)}: no such exercise; choose from {', '.join(BY_NAME)}")
     if not os.path.isfile(os.path.join(args.root, "train.py")):
         raise SystemExit(f"error: --root {args.root} holds no train.py: point it at a copy made by exercises/make.py")
-    chosen = [e for e in EXERCISES if not args.names or e.name in args.names]
-    bad = 0
-    for number, exercise in enumerate(EXERCISES, 1):
-        if exercise not in chosen:
-            continue
+    chosen = [e for e in in_needs_order(EXERCISES) if not args.names or e.name in args.names]
+    try:
+        for exercise in chosen:  # every marker first: a broken one stops the grading before any test runs
+            for where in exercise.where:
+                with open(os.path.join(args.root, exercise.file)) as f:
+                    body(f.read(), exercise, where)
+    except MarkerError as e:
+        raise SystemExit(f"error: {e}") from None
+    number = {e.name: i for i, e in enumerate(EXERCISES, 1)}
+    passed = 0
+    for exercise in chosen:
         status, detail = grade(args.root, exercise)
-        bad += status in ("failed", "not attempted")
-        print(f"{number:>2}. {exercise.name:<16} {status:<14} {detail}", flush=True)
-    sys.exit(1 if bad else 0)
+        passed += status == "passed"
+        needs = f"(needs {', '.join(exercise.needs)}) " if exercise.needs and status != "passed" else ""
+        print(f"{number[exercise.name]:>2}. {exercise.name:<16} {status:<14} {needs}{detail}", flush=True)
+    sys.exit(0 if passed == len(chosen) else 1)
 
 
 if __name__ == "__main__":

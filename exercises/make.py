@@ -16,33 +16,40 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from catalog import BY_NAME, EXERCISES, indent_of, replace_body, stub_line  # noqa: E402
+from catalog import BY_NAME, EXERCISES, MarkerError, stub  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def project_files(root):
-    """The files git tracks (the project, not its runs, data or caches)."""
-    listed = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True)
+def project_files(root, untracked=False):
+    """The files git tracks (the project, not its runs, data or caches); with untracked, also the files
+    git would track if added (a teacher's new tests and mutants), never the ignored ones."""
+    listed = subprocess.run(["git", "ls-files", "--cached", *(["--others", "--exclude-standard"] if untracked else [])],
+                            cwd=root, capture_output=True, text=True)
     if listed.returncode != 0:
         raise SystemExit(f"error: {root} is not a git checkout; make.py copies the files git tracks there")
     return [f for f in listed.stdout.splitlines() if os.path.isfile(os.path.join(root, f))]
 
 
-def make(out_dir, names, root=ROOT):
+def make(out_dir, names, root=ROOT, untracked=False, quiet=False):
     if os.path.exists(out_dir) and os.listdir(out_dir):
         raise SystemExit(f"error: {out_dir} exists and is not empty: choose a new folder (nothing was written)")
-    for f in project_files(root):
+    for f in project_files(root, untracked):
         os.makedirs(os.path.dirname(os.path.join(out_dir, f)) or out_dir, exist_ok=True)
         shutil.copy2(os.path.join(root, f), os.path.join(out_dir, f))
     for name in names:
         path = os.path.join(out_dir, BY_NAME[name].file)
         with open(path) as f:
             source = f.read()
+        try:
+            stubbed = stub(source, BY_NAME[name])
+        except MarkerError as e:
+            raise SystemExit(f"error: {e}") from None
         with open(path, "w") as f:
-            f.write(replace_body(source, name, [indent_of(source, name) + stub_line(name) + "\n"]))
-    print(f"wrote {out_dir}: the project with {len(names)} exercise(s) to write: {', '.join(names)}")
-    print(f"grade them with: python exercises/grade.py --root {out_dir}")
+            f.write(stubbed)
+    if not quiet:
+        print(f"wrote {out_dir}: the project with {len(names)} exercise(s) to write: {', '.join(names)}")
+        print(f"grade them with: python exercises/grade.py --root {out_dir}")
 
 
 def main(argv=None):

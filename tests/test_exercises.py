@@ -1,5 +1,6 @@
-"""The exercises: a student copy starts with every exercise not attempted; the graders pass the
-project's own bodies and catch the classic wrong ones, planted in a copy."""
+"""The exercises: a student copy starts with nothing attempted; the grader reports failed, waiting and
+passed honestly and names a broken marker; the graders reject every wrong body in exercises/mutants/
+(`-m graders`, minutes), and the needs the catalog declares are enough to grade each exercise."""
 
 import sys
 
@@ -8,82 +9,14 @@ import pytest
 from conftest import ROOT, run_script
 
 sys.path.insert(0, str(ROOT / "exercises"))
-from catalog import BY_NAME, body, indent_of, replace_body  # noqa: E402
+from catalog import BY_NAME, EXERCISES, all_needs, in_needs_order, mutants_of, reference_bodies  # noqa: E402
+from check_graders import write_bodies  # noqa: E402
 
-# The classic mistakes, one per exercise: (what it gets wrong, the wrong body at indent 0).
-PLANTED = {
-    "next_batch": ("every rank reads the same rows", """\
-B, T = self.batch_size, self.block_size
-starts = [self.window(self.position + b) * T for b in range(B)]
-rows = np.stack([self.tokens[s : s + T + 1] for s in starts]).astype(np.int64)
-self.position += self.world_size * B
-return torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(rows[:, 1:].copy())
-"""),
-    "init": ("no depth scaling of the residual projections", """\
-C = self.config.n_embd
-if isinstance(module, nn.Embedding):
-    nn.init.normal_(module.weight, std=self.embedding_std(C))
-elif isinstance(module, nn.Linear) and module is not self.lm_head:
-    nn.init.normal_(module.weight, std=self.init_std(C))
-"""),
-    "clm_loss": ("the sum, not the mean", """\
-return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")
-"""),
-    "lr_at": ("warmup off by one: step 0 gets no learning rate", """\
-decay_iters = cfg.lr_decay_iters or cfg.max_iters
-if step < cfg.warmup_iters:
-    return cfg.learning_rate * step / cfg.warmup_iters
-if step >= decay_iters:
-    return cfg.min_lr
-progress = (step - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
-return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
-"""),
-    "clip_gradients": ("each tensor clipped to max_norm on its own", """\
-if max_norm > 0:
-    for p in parameters:
-        if p.grad is not None:
-            p.grad.mul_(torch.clamp(max_norm / (p.grad.norm() + 1e-6), max=1.0))
-"""),
-    "check_step": ("a NaN loss is caught, an infinite grad norm is not", """\
-fired = []
-z = 0.0
-if self.baseline_ready():
-    mean, std = statistics.fmean(self.grad_norms), statistics.pstdev(self.grad_norms)
-    z = (grad_norm - mean) / max(std, 1e-8) if math.isfinite(grad_norm) else 0.0
-if not math.isfinite(loss):
-    fired.append(("nonfinite", {"loss": str(loss), "grad_norm": str(grad_norm)}))
-elif self.baseline_ready() and loss > self.spike_factor * statistics.median(self.losses):
-    fired.append(("spike", {"loss": loss, "baseline": statistics.median(self.losses), "factor": self.spike_factor}))
-if self.grad_z_threshold and z > self.grad_z_threshold:
-    fired.append(("grad_z", {"grad_norm": grad_norm, "z": z, "threshold": self.grad_z_threshold}))
-if not fired:
-    self.losses.append(loss)
-    self.grad_norms.append(grad_norm)
-return z, self._sort(fired)
-"""),
-    "dp_average": ("gradients summed over the ranks, not averaged", """\
-for i in range(len(self.buckets)):
-    if i not in self.in_flight and self.mode == "bucketed":
-        self._launch(i)
-if self.mode == "naive":
-    for p in self.params:
-        dist.all_reduce(p.grad, group=self.group)
-for flat, work in self.in_flight.values():
-    work.wait()
-self.in_flight.clear()
-self.ready = [0] * len(self.buckets)
-"""),
-    "one_f_one_b": ("all forwards first: GPipe under another name", """\
-return [("F", i) for i in range(micro_batches)] + [("B", i) for i in range(micro_batches)]
-"""),
-    "flops_per_token": ("6 N alone, without attention", """\
-return 6 * (parameters_on_rank(mc) - mc.block_size * mc.n_embd)
-"""),
-}
+GPIPE_ORDER = ['return [("F", i) for i in range(micro_batches)] + [("B", i) for i in range(micro_batches)]\n']
 
 
 def grade(root, *names):
-    return run_script([ROOT / "exercises" / "grade.py", "--root", root, *names], cwd=root, timeout=600)
+    return run_script([ROOT / "exercises" / "grade.py", "--root", root, *names], cwd=root, timeout=900)
 
 
 def student_copy(tmp_path, *names):
@@ -93,17 +26,8 @@ def student_copy(tmp_path, *names):
     return out
 
 
-def write_body(root, name, lines):
-    path = root / BY_NAME[name].file
-    source = path.read_text()
-    path.write_text(replace_body(source, name, [indent_of(source, name) + line if line.strip() else line
-                                                for line in lines]))
-
-
-def reference_body(name):
-    _, lines, _ = body((ROOT / BY_NAME[name].file).read_text(), name)
-    indent = indent_of((ROOT / BY_NAME[name].file).read_text(), name)
-    return [line.removeprefix(indent) for line in lines]
+def status_of(result, name):
+    return next(line.split()[2] for line in result.stdout.splitlines() if line.split()[1:2] == [name])
 
 
 def test_a_student_copy_starts_with_nothing_attempted(tmp_path):
@@ -111,34 +35,118 @@ def test_a_student_copy_starts_with_nothing_attempted(tmp_path):
     result = grade(out)
     assert result.returncode == 1
     assert result.stdout.count("not attempted") == len(BY_NAME), result.stdout
-    for name in BY_NAME:  # the stub keeps the signature and docstring, and names the exercise
-        assert f'NotImplementedError("exercise {name}:' in (out / BY_NAME[name].file).read_text()
+    for exercise in EXERCISES:  # the stub keeps the signature and docstring, and names the exercise
+        stubs = (out / exercise.file).read_text().count(f'NotImplementedError("exercise {exercise.name}:')
+        assert stubs == len(exercise.where), exercise.name
+
+
+def test_the_report_follows_the_needs(tmp_path):
+    out = student_copy(tmp_path, *BY_NAME)
+    reported = [line.split()[1] for line in grade(out).stdout.splitlines()]
+    assert reported == [e.name for e in in_needs_order(EXERCISES)]
+    for name in reported:
+        assert all(reported.index(n) < reported.index(name) for n in BY_NAME[name].needs), name
 
 
 def test_one_reference_body_makes_exactly_that_exercise_pass(tmp_path):
     out = student_copy(tmp_path, *BY_NAME)
-    write_body(out, "lr_at", reference_body("lr_at"))
+    write_bodies(out, BY_NAME["lr_at"], reference_bodies(ROOT, BY_NAME["lr_at"]))
     result = grade(out)
     lines = result.stdout.splitlines()
     assert result.returncode == 1 and [line.split()[1] for line in lines if " passed " in line] == ["lr_at"], lines
     assert sum("not attempted" in line for line in lines) == len(BY_NAME) - 1
 
 
-def test_a_test_that_needs_another_stub_waits_on_it(tmp_path):
-    """init's tests run the model's forward, which needs clm_loss: while that is a stub, init waits on it."""
-    out = student_copy(tmp_path, "init", "clm_loss")
-    write_body(out, "init", reference_body("init"))
-    result = grade(out, "init")
-    assert "waiting" in result.stdout and "on exercise clm_loss" in result.stdout, result.stdout
+def test_a_right_body_waits_on_the_stub_its_tests_need(tmp_path):
+    """dp_average's tests train a model, which needs init: while init is a stub, dp_average waits on it."""
+    out = student_copy(tmp_path, "init", "dp_average")
+    write_bodies(out, BY_NAME["dp_average"], reference_bodies(ROOT, BY_NAME["dp_average"]))
+    result = grade(out, "dp_average")
+    assert status_of(result, "dp_average") == "waiting" and "on exercise init" in result.stdout, result.stdout
+    assert result.returncode == 1, "an exercise that waits has not passed yet"
 
 
-@pytest.mark.parametrize("name", list(PLANTED))
-def test_the_grader_catches_the_classic_mistake_and_passes_the_reference(tmp_path, name):
-    mistake, wrong = PLANTED[name]
-    out = student_copy(tmp_path, name)
-    write_body(out, name, wrong.splitlines(keepends=True))
+def test_a_wrong_body_fails_even_while_another_stub_is_pending(tmp_path):
+    """GPipe's order under 1F1B's name breaks the bubble and memory properties, which need no other
+    exercise: it fails although init, which the pipeline's equality test needs, is still a stub."""
+    out = student_copy(tmp_path, "init", "one_f_one_b")
+    write_bodies(out, BY_NAME["one_f_one_b"], {"one_f_one_b": GPIPE_ORDER})
+    result = grade(out, "one_f_one_b")
+    assert status_of(result, "one_f_one_b") == "failed", result.stdout
+    assert "wait on exercise init" in result.stdout, result.stdout
+    assert result.returncode == 1
+
+
+def test_a_failure_says_the_property_with_expected_and_actual(tmp_path):
+    out = student_copy(tmp_path, "lr_at")
+    write_bodies(out, BY_NAME["lr_at"], {"lr_at": [
+        "if step < cfg.warmup_iters:\n",
+        "    return cfg.learning_rate * (step + 1) / cfg.warmup_iters\n",
+        "return cfg.learning_rate\n",  # no decay at all
+    ]})
+    result = grade(out, "lr_at")
+    assert result.returncode == 1 and status_of(result, "lr_at") == "failed", result.stdout
+    assert "expected" in result.stdout and "got" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("damage", ["deleted", "doubled"])
+def test_a_broken_marker_names_the_file_the_exercise_and_the_line(tmp_path, damage):
+    out = student_copy(tmp_path, "lr_at")
+    path = out / "train.py"
+    lines = path.read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.strip() == "# exercise lr_at: end")
+    lines[at : at + 1] = [] if damage == "deleted" else [lines[at], lines[at]]
+    path.write_text("".join(lines))
+    result = grade(out, "lr_at")
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    said = result.stderr
+    assert "train.py" in said and "lr_at" in said and "# exercise lr_at: end" in said, said
+    assert ("missing" if damage == "deleted" else "appears 2 times") in said, said
+
+
+def test_check_graders_reports_a_wrong_body_that_passes(tmp_path):
+    """A 'mutant' that is the reference itself passes the graders: check_graders must say so and exit 1;
+    a real mistake in the same folder is caught."""
+    folder = tmp_path / "mutants" / "lr_at"
+    folder.mkdir(parents=True)
+    (folder / "the_reference.py").write_text("# wrong: nothing (the reference)\n"
+                                             + "".join(reference_bodies(ROOT, BY_NAME["lr_at"])["lr_at"]))
+    (folder / "no_decay.py").write_text("# wrong: the LR never decays\nreturn cfg.learning_rate\n")
+    result = run_script([ROOT / "exercises" / "check_graders.py", "--mutants", tmp_path / "mutants", "lr_at"],
+                        cwd=ROOT)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "NOT CAUGHT (passed)" in result.stdout and "the_reference.py" in result.stdout, result.stdout
+    assert "caught       " in result.stdout and "1/2 mutants caught" in result.stdout, result.stdout
+
+
+def test_every_exercise_keeps_at_least_three_mutants():
+    for exercise in EXERCISES:
+        mutants = mutants_of(exercise)
+        assert len(mutants) >= 3, f"{exercise.name} has {len(mutants)} mutants in exercises/mutants/"
+        assert all(m.wrong for m in mutants), exercise.name
+
+
+def test_needs_form_no_cycle_and_name_exercises():
+    for exercise in EXERCISES:
+        assert set(exercise.needs) <= set(BY_NAME) - {exercise.name}, exercise.name
+    assert len(in_needs_order(EXERCISES)) == len(EXERCISES)
+
+
+@pytest.mark.graders
+def test_the_graders_catch_every_mutant():
+    result = run_script([ROOT / "exercises" / "check_graders.py"], cwd=ROOT, timeout=3000)
+    total = sum(len(mutants_of(e)) for e in EXERCISES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{total}/{total} mutants caught" in result.stdout, result.stdout
+
+
+@pytest.mark.graders
+@pytest.mark.parametrize("name", list(BY_NAME))
+def test_the_declared_needs_are_enough_to_grade(tmp_path, name):
+    """Every exercise that it does not declare it needs is a stub: the reference still passes."""
+    others = [n for n in BY_NAME if n != name and n not in all_needs(BY_NAME[name])]
+    out = student_copy(tmp_path, *others) if others else student_copy(tmp_path, "lr_at")
+    if not others:
+        write_bodies(out, BY_NAME["lr_at"], reference_bodies(ROOT, BY_NAME["lr_at"]))
     result = grade(out, name)
-    assert result.returncode == 1 and " failed " in result.stdout, f"{mistake} was not caught:\n{result.stdout}"
-    write_body(out, name, reference_body(name))
-    result = grade(out, name)
-    assert result.returncode == 0 and " passed " in result.stdout, result.stdout + result.stderr
+    assert status_of(result, name) == "passed", f"{name} needs more than {BY_NAME[name].needs}:\n{result.stdout}"
