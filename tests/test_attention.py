@@ -113,14 +113,21 @@ def test_each_output_averages_the_values_it_sees(T):
     assert_close(weights, weights_by_hand(q, k), "the weights are softmax(q . k / sqrt(head size)) over keys 0..t")
 
 
-def test_equal_keys_give_the_running_mean_of_the_values():
-    """With every key the same, each visible key gets the same weight: the output at t is mean(v[0..t])."""
-    B, H, T = 2, 2, 7
-    q, k, v = random_qkv(B, H, T, 8)
-    same_keys = k[..., :1, :].expand(B, H, T, 8).contiguous()
+@pytest.mark.parametrize("score", [None, -1e5], ids=["random_queries", "every_score_-1e5"])
+def test_equal_keys_give_the_running_mean_of_the_values(score):
+    """With every key the same, each visible key gets the same weight: the output at t is mean(v[0..t]). However
+    low those equal scores (-1e5), the future still gets none: its mask is -inf, not a finite number like -1e4
+    that such scores fall below."""
+    B, H, T, head_size = 2, 2, 7, 8
+    q, k, v = random_qkv(B, H, T, head_size)
+    same_keys = k[..., :1, :].expand(B, H, T, head_size).contiguous()
+    if score is not None:  # q = score sqrt(head size) k0 / |k0|^2: every q . k0 / sqrt(head size) is `score`
+        k0 = k[..., :1, :]  # (B, H, 1, head size)
+        q = (score * math.sqrt(head_size) * k0 / k0.pow(2).sum(-1, keepdim=True)).expand(B, H, T, head_size)
     y = manual_causal_attention(q, same_keys, v, 0.0)
     running_mean = v.cumsum(dim=-2) / torch.arange(1, T + 1).view(T, 1)  # (B, H, T, head size)
-    assert_close(y, running_mean, "with equal keys the output at position t is the mean of v[0..t]")
+    scores = "random scores" if score is None else f"every score near {score:g}"
+    assert_close(y, running_mean, f"with equal keys ({scores}) the output at position t is the mean of v[0..t]")
 
 
 @pytest.mark.parametrize("H, head_size", [(1, 4), (3, 16), (2, 64)], ids=["heads=1,head_size=4",

@@ -227,6 +227,23 @@ def test_restore_puts_back_the_loss_scaler(corpus, saved):
                                           f"got {got.get(key)}"
 
 
+def test_a_checkpoint_saved_without_loss_scaling_resumes_under_fp16(corpus, saved):
+    """--dtype auto picks bf16 where the device has it, else fp16 on a GPU: a run saved without loss scaling (its
+    scaler's state empty) may go on under fp16, and its scaler then starts afresh, at its initial scale."""
+    run = new_run(corpus)  # --dtype float16: the scaler is on
+    fresh = run.scaler.state_dict()
+    state = dict(copy.deepcopy(saved["state"]), scaler={})  # what a bf16 or fp32 run's disabled scaler saves
+    try:
+        step = restore_checkpoint(run, state)
+    except Exception as e:
+        pytest.fail(f"a checkpoint whose scaler state is empty (saved without fp16 loss scaling) resumes under "
+                    f"fp16: expected no error, got {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+    assert step == SAVED_AT, f"a checkpoint saved without loss scaling, resumed under fp16: the step is the " \
+                             f"checkpoint's: expected {SAVED_AT}, got {step}"
+    assert run.scaler.state_dict() == fresh, f"a checkpoint saved without loss scaling leaves the fp16 scaler as " \
+                                             f"it starts: expected {fresh}, got {run.scaler.state_dict()}"
+
+
 # ----------------------------------------------------------------------------
 # --resume_without
 
@@ -252,6 +269,22 @@ def test_resume_without_a_piece_leaves_out_that_piece_only(corpus, saved, piece)
     else:
         check_same_tensors(moments(run), had["moments"], f"--resume_without {piece}: AdamW's state")
     check_same_tensors(weights(run), had["weights"], f"--resume_without {piece}: the weights")
+
+
+def test_resuming_again_without_the_schedule_restarts_it_at_the_new_resume(corpus, saved):
+    """A run resumed without its schedule at step s counts its LR schedule from s; checkpointed at s + 2, it
+    resumes counting from s again, or, once more without the schedule, from s + 2: the restart is the resume's
+    own step, not added to the checkpoint's earlier restart."""
+    run, first = resumed(corpus, saved, forget=("schedule",))
+    take_steps(run, first, 2)
+    state = written_and_read(checkpoint_state(run, first + 2))
+    for forget, want in (((), first), (("schedule",), first + 2)):
+        again = new_run(corpus)
+        restore_checkpoint(again, copy.deepcopy(state), forget=forget)
+        how = "without the schedule" if forget else "in full"
+        assert again.recovery.schedule_from == want, \
+            f"a run resumed without its schedule at step {first}, checkpointed at step {first + 2} and resumed " \
+            f"{how}: the step its LR schedule counts from: expected {want}, got {again.recovery.schedule_from}"
 
 
 def test_a_checkpoint_without_optimizer_state_resumes_under_reset_optimizer(corpus, saved):

@@ -161,16 +161,18 @@ def check_shapes(x, y, B, T):
         f"x and y are int64 (embedding indices and cross-entropy targets): got {x.dtype} and {y.dtype}"
 
 
-@pytest.mark.parametrize("B, T, lanes, n_windows", [
-    pytest.param(3, 8, 1, 24, id="B=3, T=8, lanes=1"),
-    pytest.param(3, 8, 4, 26, id="B=3, T=8, lanes=4, 2 windows sit out"),
-    pytest.param(2, 5, 3, 12, id="B=2, T=5, lanes=3"),
-    pytest.param(1, 1, 1, 5, id="B=1, T=1"),
+@pytest.mark.parametrize("B, T, lanes, n_windows, order_seed", [
+    pytest.param(3, 8, 1, 24, 0, id="B=3, T=8, lanes=1"),
+    pytest.param(3, 8, 4, 26, 0, id="B=3, T=8, lanes=4, 2 windows sit out"),
+    pytest.param(2, 5, 3, 12, 0, id="B=2, T=5, lanes=3"),
+    pytest.param(2, 5, 3, 12, 5, id="B=2, T=5, lanes=3, order_seed=5"),
+    pytest.param(1, 1, 1, 5, 0, id="B=1, T=1"),
 ])
-def test_token_stream_walks_without_gaps_or_overlap(tmp_path, B, T, lanes, n_windows):
-    """Row r of the walk is window stream.window(r), tokens [w*T, w*T + T]: x its first T, y its last T."""
+def test_token_stream_walks_without_gaps_or_overlap(tmp_path, B, T, lanes, n_windows, order_seed):
+    """Row r of the walk is window stream.window(r) (lanes, then the seeded order), tokens [w*T, w*T + T]:
+    x its first T, y its last T."""
     tokens = write_tokens(tmp_path / "t.bin", n_windows * T + 1)
-    stream = TokenStream(str(tmp_path / "t.bin"), "uint16", B, T, lanes=lanes)
+    stream = TokenStream(str(tmp_path / "t.bin"), "uint16", B, T, lanes=lanes, order_seed=order_seed)
     rows = stream.windows_per_epoch  # one epoch
     xs, ys = [], []
     for batch in range(rows // B):  # each batch checked as it comes: a wrong one is named before the next is read

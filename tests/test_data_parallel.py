@@ -236,10 +236,13 @@ def test_finish_leaves_the_group_average_on_every_step():
     """DataParallel.finish() on dp 2 x pp 2: after every step each gradient is the average over this rank's DP
     group (not the world), whether the hooks sent a bucket during backward, finish() had to send it (a
     parameter without gradient, or overlap=False as under pipelines), or naive mode sent each gradient;
-    bucketed DP sends each gradient once per step, and every complete bucket during backward, on every step."""
+    bucketed DP sends each gradient once per step, and every complete bucket during backward, on every step;
+    naive DP's all-reduces go through the communication counter too."""
     steps = 3
     outcome = run_ranks(4, _dp_average_over_steps, steps, timeout=60)
-    numel = sum(p.numel() for p in ThreeLayersAndAnUnusedOne().parameters())
+    net = ThreeLayersAndAnUnusedOne()
+    numel = sum(p.numel() for p in net.parameters())
+    with_grad = numel - sum(p.numel() for p in net.unused.parameters())  # naive may skip the unused layer
     for rank in range(4):
         status, results = outcome.get(rank, ("missing", None))
         assert status == "ok", f"every rank finishes its steps: rank {rank} ended {status}: {results}"
@@ -252,6 +255,11 @@ def test_finish_leaves_the_group_average_on_every_step():
             if setup.startswith("bucketed"):
                 assert r["sent_in_step"] == 4 * numel, \
                     f"{setup}, step {step}: each fp32 gradient is sent once per step: expected {4 * numel} bytes, " \
+                    f"got {r['sent_in_step']}"
+            else:
+                assert 4 * with_grad <= r["sent_in_step"] <= 4 * numel, \
+                    f"{setup}, step {step}: each fp32 gradient's all-reduce is counted (parallel.counted), once: " \
+                    f"expected {4 * with_grad} bytes ({4 * numel} if the unused layer's zeros are sent too), " \
                     f"got {r['sent_in_step']}"
         first = results["bucketed", 0]["sent_in_backward"]
         assert 0 < first < 4 * numel, f"rank {rank}: the complete bucket is sent during backward, the one " \

@@ -70,7 +70,7 @@ def test_init_std_follows_the_stated_rule(overrides):
     for name, p in model.named_parameters():
         if name.endswith(".bias"):
             assert torch.equal(p, torch.zeros_like(p)), \
-                f"biases start at 0: {name} has values up to {p.abs().max().item():.3g}"
+                f"biases start at 0: expected every value of {name} 0, got values up to {p.abs().max().item():.3g}"
         elif p.dim() == 1:
             assert torch.equal(p, torch.ones_like(p)), \
                 f"norm weights start at 1 (the init leaves them alone): {name} has mean {p.mean().item():.3g}, " \
@@ -92,9 +92,12 @@ def test_naive_init_uses_one_std_everywhere_and_starts_far_above_ln_v():
     for name, p in GPT(cfg).named_parameters():
         if name.endswith(".bias"):
             assert torch.equal(p, torch.zeros_like(p)), \
-                f"the naive init zeroes biases too: {name} has values up to {p.abs().max().item():.3g}"
+                f"the naive init zeroes biases too: expected every value of {name} 0, got values up to " \
+                f"{p.abs().max().item():.3g}"
         elif p.dim() == 1:
-            assert torch.equal(p, torch.ones_like(p)), f"the naive init leaves norm weights at 1: {name} changed"
+            assert torch.equal(p, torch.ones_like(p)), \
+                f"the naive init leaves norm weights at 1: expected every value of {name} 1, got mean " \
+                f"{p.mean().item():.3g}, std {p.std().item():.3g}"
         else:
             assert p.std().item() == pytest.approx(0.02, rel=0.05), \
                 f"--naive_init_std 0.02 gives every matrix and embedding std 0.02, residual projections too (no " \
@@ -163,6 +166,37 @@ def test_clm_loss_of_uniform_logits_is_ln_v(level):
     assert loss == pytest.approx(math.log(V), rel=1e-6), \
         f"equal logits ({level:g}) are a uniform guess and score ln V = {math.log(V):.6f} whatever their level " \
         f"(the log-softmax subtracts the largest logit first): got {loss}"
+
+
+def test_clm_loss_of_a_confidently_wrong_prediction_is_its_margin():
+    """All the mass on a wrong token, m = 200 above the rest: the loss is log(e^m + V - 1) ~ m, finite, though the
+    target's probability e^-m underflows fp32 to 0 (so log(softmax) would give inf where log_softmax does not)."""
+    torch.manual_seed(0)
+    B, T, V, margin = 2, 3, 11, 200.0
+    targets = torch.randint(V, (B, T))
+    logits = margin * F.one_hot((targets + 1) % V, V).float()  # (B, T, V): every position sure of another token
+    want = margin + math.log1p((V - 1) * math.exp(-margin))  # log(e^m + V - 1), written without overflow
+    loss = clm_loss(logits, targets).item()
+    assert loss == pytest.approx(want, rel=1e-6), \
+        f"a prediction {margin:g} logits sure of the wrong token costs log(e^{margin:g} + V - 1) = {want:.6f}, a " \
+        f"finite loss (log_softmax, not the log of a softmax whose smallest probabilities underflow to 0): got {loss}"
+
+
+@pytest.mark.parametrize("token", [0, 1, 50256, 50303],
+                         ids=["target 0", "target 1", "target 50256 (<|endoftext|>)", "target V-1"])
+def test_clm_loss_counts_every_position_whatever_its_target(token):
+    """No token id is set aside as padding: the document separator and token 0 are predicted like any other."""
+    torch.manual_seed(0)
+    B, T, V = 2, 3, 50304
+    logits, targets = 3 * torch.randn(B, T, V), torch.randint(V, (B, T))
+    targets[0, 0] = token  # one position aims at this token
+    log_p = logits.double().log_softmax(-1)  # (B, T, V)
+    nll = -log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T): each position's loss
+    loss = clm_loss(logits, targets).item()
+    assert loss == pytest.approx(nll.mean().item(), rel=1e-5), \
+        f"the loss is the mean over all B*T = {B * T} positions, the one whose target is token {token} included: " \
+        f"expected {nll.mean().item():.6f}, got {loss:.6f} (the mean without that position: " \
+        f"{nll.flatten()[1:].mean().item():.6f})"
 
 
 def test_clm_loss_is_fp32_from_bf16_logits():

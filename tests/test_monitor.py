@@ -129,16 +129,31 @@ def test_grad_norm_z_is_the_distance_from_the_healthy_mean_in_stds(grad_norm):
         f"{['grad_z'] if warns else []}, got {fired_names(fired)}"
 
 
+def test_a_zero_threshold_turns_the_z_warning_off():
+    """grad_z_threshold 0 means the detector is off (config.py): z is still measured, nothing warns."""
+    monitor = after_healthy_steps(STEADY_LOSSES, STEADY_GRAD_NORMS, grad_z_threshold=0.0)
+    z, fired = monitor.check_step(STEADY_LOSSES[-1], 10 * max(STEADY_GRAD_NORMS))
+    assert z > 0 and fired == [], \
+        f"with grad_z_threshold 0 the warning is off: expected z > 0 and nothing fired, got z = {z} and " \
+        f"{fired_names(fired)}"
+    healthy = monitor.take_healthy_mark()
+    assert healthy, f"a step that fired nothing leaves the next checkpoint healthy: expected True, got {healthy}"
+
+
 def test_z_waits_for_the_baseline_and_survives_a_constant_one():
-    """Before baseline_ready() nothing is judged (z = 0); a baseline of equal grad norms (std 0) gives z = 0
-    for the same norm and fires on a higher one, without dividing by zero."""
+    """Before baseline_ready() nothing is judged (z = 0, no spike); a baseline of equal grad norms (std 0) gives
+    z = 0 for the same norm and fires on a higher one, without dividing by zero."""
     monitor = HealthMonitor(**SETTINGS, triggers=["nonfinite", "spike"])
-    for step, (loss, grad_norm) in enumerate([(5.0, 1.0), (2.0, 4.0), (1.0, 1.0), (3.0, 8.0)]):
-        assert not monitor.baseline_ready()
+    # losses 3.0 and 5.0 are above 2 x the median of the one and three losses before them: not judged yet
+    for step, (loss, grad_norm) in enumerate([(1.0, 1.0), (3.0, 4.0), (1.5, 1.0), (5.0, 8.0)]):
+        assert not monitor.baseline_ready(), f"after {step} steps the baselines hold fewer than " \
+                                             f"{SETTINGS['window'] // 2} losses: expected {step}, got " \
+                                             f"{len(monitor.losses)}"
         z, fired = monitor.check_step(loss, grad_norm)
         assert (z, fired) == (0.0, []), \
-            f"step {step}, before the baseline holds {SETTINGS['window'] // 2} healthy steps: expected z = 0 and " \
-            f"nothing fired, got z = {z} and {fired_names(fired)}"
+            f"step {step} (loss {loss}, grad norm {grad_norm}), before the baseline holds " \
+            f"{SETTINGS['window'] // 2} healthy steps, neither spike nor z is judged: expected z = 0 and nothing " \
+            f"fired, got z = {z} and {fired_names(fired)}"
     constant = after_healthy_steps([1.0] * 5, [2.0] * 5)
     z, fired = copy.deepcopy(constant).check_step(1.0, 2.0)
     assert (z, fired) == (0.0, []), \

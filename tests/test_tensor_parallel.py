@@ -2,6 +2,7 @@
 
 import contextlib
 import copy
+import traceback
 from unittest import mock
 
 import pytest
@@ -58,16 +59,24 @@ def _measured(what, forward, x, out_grad, module=None):
     """forward(x) on this rank and its backward from out_grad: the output, the gradients of x and of the
     module's parameters (None where none arrived), and per direction (tp bytes counted, collectives called)."""
     x = x.clone().requires_grad_()
-    with contextlib.ExitStack() as stack:
-        spies = {name: stack.enter_context(mock.patch.object(dist, name, wraps=getattr(dist, name)))
-                 for name in COLLECTIVES}
-        take_comm_bytes()  # count from here
-        y = forward(x)
-        sent = {"forward": (take_comm_bytes()["tp"], _calls(spies))}
-        assert y.shape == out_grad.shape, f"{what}: expected an output of shape {tuple(out_grad.shape)}, " \
-                                          f"got {tuple(y.shape)}"
-        y.backward(out_grad.clone())  # a copy: f's backward may all-reduce the gradient it is handed in place
-        sent["backward"] = (take_comm_bytes()["tp"], _calls(spies))
+    try:
+        with contextlib.ExitStack() as stack:
+            spies = {name: stack.enter_context(mock.patch.object(dist, name, wraps=getattr(dist, name)))
+                     for name in COLLECTIVES}
+            take_comm_bytes()  # count from here
+            y = forward(x)
+            sent = {"forward": (take_comm_bytes()["tp"], _calls(spies))}
+            assert y.shape == out_grad.shape, f"{what}: expected an output of shape {tuple(out_grad.shape)}, " \
+                                              f"got {tuple(y.shape)}"
+            y.backward(out_grad.clone())  # a copy: f's backward may all-reduce the gradient it is handed in place
+            sent["backward"] = (take_comm_bytes()["tp"], _calls(spies))
+    except AssertionError:
+        raise
+    except Exception as e:  # a rank reports one line: name the piece and the line of parallel.py that raised
+        frames = traceback.extract_tb(e.__traceback__)
+        lines = [frame.lineno for frame in frames if frame.filename.endswith("parallel.py")]
+        where = f" at parallel.py line {lines[-1]}" if lines else ""
+        raise RuntimeError(f"{what} raised{where}: {type(e).__name__}: {e}") from e
     parameters = {} if module is None else dict(module.named_parameters())
     as_numpy = {name: None if p.grad is None else p.grad.numpy() for name, p in parameters.items()}
     return dict(out=y.detach().numpy(), x_grad=None if x.grad is None else x.grad.numpy(), grads=as_numpy, sent=sent)
@@ -104,7 +113,8 @@ def _pieces_on_rank(case, dp, tp):
     got["row"] = _measured("the row-parallel Linear", layer, replica["hidden"][..., mine], replica["out_grad"], layer)
     for bias in (True, False):
         mlp = nn.Sequential(column(bias), nn.GELU(), row(bias))  # parameters 0.weight, 0.bias, 2.weight, 2.bias
-        got[f"mlp bias={bias}"] = _measured("column -> GELU -> row", mlp, replica["x"], replica["out_grad"], mlp)
+        got[f"mlp bias={bias}"] = _measured(f"column -> GELU -> row with bias={bias}", mlp, replica["x"],
+                                            replica["out_grad"], mlp)
     destroy_distributed()
     return got
 

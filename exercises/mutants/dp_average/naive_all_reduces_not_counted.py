@@ -1,0 +1,15 @@
+# wrong: naive mode all-reduces without parallel.counted, so the dp bytes it sends are never counted or logged
+if self.mode == "naive":
+    for p in self.params:
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=self.group)
+            p.grad /= self.size
+    return
+for i in range(len(self.buckets)):
+    if i not in self.in_flight:
+        self._launch(i)
+for flat, work in self.in_flight.values():
+    work.wait()
+    flat /= self.size
+self.in_flight.clear()
+self.ready = [0] * len(self.buckets)
