@@ -59,7 +59,8 @@ def what_failed(failure, exercise):
 
 
 def run_tests(root, tests, timeout, first_failure_only=False):
-    """{test name: (outcome, detail)} with outcome passed | failed | error, and pytest's output."""
+    """{(module, test name): (outcome, its report)} with outcome passed | failed | error (the report a JUnit XML
+    element, None when passed), and pytest's output."""
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.xml")
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
@@ -69,14 +70,13 @@ def run_tests(root, tests, timeout, first_failure_only=False):
         cases = ET.parse(report).getroot().iter("testcase") if os.path.exists(report) else []
         outcomes = {}
         for case in cases:
-            failure = case.find("failure")
-            error = case.find("error")
+            key, failure, error = (case.get("classname"), case.get("name")), case.find("failure"), case.find("error")
             if failure is not None:
-                outcomes[case.get("name")] = ("failed", failure)
+                outcomes[key] = ("failed", failure)
             elif error is not None:
-                outcomes[case.get("name")] = ("error", error)
+                outcomes[key] = ("error", error)
             elif case.find("skipped") is None:
-                outcomes[case.get("name")] = ("passed", None)
+                outcomes[key] = ("passed", None)
     return outcomes, result.stdout + result.stderr
 
 
@@ -92,7 +92,7 @@ def grade(root, exercise, timeout=900, first_failure_only=False):
     except subprocess.TimeoutExpired:
         return "failed", f"its tests did not finish within {timeout} s: does the body wait for something forever?"
     failed, waiting = [], {}
-    for name, (outcome, report) in outcomes.items():
+    for (_, name), (outcome, report) in outcomes.items():
         if outcome == "passed":
             continue
         stopped_in = set(STUB.findall(report.text or "")) | set(STUB.findall(report.get("message", "")))
