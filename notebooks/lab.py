@@ -1,6 +1,6 @@
 """What every notebook needs around the project's modules: a quiet training run, and the verdict table.
 
-A notebook does `from lab import plt, run, verdict` in its first cell. That makes
+A notebook does `from lab import plt, run, measured, computed, mechanism, verdict` in its first cell. That makes
 the project's root folder the working directory and importable, so the notebook uses the
 same modules as `python train.py`, and its runs write under out/notebooks/.
 Nothing here trains or measures by itself: runs go through train.main, with
@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import os
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,17 +86,68 @@ def _train_quietly(argv):
 
 
 # ----------------------------------------------------------------------------
-# The verdict table: claim | what the textbook says | what we measured | holds?
+# The verdict table: every row says what kind of evidence it is.
+#   measured:  an experiment whose outcome was not known before it ran; seeds, spread, a control
+#              arm, and a threshold the control fails
+#   computed:  arithmetic, or the cost model
+#   mechanism: the code does what it says (a property of how it is written, shown by running it)
 
 VERDICT_MIME = "application/vnd.minipretrain.verdict+json"  # what tests/test_notebooks.py reads back
 
 
+def measured(claim, textbook, shown, values, control, rule, threshold, direction=None, one_seed="", fmt="{:.3g}"):
+    """A claim put to an experiment.
+    values:    the judged number from each independent run (one per seed), e.g. an effect size;
+    control:   the same number from the arm where the claim should *not* hold (a list, one per seed,
+               or one number), e.g. the run with warmup when the claim is about no warmup;
+    rule:      number -> bool, the threshold, applied to the mean of `values` and to the control;
+    threshold: the rule in words, e.g. "effect > 3 x seed std and within the chapter's 0.2-0.3";
+    direction: number -> bool, the sign of the effect alone: where it holds and `rule` does not,
+               the claim holds "partly" (the direction is right, the size is not);
+    one_seed:  with a single value, why one run is enough (deterministic and seed-free).
+    A control that passes the rule means the experiment could not have said "no": the notebook
+    test fails on such a row."""
+    values, controls = list(values), list(control) if isinstance(control, (list, tuple)) else [control]
+    if len(values) == 1 and not one_seed:
+        raise ValueError(f"{claim!r}: one run only; measure >= 3 seeds, or say in one_seed why one run is enough")
+    value, spread = statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+    control_value = statistics.fmean(controls)
+    holds = "yes" if rule(value) else "partly" if direction is not None and direction(value) else "no"
+    measured_text = fmt.format(value) + (f" ± {fmt.format(spread)}" if spread is not None else "")
+    seeds = f"{len(values)} seeds" if len(values) > 1 else f"1 run: {one_seed}"
+    return {"claim": claim, "textbook": textbook, "kind": "measured", "holds": holds,
+            "measured": f"{measured_text} ({seeds}): {shown}", "value": value, "seeds": len(values),
+            "spread": spread, "control": control_value, "control_fails": not rule(control_value),
+            "control_shown": fmt.format(control_value), "threshold": threshold}
+
+
+def computed(claim, textbook, shown, holds, partly=False):
+    """A claim checked by arithmetic or the cost model: holds is computed from its numbers (never typed
+    in); partly=True where the direction is right and the size is not."""
+    return {"claim": claim, "textbook": textbook, "kind": "computed", "measured": shown,
+            "holds": "yes" if holds else "partly" if partly else "no"}
+
+
+def mechanism(claim, textbook, shown, holds):
+    """A claim about what the code does, shown by running it (it could only fail through a bug)."""
+    return {"claim": claim, "textbook": textbook, "kind": "mechanism", "measured": shown,
+            "holds": "yes" if holds else "no"}
+
+
 def verdict(rows):
-    """Show the notebook's verdict. rows: (claim, textbook, measured, holds) with holds computed
-    from the measurements (a bool, never typed in). The table is shown as Markdown and kept,
-    machine-readable, beside it, so the notebook test can fail on a claim that does not hold."""
-    rows = [(claim, textbook, measured, bool(holds)) for claim, textbook, measured, holds in rows]
-    table = ["| claim | the textbook says | measured here | holds? |", "| --- | --- | --- | --- |"]
-    table += [f"| {c} | {t} | {m} | {'yes' if h else '**no**'} |" for c, t, m, h in rows]
-    data = [{"claim": c, "textbook": t, "measured": m, "holds": h} for c, t, m, h in rows]
-    display({"text/markdown": "\n".join(table), VERDICT_MIME: json.dumps(data)}, raw=True)
+    """Show the notebook's verdict: a Markdown table, kept machine-readable beside it so the notebook
+    test can fail on a claim that does not hold, and a last line counting the claims by kind."""
+    table = ["| claim | the textbook says | kind | found here (measured: mean ± std across seeds) | control arm | "
+             "threshold | holds? |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        holds = r["holds"] if r["holds"] == "yes" else f"**{r['holds']}**"
+        table.append(f"| {r['claim']} | {r['textbook']} | {r['kind']} | {r['measured']} | {r.get('control_shown', '')} | "
+                     f"{r.get('threshold', '')} | {holds} |")
+    kinds = {k: [r for r in rows if r["kind"] == k] for k in ("measured", "computed", "mechanism")}
+    reproduced = sum(r["holds"] == "yes" for r in kinds["measured"])
+    partly = sum(r["holds"] == "partly" for r in kinds["measured"])
+    summary = (f"**{len(rows)} claims: {reproduced} reproduced by measurement"
+               + (f", {partly} partly" if partly else "")
+               + f", {len(kinds['measured']) - reproduced - partly} not reproduced; "
+               f"{len(kinds['computed'])} computed; {len(kinds['mechanism'])} mechanism.**")
+    display({"text/markdown": "\n".join(table) + "\n\n" + summary, VERDICT_MIME: json.dumps(rows)}, raw=True)
