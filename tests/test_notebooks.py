@@ -98,6 +98,30 @@ def test_notebook_runs_and_its_verdicts_hold(path):
         assert check is None or check(row["measured"]), f"{path.name}: {row}"
 
 
+def test_a_measured_row_must_be_an_experiment_that_could_have_failed():
+    """lab.measured judges the control by the row's own rule, and row_problems refuses a row whose control
+    passes it, one without its fields, or a single unexplained seed."""
+    sys.path.insert(0, str(ROOT / "notebooks"))
+    import lab
+
+    def above_half(value):
+        return value > 0.5
+
+    row = lab.measured("claim", "book", "shown", [0.9, 1.0, 1.1], [0.1, 0.2, 0.3], above_half, "> 0.5")
+    assert (row["holds"], row["seeds"], row["control"], row_problems(row)) == ("yes", 3, pytest.approx(0.2), "")
+    assert row["spread"] == pytest.approx(0.1)
+    weak = lab.measured("claim", "book", "shown", [0.3, 0.4, 0.2], 0.0, above_half, "> 0.5", direction=lambda v: v > 0)
+    assert weak["holds"] == "partly" and not row_problems(weak)
+    blind = lab.measured("claim", "book", "shown", [0.9, 1.0, 1.1], [0.8, 0.9, 1.0], above_half, "> 0.5")
+    assert "could not have failed" in row_problems(blind)
+    assert "without seeds" in row_problems({k: v for k, v in row.items() if k != "seeds"})
+    assert "kind" in row_problems({k: v for k, v in row.items() if k != "kind"})
+    with pytest.raises(ValueError, match="one run only"):
+        lab.measured("claim", "book", "shown", [1.0], 0.0, above_half, "> 0.5")
+    alone = lab.measured("claim", "book", "shown", [1.0], 0.0, above_half, "> 0.5", one_seed="deterministic")
+    assert alone["spread"] is None and not row_problems(alone)
+
+
 def test_the_notebooks_are_committed_with_their_figures_and_verdicts():
     """They read well on a code-hosting site without running: outputs, figures and verdicts included."""
     assert len(NOTEBOOKS) >= 5
