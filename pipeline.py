@@ -303,8 +303,9 @@ def plot_gantt(timeline, path, title):
     ax.set(yticks=range(len(timeline)), yticklabels=[f"stage {s}" for s in range(len(timeline))],
            xlabel="ms", title=title)
     ax.invert_yaxis()
-    handles = [Patch(color=c, label={"F": "forward", "B": "backward", "wait": "waiting"}[k]) for k, c in colours.items()]
-    ax.legend(handles=handles, loc="upper right", fontsize=8)
+    handles = [Patch(facecolor=c, hatch="//" if k == "wait" else None, edgecolor="gray" if k == "wait" else "white",
+                     label={"F": "forward", "B": "backward", "wait": "waiting"}[k]) for k, c in colours.items()]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)  # beside the chart, over no box
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
