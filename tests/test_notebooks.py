@@ -27,6 +27,10 @@ MEASURED_FIELDS = ("seeds", "spread", "control", "control_fails", "threshold")
 # (notebook, claim) -> (verdict, a check of the measured text), for the claims our measurement does not
 # (fully) reproduce; each notebook says why beside its table. The test pins what was measured instead.
 NOT_YES = {
+    # bf16 autocast casts only the matmuls: the residual stream, RMSNorm, attention (fp32 on CPU) and the loss stay
+    # fp32, and autocast adds bf16 weight copies, so one forward pass saves ~0.73x the fp32 bytes, not half
+    ("02_four_defenses", "bf16 autocast halves the memory saved for backward"):
+        ("partly", lambda measured: 0.6 < float(measured.split()[0]) < 0.9 and "1 run:" in measured),
     # 2 bytes per GPT-2 token: a trillion tokens take terabytes, not "tens to hundreds of GB"
     ("01_from_corpus_to_base_model", "The token file of trillions of tokens is tens to hundreds of GB"):
         ("no", lambda measured: "2 bytes per token" in measured and "1T tokens = 2,000 GB" in measured),
