@@ -137,8 +137,9 @@ def mechanism(claim, textbook, shown, holds):
 def verdict(rows):
     """Show the notebook's verdict: a Markdown table, kept machine-readable beside it so the notebook
     test can fail on a claim that does not hold, and a last line counting the claims by kind."""
-    table = ["| claim | the textbook says | kind | found here (measured: mean ± std across seeds) | control arm | "
-             "threshold | holds? |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    header = ("| claim | the textbook says | kind | found here (measured: mean ± std across seeds) | control arm | "
+              "threshold | holds? |")
+    table = [header, "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         holds = r["holds"] if r["holds"] == "yes" else f"**{r['holds']}**"
         table.append(f"| {r['claim']} | {r['textbook']} | {r['kind']} | {r['measured']} | {r.get('control_shown', '')} | "
