@@ -95,7 +95,8 @@ def _train_quietly(argv):
 VERDICT_MIME = "application/vnd.minipretrain.verdict+json"  # what tests/test_notebooks.py reads back
 
 
-def measured(claim, textbook, shown, values, control, rule, threshold, direction=None, one_seed="", fmt="{:.3g}"):
+def measured(claim, textbook, shown, values, control, rule, threshold, direction=None, one_seed="", unit="seeds",
+             fmt="{:.3g}"):
     """A claim put to an experiment.
     values:    the judged number from each independent run (one per seed), e.g. an effect size;
     control:   the same number from the arm where the claim should *not* hold (a list, one per seed,
@@ -104,7 +105,8 @@ def measured(claim, textbook, shown, values, control, rule, threshold, direction
     threshold: the rule in words, e.g. "effect > 3 x seed std and within the chapter's 0.2-0.3";
     direction: number -> bool, the sign of the effect alone: where it holds and `rule` does not,
                the claim holds "partly" (the direction is right, the size is not);
-    one_seed:  with a single value, why one run is enough (deterministic and seed-free).
+    one_seed:  with a single value, why one run is enough (deterministic and seed-free);
+    unit:      what the independent runs are, where not seeds: "timing rounds", "text draws", ...
     A control that passes the rule means the experiment could not have said "no": the notebook
     test fails on such a row."""
     values, controls = list(values), list(control) if isinstance(control, (list, tuple)) else [control]
@@ -114,7 +116,7 @@ def measured(claim, textbook, shown, values, control, rule, threshold, direction
     control_value = statistics.fmean(controls)
     holds = "yes" if rule(value) else "partly" if direction is not None and direction(value) else "no"
     measured_text = fmt.format(value) + (f" ± {fmt.format(spread)}" if spread is not None else "")
-    seeds = f"{len(values)} seeds" if len(values) > 1 else f"1 run: {one_seed}"
+    seeds = f"{len(values)} {unit}" if len(values) > 1 else f"1 run: {one_seed}"
     return {"claim": claim, "textbook": textbook, "kind": "measured", "holds": holds,
             "measured": f"{measured_text} ({seeds}): {shown}", "value": value, "seeds": len(values),
             "spread": spread, "control": control_value, "control_fails": not rule(control_value),

@@ -27,13 +27,16 @@ MEASURED_FIELDS = ("seeds", "spread", "control", "control_fails", "threshold")
 # (notebook, claim) -> (verdict, a check of the measured text), for the claims our measurement does not
 # (fully) reproduce; each notebook says why beside its table. The test pins what was measured instead.
 NOT_YES = {
+    # ---- 01
+    # 2 bytes per GPT-2 token: a trillion tokens take terabytes, not "tens to hundreds of GB"
+    ("01_from_corpus_to_base_model", "The token file of trillions of tokens is tens to hundreds of GB"):
+        ("no", lambda measured: "2 bytes per token" in measured and "1T tokens = 2,000 GB" in measured),
+    # ---- 02
     # bf16 autocast casts only the matmuls: the residual stream, RMSNorm, attention (fp32 on CPU) and the loss stay
     # fp32, and autocast adds bf16 weight copies, so one forward pass saves ~0.73x the fp32 bytes, not half
     ("02_four_defenses", "bf16 autocast halves the memory saved for backward"):
         ("partly", lambda measured: 0.6 < float(measured.split()[0]) < 0.9 and "1 run:" in measured),
-    # 2 bytes per GPT-2 token: a trillion tokens take terabytes, not "tens to hundreds of GB"
-    ("01_from_corpus_to_base_model", "The token file of trillions of tokens is tens to hundreds of GB"):
-        ("no", lambda measured: "2 bytes per token" in measured and "1T tokens = 2,000 GB" in measured),
+    # ---- 03
     # the grad norm does rise before the spike, but a rolling z-score adapts to a steady climb: the alarm at its
     # configured z > 8 led the loss spike detector in 1 of 5 seeds (no false alarm at a sane LR)
     ("03_spikes_and_the_runbook", "The grad norm grows before the loss spikes (LR too high)"):
@@ -43,15 +46,7 @@ NOT_YES = {
     # no incident) 70 steps later; the choice matters for an LR-caused repeat or a long rest of the run
     ("03_spikes_and_the_runbook", "A longer re-warm recovers better than lowering the LR (repeat of bad data)"):
         ("no", lambda measured: abs(float(measured.split()[0])) < 0.01 and "(3 seeds)" in measured),
-    # the planner puts the best sensible cut of 70B on 1,024 H100 32% above the worst: just beyond the chapter's 20-30%
-    # 400 steps leave the tiny model far from its floor: at the default peak the LR held high ends *lower* than the
-    # cosine, by more than 3 seed std; at a 10x peak the decay wins in every seed, but within the seeds' own spread
-    ("05_four_intuitions", "Decaying the LR (cosine) ends lower than holding the peak"):
-        ("no", lambda measured: measured.startswith("-") and "(3 seeds)" in measured),
-    ("05_four_intuitions", "Decaying the LR ends lower at a peak LR ten times higher"):
-        ("partly", lambda measured: float(measured.split()[0]) > 0 and "(3 seeds)" in measured),
-    ("07_cost", "The cut matters by two to three tenths"):
-        ("partly", lambda measured: measured.startswith("32% between") and "dp4 tp8 pp32" in measured),
+    # ---- 04
     # a small run far from convergence: restarting the schedule mid-run keeps the LR high and ends *lower*;
     # the cost shows when the resume lands in the anneal (the "resumed late" row, which holds)
     ("04_resume_needs_three_things", "... and costs final val loss (resumed mid-run)"):
@@ -59,6 +54,18 @@ NOT_YES = {
     # AdamW's moments are rebuilt within ~100 steps: a weights-only resume costs ~0% of a retrain, not "nearly" all
     ("04_resume_needs_three_things", "A weights-only checkpoint costs nearly a retrain"):
         ("no", lambda measured: abs(float(measured.split()[0])) < 0.2 and "(3 seeds)" in measured),
+    # ---- 05
+    # 400 steps leave the tiny model far from its floor: at the default peak the LR held high ends *lower* than the
+    # cosine, by more than 3 seed std; at a 10x peak the decay wins in every seed, but within the seeds' own spread
+    ("05_four_intuitions", "Decaying the LR (cosine) ends lower than holding the peak"):
+        ("no", lambda measured: measured.startswith("-") and "(3 seeds)" in measured),
+    ("05_four_intuitions", "Decaying the LR ends lower at a peak LR ten times higher"):
+        ("partly", lambda measured: float(measured.split()[0]) > 0 and "(3 seeds)" in measured),
+    # ---- 06
+    # ---- 07
+    # the planner puts the best sensible cut of 70B on 1,024 H100 32% above the worst: just beyond the chapter's 20-30%
+    ("07_cost", "The cut matters by two to three tenths"):
+        ("partly", lambda measured: measured.startswith("32% between") and "dp4 tp8 pp32" in measured),
 }
 
 
@@ -79,6 +86,15 @@ def row_problems(row):
     if not row["control_fails"]:
         return f"its control ({row['control']}) passes the threshold ({row['threshold']}): it could not have failed"
     return ""
+
+
+def check_rows(path, rows):
+    """Every row complete (row_problems), and holding as expected: yes, or what NOT_YES pins."""
+    for row in rows:
+        assert not row_problems(row), f"{path.name}: {row['claim']!r}: {row_problems(row)}"
+        expected, check = NOT_YES.get((path.stem, row["claim"]), ("yes", None))
+        assert row["holds"] == expected, f"{path.name}: {row['claim']!r} holds {row['holds']!r}: measured {row['measured']}"
+        assert check is None or check(row["measured"]), f"{path.name}: {row}"
 
 
 def execute(path, timeout=900):
@@ -120,11 +136,7 @@ def strip(notebook):
 def test_notebook_runs_and_its_verdicts_hold(path):
     rows = verdicts(execute(path).cells)
     assert rows, f"{path.name} ends without a verdict table"
-    for row in rows:
-        assert not row_problems(row), f"{path.name}: {row['claim']!r}: {row_problems(row)}"
-        expected, check = NOT_YES.get((path.stem, row["claim"]), ("yes", None))
-        assert row["holds"] == expected, f"{path.name}: {row['claim']!r} holds {row['holds']!r}: measured {row['measured']}"
-        assert check is None or check(row["measured"]), f"{path.name}: {row}"
+    check_rows(path, rows)
 
 
 def test_a_measured_row_must_be_an_experiment_that_could_have_failed():
@@ -160,8 +172,7 @@ def test_the_notebooks_are_committed_with_their_figures_and_verdicts():
         cells = json.loads(path.read_text())["cells"]
         rows = verdicts(cells)
         assert rows, f"{path.name} is committed without its verdict table"
-        for row in rows:
-            assert not row_problems(row), f"{path.name}: {row['claim']!r}: {row_problems(row)}"
+        check_rows(path, rows)
         measured += sum(row["kind"] == "measured" for row in rows)
         assert any("image/png" in output.get("data", {}) for output in outputs(cells)), f"{path.name}: no figure"
     assert measured >= 30, f"{measured} measured rows over all notebooks: the chapter's claims are tested, not restated"
