@@ -14,7 +14,7 @@ import math
 import statistics
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 
 import torch
 
@@ -29,16 +29,20 @@ class SavedActivations:
         with SavedActivations(module) as saved:
             loss.backward() ...
         saved.peak  # bytes
+        saved.by_kind  # bytes of every storage saved while open, by kind: {"float32": ..., "bfloat16": ...}
 
     A saved tensor counts from its forward until the backward that frees its graph node;
     storages that several saved tensors share count once; the module's parameters, which
     backward keeps too, do not count. A pipeline stage under 1F1B keeps at most p
-    micro-batches' worth at once, under GPipe all m: this is where that shows in bytes."""
+    micro-batches' worth at once, under GPipe all m: this is where that shows in bytes.
+    kind(tensor) -> str names what a saved tensor is (its dtype unless told), e.g. to tell
+    autocast's 16-bit copies of the weights from 16-bit activations."""
 
-    def __init__(self, module):
+    def __init__(self, module, kind=lambda tensor: str(tensor.dtype).removeprefix("torch.")):
         self.parameters = {p.untyped_storage().data_ptr() for p in module.parameters()}
         self.live = {}  # storage address -> [bytes, saved tensors that use it]
         self.now = self.peak = 0
+        self.kind, self.by_kind = kind, Counter()
 
     def _pack(self, tensor):
         storage = tensor.untyped_storage()
@@ -48,6 +52,7 @@ class SavedActivations:
         if address not in self.live:
             self.live[address] = [storage.nbytes(), 0]
             self.now += storage.nbytes()
+            self.by_kind[self.kind(tensor)] += storage.nbytes()
             self.peak = max(self.peak, self.now)
         self.live[address][1] += 1
         return _Saved(tensor.detach(), self, address)  # detached: no cycle through its grad_fn, which would outlive a dropped graph

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from monitor import HealthMonitor, layer_grad_norms
+from monitor import HealthMonitor, SavedActivations, layer_grad_norms
 
 SETTINGS = dict(window=10, spike_factor=2.0, grad_z_threshold=6.0, val_rise_evals=3)
 
@@ -227,3 +227,20 @@ def test_layer_grad_norms_split_the_blocks_gradient_by_depth():
     for p in model.blocks[1].parameters():
         p.grad = None
     assert layer_grad_norms(model)[1] == 0.0
+
+
+def test_saved_activations_are_split_by_kind_and_add_up():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_embd=32, n_head=2, block_size=16, vocab_size=64))
+    x = torch.randint(0, 64, (2, 16))
+    with SavedActivations(model) as fp32:
+        model(x, x)[1].backward()
+    with SavedActivations(model) as bf16, torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(x, x)[1]
+    assert fp32.peak == sum(fp32.by_kind.values()) > 0 and "bfloat16" not in fp32.by_kind
+    assert bf16.by_kind["bfloat16"] > 0 and sum(bf16.by_kind.values()) == bf16.peak  # nothing freed yet: all at once
+    matrices = {p.shape for p in model.parameters() if p.dim() == 2}
+    with SavedActivations(model, kind=lambda t: "matrix-shaped" if t.shape in matrices else "other") as named:
+        model(x, x)
+    assert set(named.by_kind) <= {"matrix-shaped", "other"} and sum(named.by_kind.values()) == named.peak
+    del loss
