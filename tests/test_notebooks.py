@@ -61,15 +61,22 @@ NOT_YES = {
         ("no", lambda measured: float(measured.split("x")[0]) < 1.1 and "(5 timing rounds)" in measured)}
        if not cpu_has_native_bf16() else {}),
     # ---- 03
-    # the grad norm does rise before the spike, but a rolling z-score adapts to a steady climb: the alarm at its
-    # configured z > 8 led the loss spike detector in 1 of 5 seeds (no false alarm at a sane LR)
+    # a 4-layer model trained on one garbage batch is back under 1.2x its pre-batch loss one step later: a spike,
+    # not the derailment the chapter warns of (that needs a larger model/LR or more bad data)
+    ("03_spikes_and_the_runbook", "One bad batch derails training"):
+        ("no", lambda measured: float(measured.split()[0]) <= 5 and "(3 seeds)" in measured),
+    # the grad_z alarm (z > 8) led the loss spike in 1 of 5 seeds; the same alarm fires by accident at a sane LR
+    # (once per 300-step clean-corpus run): no better than chance. A rolling z-score adapts to a steady climb
     ("03_spikes_and_the_runbook", "The grad norm grows before the loss spikes (LR too high)"):
-        ("partly", lambda measured: float(measured.split()[0]) < 0.5 and re.search(r"in [0-2] of 5 seeds", measured)
-         and "a false alarm in 0 of 5" in measured),
-    # a bad-data repeat needs no LR change: lower_lr and rewarm end within the seed noise of each other (and of
-    # no incident) 70 steps later; the choice matters for an LR-caused repeat or a long rest of the run
-    ("03_spikes_and_the_runbook", "A longer re-warm recovers better than lowering the LR (repeat of bad data)"):
-        ("no", lambda measured: abs(float(measured.split()[0])) < 0.01 and "(3 seeds)" in measured),
+        ("no", lambda measured: float(measured.split()[0]) <= 0.4 and re.search(r"in [0-2] of 5 seeds", measured)
+         and "clean seed" in measured),
+    # in an LR blow-up val and train loss climb together; val_rise (val up while train falls) never leads the spike
+    ("03_spikes_and_the_runbook", "The val loss turns up before the train loss (LR too high)"):
+        ("no", lambda measured: float(measured.split()[0]) <= 0.2 and "(5 seeds)" in measured),
+    # rewarm climbs back towards the LR that failed: it got through 2 of 3 seeds (lower_lr 3 of 3), further than
+    # any run without a second rung
+    ("03_spikes_and_the_runbook", "Re-warming (a longer warmup) gets past an LR-caused repeat"):
+        ("partly", lambda measured: 0.5 <= float(measured.split()[0]) < 0.99 and "(3 seeds)" in measured),
     # ---- 04
     # not the chapter's claim (it says a second warmup breaks the rhythm, a row that holds): a small run far from
     # convergence, restarting the schedule mid-run keeps the LR high and ends *lower*, by ~0.04 in every seed;
