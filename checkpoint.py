@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from data import file_sha256  # the same hashing as the corpus files
+from files import file_sha256, fsync_dir, write_synced
 from model import GPT
 
 STATE_FILE, MANIFEST_FILE = "state.pt", "manifest.json"
@@ -140,19 +140,6 @@ def step_path(ckpt_dir, step):
     return os.path.join(ckpt_dir, f"step_{step:07d}")
 
 
-def _fsync_dir(path):
-    """Make a rename in `path` durable. Where a folder cannot be opened as a file (Windows:
-    PermissionError), there is nothing to fsync: NTFS journals the rename itself."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save(ckpt_dir, step, state, healthy):
     """Write state as the checkpoint of `step`; return its folder. An OSError (full or
     read-only disk) becomes a ValueError that says the earlier checkpoints are untouched."""
@@ -163,22 +150,16 @@ def save(ckpt_dir, step, state, healthy):
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         state_path = os.path.join(tmp, STATE_FILE)
-        with open(state_path, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
+        write_synced(state_path, lambda f: torch.save(state, f), "wb")
         manifest = {"step": step, "healthy": healthy, "files": {STATE_FILE: file_sha256(state_path)}}
-        with open(os.path.join(tmp, MANIFEST_FILE), "w") as f:
-            json.dump(manifest, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
+        write_synced(os.path.join(tmp, MANIFEST_FILE), lambda f: json.dump(manifest, f, indent=1))
         old = final + ".old"
         if os.path.exists(final):  # the same step saved again (after a rollback): set the old one aside first
             shutil.rmtree(old, ignore_errors=True)
             os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
-        _fsync_dir(ckpt_dir)
+        fsync_dir(ckpt_dir)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ValueError(

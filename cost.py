@@ -18,7 +18,7 @@ The account, top to bottom:
 and when to checkpoint, given how often a device fails (Young/Daly).
 
 train.py prints the same account for the run at hand (`account_lines`); the bytes each rank sends per
-step (`comm_bytes_per_step`) are what parallel.counted counts, equal byte for byte in a test.
+step (`comm_bytes_per_step`) are what comm_count.counted counts, equal byte for byte in a test.
 """
 
 import argparse
@@ -107,7 +107,7 @@ def flops_per_token(mc):
 
 def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, compute_bytes):
     """Closed form of the bytes a rank of pipeline stage `stage` hands to each dimension's
-    communication in one optimizer step (what parallel.counted counts), with the step's
+    communication in one optimizer step (what comm_count.counted counts), with the step's
     formula: {dimension: (bytes, formula)}.
 
     B = batch_size rows per micro-step (all of a pipeline's micro-batches together), A

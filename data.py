@@ -29,11 +29,12 @@ import shutil
 import sys
 import sysconfig
 import time
-import urllib.request
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from files import download, file_sha256, remove_if_exists, write_json_atomic
 
 # ----------------------------------------------------------------------------
 # Tokenizers: encode(text) -> ids, decode(ids) -> text, an end-of-text id
@@ -121,40 +122,12 @@ def stdlib_files():
     return sorted(files, key=lambda f: os.path.relpath(f, root))
 
 
-def download(name, dest_dir, url=None, spec=None):
-    """Fetch a named download (DOWNLOADS[name], or spec) into dest_dir once, verify its sha256, return its path."""
-    spec = spec or DOWNLOADS[name]
-    os.makedirs(dest_dir, exist_ok=True)
-    path = os.path.join(dest_dir, spec["filename"])
-    if os.path.exists(path) and file_sha256(path) == spec["sha256"]:
-        return path
-    url = url or spec["url"]
-    print(f"downloading {name} from {url}", flush=True)
-    tmp = path + ".tmp"
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as f:
-            shutil.copyfileobj(response, f)
-    except OSError as e:
-        remove_if_exists(tmp)
-        path_flag, url_flag = spec["offline_flags"]
-        raise ValueError(
-            f"could not download {name} from {url} ({e}). Without network, pass a local copy "
-            f"as {path_flag} path/to/{spec['filename']} or as {url_flag} file:///path/to/{spec['filename']}"
-        ) from None
-    got = file_sha256(tmp)
-    if got != spec["sha256"]:
-        remove_if_exists(tmp)
-        raise ValueError(f"{url} has sha256 {got}, expected {spec['sha256']}: not the {name} file")
-    os.replace(tmp, path)
-    return path
-
-
 def resolve_source(source, data_dir, url=None):
     """--source -> (ordered list of document paths, a short description)."""
     if source == "stdlib":
         return stdlib_files(), f"stdlib of Python {sys.version.split()[0]}"
     if source in DOWNLOADS:
-        return [download(source, data_dir, url)], f"{source} ({DOWNLOADS[source]['sha256'][:12]})"
+        return [download(source, data_dir, DOWNLOADS[source], url)], f"{source} ({DOWNLOADS[source]['sha256'][:12]})"
     if os.path.isfile(source):
         return [source], os.path.abspath(source)
     if os.path.isdir(source):
@@ -170,25 +143,12 @@ def resolve_source(source, data_dir, url=None):
     return files, os.path.abspath(source)
 
 
-def file_sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def corpus_sha256(files):
     """One hash over every document's bytes and its order: it names the corpus."""
     h = hashlib.sha256()
     for path in files:
         h.update(file_sha256(path).encode())
     return h.hexdigest()
-
-
-def remove_if_exists(path):
-    if os.path.exists(path):
-        os.remove(path)
 
 
 # ----------------------------------------------------------------------------
@@ -494,15 +454,6 @@ def read_chunks(path, chunk_chars):
                 yield carry
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not UTF-8 text ({e}); remove it from the corpus") from None
-
-
-def write_json_atomic(path, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def load_meta(data_dir):

@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 import checkpoint
-from data import download, get_tokenizer
+from data import get_tokenizer
+from files import download
 from parallel import all_reduce_mean
 from run_folder import append_jsonl
 from sample import single_device_model
@@ -78,7 +79,7 @@ def read_benchmark(bcfg):
 
 def benchmark_file(bcfg):
     if bcfg.benchmark == "hellaswag":
-        return download("hellaswag", bcfg.benchmark_dir, bcfg.benchmark_url or None, spec=HELLASWAG)
+        return download("hellaswag", bcfg.benchmark_dir, HELLASWAG, bcfg.benchmark_url or None)
     if os.path.isfile(bcfg.benchmark):
         return bcfg.benchmark
     raise ValueError(f"--benchmark {bcfg.benchmark!r}: no such file. Give hellaswag (downloaded and checked), "

@@ -15,7 +15,7 @@ import signal
 
 import torch
 
-from data import write_json_atomic
+from files import write_json_atomic
 
 
 class FaultInjector:

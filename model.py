@@ -181,6 +181,14 @@ def clm_loss(logits, targets):
     # exercise clm_loss: end
 
 
+class CLMLoss(nn.Module):
+    """clm_loss as the model's last layer: tensor parallelism replaces it by its vocab-parallel
+    twin (tensor_parallel.VocabParallelLoss), as it replaces the head whose logits it scores."""
+
+    def forward(self, logits, targets):  # (B, T, V), (B, T) -> ()
+        return clm_loss(logits, targets)
+
+
 class GPT(nn.Module):
     # state_dict() lists the tied matrix under both names; named_parameters() only under the first
     TIED = {"lm_head.weight": "wte.weight"}
@@ -196,7 +204,7 @@ class GPT(nn.Module):
         self.norm_f = make_norm(config) if config.norm_position == "pre" else nn.Identity()
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: one (V, C) matrix reads tokens in and scores them out
-        self.clm_loss = clm_loss  # tensor parallelism swaps in a vocab-parallel one
+        self.clm_loss = CLMLoss()  # a layer without parameters, cut by vocabulary under tensor parallelism
         self.apply(self._init_weights)
 
     # Width-scaled initialization. sigma = init_std(C) = sqrt(2 / (5 C)): each

@@ -27,7 +27,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from parallel import DataParallel, counted, sharded_grad_norm, tensor_parallel, zero_grad
+from comm_count import counted
+from parallel import DataParallel, sharded_grad_norm, zero_grad
+from tensor_parallel import tensor_parallel
 
 # ----------------------------------------------------------------------------
 # Schedules: the order of one stage's operations

@@ -12,7 +12,7 @@ import os
 import shutil
 from dataclasses import asdict
 
-from data import remove_if_exists, write_json_atomic
+from files import remove_if_exists, write_json_atomic
 
 
 def out_dir_of(preset, cfg):

@@ -24,31 +24,31 @@ metrics.png, samples.txt and ckpt/.
 """
 
 import contextlib
-import dataclasses
 import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 import torch.distributed as dist
 
 import checkpoint
 import cost
+from comm_count import take_busiest_comm_bytes, take_comm_bytes
 from config import CONFIG_CLASSES, RecoveryConfig, SampleConfig, TrainConfig, parse_args
 from data import TokenStream, default_data_dir, get_tokenizer, load_or_prepare
 from evaluation import evaluate, final_check, read_benchmark
 from faults import FaultInjector
 from model import GPT, GPTConfig
 from monitor import HealthMonitor, Throughput, peak_memory_bytes, plot_metrics
-from parallel import (ProcessGrid, ShardedModel, all_reduce_mean, check_tensor_parallel_layout,
-                      check_visible_everywhere, destroy_distributed, init_distributed, raise_on_every_rank,
-                      run_on_rank0, take_busiest_comm_bytes, take_comm_bytes)
+from parallel import (ProcessGrid, ShardedModel, all_reduce_mean, check_visible_everywhere, destroy_distributed,
+                      init_distributed, raise_on_every_rank, run_on_rank0)
 from pipeline import SCHEDULES, PipelineModel, check_micro_batches, check_pipeline_layout
 from sample import sample, sample_texts
 from run_folder import (append_jsonl, check_out_dir_is_ours, config_changes, is_finished, out_dir_of,
                         prepare_out_dir, read_jsonl, record_identity, run_identity, write_jsonl)
+from tensor_parallel import check_tensor_parallel_layout
 
 # ----------------------------------------------------------------------------
 # The defenses that live in the loop: LR schedule, clipping, precision
@@ -327,7 +327,7 @@ def set_up(preset, configs):
     meta = run_on_rank0(lambda: load_or_prepare(dcfg, data_dir), grid.rank == 0)
     benchmark = run_on_rank0(lambda: read_benchmark(bcfg), grid.rank == 0)
     # Pad V to a multiple of 64 for fast matmuls (50257 -> 50304); the extra ids are never targets.
-    mcfg = dataclasses.replace(mcfg, vocab_size=64 * math.ceil(meta["vocab_size"] / 64))
+    mcfg = replace(mcfg, vocab_size=64 * math.ceil(meta["vocab_size"] / 64))
     global_batch = grid.dp * cfg.batch_size * cfg.gradient_accumulation_steps  # sequences per optimizer step
     identity = run_identity(mcfg, cfg, meta, global_batch)
     continued = run_on_rank0(lambda: prepare_out_dir(out_dir, identity, cfg.overwrite), grid.rank == 0)
@@ -614,7 +614,7 @@ def respond_to_incident(run, step, fired):
             "or a longer --warmup_iters, or a larger --max_incidents."
         )
     bad_end = run.train_stream.position  # the data up to here led to the incident
-    recovery = dataclasses.replace(run.recovery, incidents=run.recovery.incidents + 1, last_incident_step=step)
+    recovery = replace(run.recovery, incidents=run.recovery.incidents + 1, last_incident_step=step)
     latest = load_checkpoint(run, healthy_only=True)
     if latest is None:
         raise ValueError(f"{detector} at step {step}, and no healthy checkpoint in {run.ckpt_dir} to roll back to")

@@ -7,7 +7,7 @@ The model is 8 blocks of width 128 (8 heads, block 64, bytes), the global batch 
 (2,048 tokens per step) for every layout; pipelines cut each data-parallel rank's share into
 8 micro-batches under 1F1B. Columns, per optimizer step:
   tokens/s      the group's, over the timed steps (see below for what it means here)
-  dp/tp/pp MiB  payload bytes each dimension carried, on its busiest rank (parallel.counted);
+  dp/tp/pp MiB  payload bytes each dimension carried, on its busiest rank (comm_count.counted);
                 "=" when every rank's count equals the closed form (cost.comm_bytes_per_step)
   state MiB     parameters + gradients + AdamW moments on the fullest rank (fp32: 4 + 4 + 8 bytes
                 per parameter it holds)
@@ -41,7 +41,8 @@ from local_ranks import results_of, run_ranks  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from cost import comm_bytes_per_step  # noqa: E402
 from monitor import SavedActivations  # noqa: E402
-from parallel import ParallelConfig, ProcessGrid, destroy_distributed, init_distributed, take_comm_bytes  # noqa: E402
+from comm_count import take_comm_bytes  # noqa: E402
+from parallel import ParallelConfig, ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
 from pipeline import bubble_fraction  # noqa: E402
 
 MODEL = GPTConfig(block_size=64, vocab_size=256, n_layer=8, n_head=8, n_embd=128)

@@ -25,6 +25,7 @@ import train  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from cost import comm_bytes_per_step  # noqa: E402
 import parallel  # noqa: E402
+from comm_count import take_comm_bytes  # noqa: E402
 from parallel import ProcessGrid, ShardedModel  # noqa: E402
 from local_ranks import results_of, run_ranks  # noqa: E402
 
@@ -61,7 +62,7 @@ def timed_steps(mode, rank, world_size, steps, warmup, bucket_mb):
                 dist.barrier()
             t0 = time.perf_counter()
         train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)  # counts each step's bytes from zero
-    return time.perf_counter() - t0, parallel.take_comm_bytes()["tp"]
+    return time.perf_counter() - t0, take_comm_bytes()["tp"]
 
 
 def ranked_steps(mode, world_size, steps, warmup, bucket_mb):

@@ -80,7 +80,7 @@ EXERCISES = [
              "wait for the all-reduces and write back the average", ("init", "clm_loss"),
              ("tests/test_data_parallel.py::test_finish_leaves_the_group_average_on_every_step",
               "tests/test_data_parallel.py::test_bucketed_and_naive_average_to_the_same_gradients")),
-    Exercise("tp_layers", "parallel.py",
+    Exercise("tp_layers", "tensor_parallel.py",
              ("CopyToTensorParallel.forward", "CopyToTensorParallel.backward", "ReduceFromTensorParallel.forward",
               "ReduceFromTensorParallel.backward", "ColumnParallelLinear.forward", "RowParallelLinear.forward"),
              "Megatron's f and g, and the column- and row-parallel Linear built on them", (),

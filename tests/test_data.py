@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import data
-from data import DataConfig, TokenStream, get_tokenizer, prepare
+from data import DOWNLOADS, DataConfig, TokenStream, get_tokenizer, prepare
 from conftest import ROOT, SHAKESPEARE, needs_gpt2, needs_shakespeare, run_script
+from files import download
 
 TEXT = "Hello, world!\n\tunicode: naïve café 日本語 🙂 <|endoftext|> done"
 
@@ -137,13 +138,13 @@ def test_shakespeare_download_is_checked(tmp_path):
     wrong = tmp_path / "wrong.txt"
     wrong.write_text("not shakespeare\n")
     with pytest.raises(ValueError, match="sha256"):
-        data.download("shakespeare", str(tmp_path / "other"), url=wrong.as_uri())
+        download("shakespeare", str(tmp_path / "other"), DOWNLOADS["shakespeare"], url=wrong.as_uri())
     assert os.listdir(tmp_path / "other") == []  # the bad download is not kept
 
 
 def test_unreachable_download_says_what_to_do(tmp_path):
     with pytest.raises(ValueError, match="could not download shakespeare.*--source"):
-        data.download("shakespeare", str(tmp_path), url=(tmp_path / "missing.txt").as_uri())
+        download("shakespeare", str(tmp_path), DOWNLOADS["shakespeare"], url=(tmp_path / "missing.txt").as_uri())
 
 
 def write_tokens(path, n):

@@ -197,7 +197,8 @@ def _dp_average_over_steps(steps):
     sent during backward and in the whole step."""
     import copy
 
-    from parallel import DataParallel, destroy_distributed, init_distributed, take_comm_bytes, zero_grad
+    from comm_count import take_comm_bytes
+    from parallel import DataParallel, destroy_distributed, init_distributed, zero_grad
 
     launch = init_distributed(20)
     grid = ProcessGrid(2, 1, 2, launch.rank, launch.world_size)
@@ -258,7 +259,7 @@ def test_finish_leaves_the_group_average_on_every_step():
                     f"got {r['sent_in_step']}"
             else:
                 assert 4 * with_grad <= r["sent_in_step"] <= 4 * numel, \
-                    f"{setup}, step {step}: each fp32 gradient's all-reduce is counted (parallel.counted), once: " \
+                    f"{setup}, step {step}: each fp32 gradient's all-reduce is counted (comm_count.counted), once: " \
                     f"expected {4 * with_grad} bytes ({4 * numel} if the unused layer's zeros are sent too), " \
                     f"got {r['sent_in_step']}"
         first = results["bucketed", 0]["sent_in_backward"]

@@ -11,7 +11,8 @@ import torch.nn as nn
 import evaluation
 from config import BenchmarkConfig
 from conftest import HELLASWAG_FIXTURE as FIXTURE, ROOT, run_script
-from data import ByteTokenizer, file_sha256
+from data import ByteTokenizer
+from files import file_sha256
 from model import GPTConfig
 from run_folder import is_finished
 

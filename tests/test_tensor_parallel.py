@@ -14,9 +14,10 @@ import checkpoint
 import train
 from local_ranks import run_ranks
 from model import GPT, GPTConfig
-from parallel import (ColumnParallelLinear, CopyToTensorParallel, Cut, ProcessGrid, ReduceFromTensorParallel,
-                      RowParallelLinear, ShardedModel, VocabParallelEmbedding, check_tensor_parallel_layout,
-                      destroy_distributed, global_grad_norm, init_distributed, take_comm_bytes)
+from comm_count import take_comm_bytes
+from parallel import ProcessGrid, ShardedModel, destroy_distributed, global_grad_norm, init_distributed
+from tensor_parallel import (ColumnParallelLinear, CopyToTensorParallel, Cut, ReduceFromTensorParallel,
+                             RowParallelLinear, VocabParallelEmbedding, check_tensor_parallel_layout)
 
 # ----------------------------------------------------------------------------
 # The pieces, each against its single-device twin: f, g, a column- and a row-parallel Linear, and the MLP
@@ -72,10 +73,10 @@ def _measured(what, forward, x, out_grad, module=None):
             sent["backward"] = (take_comm_bytes()["tp"], _calls(spies))
     except AssertionError:
         raise
-    except Exception as e:  # a rank reports one line: name the piece and the line of parallel.py that raised
+    except Exception as e:  # a rank reports one line: name the piece and the line of tensor_parallel.py that raised
         frames = traceback.extract_tb(e.__traceback__)
-        lines = [frame.lineno for frame in frames if frame.filename.endswith("parallel.py")]
-        where = f" at parallel.py line {lines[-1]}" if lines else ""
+        lines = [frame.lineno for frame in frames if frame.filename.endswith("tensor_parallel.py")]
+        where = f" at tensor_parallel.py line {lines[-1]}" if lines else ""
         raise RuntimeError(f"{what} raised{where}: {type(e).__name__}: {e}") from e
     parameters = {} if module is None else dict(module.named_parameters())
     as_numpy = {name: None if p.grad is None else p.grad.numpy() for name, p in parameters.items()}
@@ -165,7 +166,7 @@ def _assert_close(got, want, what):
 
 
 def _assert_sent(sent, direction, want, what):
-    """The collectives one direction called, and the tp bytes parallel.counted saw, are want's."""
+    """The collectives one direction called, and the tp bytes comm_count.counted saw, are want's."""
     bytes_counted, calls = sent[direction]
     assert calls == want[1], f"{what}: expected the collectives {want[1] or 'none'}, got {calls or 'none'}"
     assert bytes_counted == want[0], (f"{what}: expected {want[0]} tp bytes counted (hand the tensor through "

@@ -1,4 +1,4 @@
-# wrong: naive mode all-reduces without parallel.counted, so the dp bytes it sends are never counted or logged
+# wrong: naive mode all-reduces without counted (comm_count.py), so the dp bytes it sends are never counted or logged
 if self.mode == "naive":
     for p in self.params:
         if p.grad is not None:

@@ -1,0 +1,45 @@
+"""The communication counter: the bytes each rank hands to the all-reduces and sends of a training
+step, per dimension (dp, tp, pp), compared with cost.py's closed form (cost.comm_bytes_per_step).
+
+Its own module, below the three parallelisms that count through it (data parallelism in
+parallel.py, tensor_parallel.py, pipeline.py): so tensor_parallel.py needs nothing from
+parallel.py, and parallel.py's ShardedModel can import tensor_parallel.py.
+"""
+
+import torch
+import torch.distributed as dist
+
+# Every all-reduce and send that carries a training step's gradients or
+# activations hands its tensor through counted(dimension, tensor), which adds
+# the payload's bytes to this rank's count for that dimension: an integer add on
+# the host, no device work, no synchronization, so counting is free when nobody
+# reads it. Not counted: the few scalars of a step (loss, grad norm), the start-up
+# broadcast and checkpoint gathers. Evaluation's forwards count too, so
+# train.optimizer_step starts each step's count from zero. A ring all-reduce of P
+# bytes in a group of n puts 2 (n - 1) / n P on each rank's link; the count is P.
+
+comm_bytes = {"dp": 0, "tp": 0, "pp": 0}  # bytes this rank handed over since the last take_comm_bytes()
+
+
+def counted(dimension, tensor):
+    """tensor, after adding its bytes to this rank's count for dimension dp, tp or pp."""
+    comm_bytes[dimension] += tensor.numel() * tensor.element_size()
+    return tensor
+
+
+def take_comm_bytes():
+    """{dimension: bytes} counted since the last call; the counts start again from zero."""
+    taken = dict(comm_bytes)
+    comm_bytes.update(dp=0, tp=0, pp=0)
+    return taken
+
+
+def take_busiest_comm_bytes(device):
+    """{dimension: the most bytes any rank counted since its last take}: the rank that sets the
+    pace in each dimension. A collective (an int64 max over the world): every rank calls it."""
+    taken = take_comm_bytes()
+    if dist.is_initialized():
+        counts = torch.tensor(list(taken.values()), dtype=torch.int64, device=device)
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+        taken = dict(zip(taken, counts.tolist()))
+    return taken

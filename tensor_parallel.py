@@ -1,0 +1,258 @@
+"""Tensor parallelism written by hand on torch.distributed, after Megatron-LM (Shoeybi et al. 2019,
+arXiv:1909.08053): Megatron's f and g, the column- and row-parallel Linear, the embedding and the
+loss cut by vocabulary, and `tensor_parallel`, which cuts a single-device GPT into this rank's slices.
+
+Every layer takes its TP group as an argument; the process grid that makes the groups is in
+parallel.py, and ShardedModel (parallel.py) and PipelineModel (pipeline.py) call tensor_parallel.
+
+    torchrun --standalone --nproc_per_node=2 train.py --tp 2          # one layer's matrices on 2 processes
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from comm_count import counted
+
+# ----------------------------------------------------------------------------
+# Cutting a Linear layer, and the two communications it needs (f and g)
+#
+# A Linear layer Y = X W^T can be cut two ways across the tp ranks of a group:
+# by output features (column parallel: each rank computes some columns of Y from
+# the whole X) or by input features (row parallel: each rank holds some columns
+# of X and computes a partial Y that the group sums). Column then row needs no
+# communication in between, so each MLP and each attention costs one all-reduce
+# forward (g, after the row-parallel layer) and one backward (f, before the
+# column-parallel one): 2 all-reduces per block forward, 2 backward.
+
+
+class CopyToTensorParallel(torch.autograd.Function):
+    """f: identity forward, all-reduce backward. Each rank's column-parallel layer sends
+    back a partial gradient for the replicated input; the whole gradient is their sum."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        # exercise tp_layers, CopyToTensorParallel.forward: begin
+        ctx.group = group
+        return x
+        # exercise tp_layers, CopyToTensorParallel.forward: end
+
+    @staticmethod
+    def backward(ctx, grad):
+        # exercise tp_layers, CopyToTensorParallel.backward: begin
+        grad = grad.contiguous()
+        dist.all_reduce(counted("tp", grad), group=ctx.group)
+        return grad, None
+        # exercise tp_layers, CopyToTensorParallel.backward: end
+
+
+class ReduceFromTensorParallel(torch.autograd.Function):
+    """g: all-reduce forward, identity backward. The row-parallel partial outputs sum to
+    the whole output; its gradient is the same whole gradient on every rank."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        # exercise tp_layers, ReduceFromTensorParallel.forward: begin
+        x = x.contiguous()
+        dist.all_reduce(counted("tp", x), group=group)
+        return x
+        # exercise tp_layers, ReduceFromTensorParallel.forward: end
+
+    @staticmethod
+    def backward(ctx, grad):
+        # exercise tp_layers, ReduceFromTensorParallel.backward: begin
+        return grad, None
+        # exercise tp_layers, ReduceFromTensorParallel.backward: end
+
+
+@dataclass(frozen=True)
+class Cut:
+    """How a tensor-parallel parameter is cut from its single-device tensor: into tp equal
+    slices along `dim`. With chunks > 1 that dim holds stacked blocks (q, k, v), each
+    block cut separately, so every rank gets matching heads of q, k and v. With rows set,
+    dim 0 (the vocabulary) is first padded with zero rows from `rows` up to a multiple of tp."""
+
+    dim: int
+    chunks: int = 1
+    rows: int | None = None
+
+    def shard(self, full, tp, tp_rank):
+        """This rank's slice of the single-device tensor."""
+        if self.rows is not None:
+            full = F.pad(full, (0, 0, 0, -(-self.rows // tp) * tp - full.shape[0]))  # (V, C) -> (V padded, C)
+        blocks = full.chunk(self.chunks, dim=self.dim)
+        return torch.cat([b.chunk(tp, dim=self.dim)[tp_rank] for b in blocks], dim=self.dim).contiguous()
+
+    def unshard(self, shards):
+        """The single-device tensor from the tp slices, in rank order: the inverse of shard."""
+        pieces = [s.chunk(self.chunks, dim=self.dim) for s in shards]
+        full = torch.cat([torch.cat([p[c] for p in pieces], dim=self.dim) for c in range(self.chunks)], dim=self.dim)
+        return full[: self.rows]  # drop the padding rows, if any
+
+
+def _sharded_parameter(full, cut, grid):
+    return nn.Parameter(cut.shard(full.detach(), grid.tp, grid.tp_rank))
+
+
+class ColumnParallelLinear(nn.Module):
+    """Y = X W^T with W cut by output features (rows of W):
+
+        W = [W_1; W_2; ...; W_tp]    rank i holds W_i: (out/tp, in)
+        Y = [X W_1^T, ..., X W_tp^T]  rank i computes its columns Y_i: (B, T, out/tp)
+
+    X must be the same on every rank; its gradient is summed across ranks by f.
+    The bias, if any, is cut like the rows of W.
+    """
+
+    def __init__(self, weight, bias, group, cut):
+        super().__init__()
+        self.weight, self.bias, self.group, self.cut = weight, bias, group, cut
+
+    @classmethod
+    def from_linear(cls, linear, grid, chunks=1):
+        cut = Cut(dim=0, chunks=chunks)
+        bias = None if linear.bias is None else _sharded_parameter(linear.bias, cut, grid)
+        return cls(_sharded_parameter(linear.weight, cut, grid), bias, grid.tp_group, cut)
+
+    def forward(self, x):  # (B, T, in) -> (B, T, out/tp)
+        # exercise tp_layers, ColumnParallelLinear.forward: begin
+        return F.linear(CopyToTensorParallel.apply(x, self.group), self.weight, self.bias)
+        # exercise tp_layers, ColumnParallelLinear.forward: end
+
+
+class RowParallelLinear(nn.Module):
+    """Y = X W^T with W cut by input features (columns of W):
+
+        W = [W_1, W_2, ..., W_tp]     rank i holds W_i: (out, in/tp)
+        X = [X_1, X_2, ..., X_tp]     rank i holds X_i: (B, T, in/tp), a column-parallel output
+        Y = sum_i X_i W_i^T           partial products, summed by g; the bias is whole, added once, after
+    """
+
+    cut = Cut(dim=1)
+
+    def __init__(self, weight, bias, group):
+        super().__init__()
+        self.weight, self.bias, self.group = weight, bias, group
+
+    @classmethod
+    def from_linear(cls, linear, grid):
+        return cls(_sharded_parameter(linear.weight, cls.cut, grid), linear.bias, grid.tp_group)
+
+    def forward(self, x):  # (B, T, in/tp) -> (B, T, out)
+        # exercise tp_layers, RowParallelLinear.forward: begin
+        y = ReduceFromTensorParallel.apply(F.linear(x, self.weight), self.group)
+        return y if self.bias is None else y + self.bias
+        # exercise tp_layers, RowParallelLinear.forward: end
+
+
+class VocabParallelEmbedding(nn.Module):
+    """The token embedding cut by vocabulary: rank i holds rows [i V/tp, (i+1) V/tp) of the
+    vocabulary padded to a multiple of tp. A rank looks up the ids it owns, writes zeros
+    for the others, and the all-reduce (g) fills in every row from its owner."""
+
+    def __init__(self, embedding, grid):
+        super().__init__()
+        self.cut = Cut(dim=0, rows=embedding.weight.shape[0])
+        self.weight, self.group = _sharded_parameter(embedding.weight, self.cut, grid), grid.tp_group  # (V/tp, C)
+        self.start = grid.tp_rank * self.weight.shape[0]
+        self.end = self.start + self.weight.shape[0]  # may pass V: padding rows, never looked up
+
+    def forward(self, idx):  # (B, T) -> (B, T, C)
+        outside = (idx < self.start) | (idx >= self.end)
+        local = F.embedding((idx - self.start).masked_fill(outside, 0), self.weight)
+        return ReduceFromTensorParallel.apply(local.masked_fill(outside.unsqueeze(-1), 0.0), self.group)
+
+
+class VocabParallelCrossEntropy(torch.autograd.Function):
+    """Cross-entropy over logits cut by vocabulary, (B, T, V/tp) per rank, without ever
+    building the full (B, T, V): three all-reduces of (B, T) numbers instead.
+
+        loss = log sum_v exp(z_v) - z_target
+             = m + log sum_ranks sum_local exp(z_v - m) - z_target,   m = max over all ranks
+
+    Forward and backward side by side: d loss / d z_v = softmax(z)_v - [v == target],
+    each rank for its own slice of v.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets, start, vocab_size, group):
+        ctx.dtype = logits.dtype
+        logits = logits.float()  # the sums below in fp32
+        ids = start + torch.arange(logits.shape[-1], device=logits.device)
+        logits = logits.masked_fill(ids >= vocab_size, -math.inf)  # padding rows: probability 0
+        global_max = logits.max(dim=-1).values  # (B, T)
+        dist.all_reduce(counted("tp", global_max), op=dist.ReduceOp.MAX, group=group)
+        shifted = logits - global_max.unsqueeze(-1)  # (B, T, V/tp)
+        exp = shifted.exp()
+        sum_exp = exp.sum(dim=-1)  # (B, T)
+        dist.all_reduce(counted("tp", sum_exp), group=group)
+        local_target = targets - start
+        owned = (local_target >= 0) & (local_target < logits.shape[-1])
+        picked = shifted.gather(-1, local_target.clamp(0, logits.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
+        target_logit = picked.masked_fill(~owned, 0.0)  # (B, T), nonzero on the owning rank only
+        dist.all_reduce(counted("tp", target_logit), group=group)
+        loss = sum_exp.log() - target_logit  # (B, T)
+        ctx.save_for_backward(exp / sum_exp.unsqueeze(-1), local_target, owned)
+        return loss.mean()
+
+    @staticmethod
+    def backward(ctx, grad):
+        softmax, local_target, owned = ctx.saved_tensors
+        grad_logits = softmax.clone()  # (B, T, V/tp)
+        rows = owned.nonzero(as_tuple=True)
+        grad_logits[(*rows, local_target[rows])] -= 1.0
+        return (grad_logits * (grad / local_target.numel())).to(ctx.dtype), None, None, None, None
+
+
+class VocabParallelLoss(nn.Module):
+    """The model's loss layer (model.CLMLoss) cut by vocabulary like the head it follows: the CLM
+    loss of this rank's logits (B, T, V/tp), which hold vocabulary ids [start, start + V/tp)."""
+
+    def __init__(self, start, vocab_size, group):
+        super().__init__()
+        self.start, self.vocab_size, self.group = start, vocab_size, group
+
+    def forward(self, logits, targets):  # (B, T, V/tp), (B, T) -> ()
+        return VocabParallelCrossEntropy.apply(logits, targets, self.start, self.vocab_size, self.group)
+
+
+def tensor_parallel(model, grid):
+    """Cut a single-device GPT across the TP group, in place, from its own initialization
+    (same seed, same math): attention by heads (q, k, v column parallel, output projection
+    row parallel), the MLP column then row, the tied embedding / head and the loss by
+    vocabulary. Norm weights and position embeddings stay whole on every rank.
+
+    Returns {parameter name: Cut} for every parameter that is now a slice: what gathering
+    a checkpoint and the global grad norm need to know. A group of one cuts nothing: {}."""
+    check_tensor_parallel_layout(model.config, grid.tp)
+    if grid.tp == 1:
+        return {}
+    for block in model.blocks:
+        block.attn.c_attn = ColumnParallelLinear.from_linear(block.attn.c_attn, grid, chunks=3)  # heads h*H/tp...
+        block.attn.c_proj = RowParallelLinear.from_linear(block.attn.c_proj, grid)
+        block.mlp.c_fc = ColumnParallelLinear.from_linear(block.mlp.c_fc, grid)
+        block.mlp.c_proj = RowParallelLinear.from_linear(block.mlp.c_proj, grid)
+    model.wte = VocabParallelEmbedding(model.wte, grid)
+    model.lm_head = ColumnParallelLinear(model.wte.weight, None, grid.tp_group, model.wte.cut)  # tied: the same slice scores
+    model.clm_loss = VocabParallelLoss(model.wte.start, model.config.vocab_size, grid.tp_group)
+    cut_of = {}  # parameter -> its cut (parameters hash by identity)
+    for module in model.modules():
+        if isinstance(module, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
+            cut_of[module.weight] = module.cut
+            if isinstance(module, ColumnParallelLinear) and module.bias is not None:
+                cut_of[module.bias] = module.cut  # a row-parallel bias stays whole
+    return {name: cut_of[p] for name, p in model.named_parameters() if p in cut_of}
+
+
+def check_tensor_parallel_layout(cfg, tp):
+    """Before any process group work: a layout that cannot be cut is named, not hung on.
+    Heads are the unit of the cut (n_embd = n_head x head size, so n_embd follows); the
+    vocabulary never blocks it, as it is padded to a multiple of tp."""
+    if tp < 1 or cfg.n_head % tp:
+        raise ValueError(f"n_head {cfg.n_head} is not divisible by tp {tp}: choose --tp among the divisors "
+                         f"of n_head, or --n_head a multiple of {tp} (with --n_embd a multiple of it)")
+
