@@ -15,7 +15,7 @@ import torch.distributed as dist
 # the host, no device work, no synchronization, so counting is free when nobody
 # reads it. Not counted: the few scalars of a step (loss, grad norm), the start-up
 # broadcast and checkpoint gathers. Evaluation's forwards count too, so
-# train.optimizer_step starts each step's count from zero. A ring all-reduce of P
+# the training loop starts each step's count from zero. A ring all-reduce of P
 # bytes in a group of n puts 2 (n - 1) / n P on each rank's link; the count is P.
 
 comm_bytes = {"dp": 0, "tp": 0, "pp": 0}  # bytes this rank handed over since the last take_comm_bytes()

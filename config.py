@@ -113,10 +113,10 @@ class BenchmarkConfig:  # the benchmark of the final check and --eval_only (eval
 
 PRESETS = {
     "tiny": {},  # the defaults above: ~0.8M parameters on Python's own source code, minutes on a laptop CPU
-    # nanoGPT's CPU "baby GPT" (README of karpathy/nanoGPT: val loss ~1.88 at 2000 iterations), the same
-    # model and batch. Its schedule made faster: with RMSNorm and the width-scaled init, twice its LR is
-    # stable, and a cosine that ends at step 1500 (then holds 1e-4) reaches nanoGPT's final loss by step
-    # 1000 instead of ~1250 and still ends lower (bench/time_to_loss.py). 144 eval batches read val.bin once.
+    # nanoGPT's CPU "baby GPT", the same model and batch, with a faster schedule: RMSNorm and the
+    # width-scaled init keep twice its LR stable, and a cosine that ends at step 1500 (then holds 1e-4)
+    # reaches its final loss sooner (DESIGN.md, "Choices measured"; bench/time_to_loss.py).
+    # 144 eval batches read val.bin once.
     "shakespeare": dict(
         source="shakespeare", block_size=64, batch_size=12, n_layer=4, n_head=4, n_embd=128,
         max_iters=2000, learning_rate=2e-3, min_lr=1e-4, lr_decay_iters=1500, warmup_iters=100, beta2=0.99,
@@ -140,7 +140,19 @@ def parse_bool(text):
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-CONFIG_CLASSES = (GPTConfig, DataConfig, TrainConfig, ParallelConfig, RecoveryConfig, SampleConfig, BenchmarkConfig)
+@dataclass
+class Configs:
+    """A run's settings, one dataclass per concern; every field of each is a flag."""
+
+    model: GPTConfig
+    data: DataConfig
+    train: TrainConfig
+    parallel: ParallelConfig
+    recovery: RecoveryConfig
+    sample: SampleConfig
+    benchmark: BenchmarkConfig
+
+
 MODES = ("sample", "eval_only")  # what to do instead of training: a flag each, at most one
 
 
@@ -148,7 +160,7 @@ def parse_args(argv):
     """--preset NAME, --sample or --eval_only, and --field value for every field of the config dataclasses.
 
     Precedence: dataclass default < preset < command line. Returns
-    (preset, mode: "train" or one of MODES, {config class: instance}).
+    (preset, mode: "train" or one of MODES, Configs).
     """
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
@@ -159,14 +171,15 @@ def parse_args(argv):
     parser.add_argument("--sample", default=False, help="sample from the newest checkpoint in --out_dir", **boolean)
     parser.add_argument("--eval_only", default=False, help="val loss and the benchmark of the newest checkpoint in "
                         "--out_dir, logged to its metrics.jsonl; no training", **boolean)
-    owner = {}
-    for cls in CONFIG_CLASSES:
-        for f in dataclasses.fields(cls):
+    owner = {}  # flag name -> the Configs field whose dataclass has it
+    concerns = dataclasses.fields(Configs)
+    for concern in concerns:
+        for f in dataclasses.fields(concern.type):
             if f.name in ("vocab_size",):  # set from the data, not by hand
                 continue
-            owner[f.name] = cls
+            owner[f.name] = concern.name
             kind = boolean if f.type is bool else dict(type=f.type)
-            parser.add_argument(f"--{f.name}", default=None, help=f"{cls.__name__} (default {f.default!r})", **kind)
+            parser.add_argument(f"--{f.name}", default=None, help=f"{concern.type.__name__} (default {f.default!r})", **kind)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         flag = unknown[0].split("=")[0]
@@ -182,5 +195,6 @@ def parse_args(argv):
     if modes and args.overwrite:  # they read a run: starting it over would delete what they came to read
         parser.error(f"--{modes[0]} reads the run in --out_dir, and --overwrite would delete it: drop --overwrite")
     values = {**PRESETS[args.preset], **{k: v for k, v in vars(args).items() if v is not None and k in owner}}
-    configs = {cls: cls(**{k: v for k, v in values.items() if owner[k] is cls}) for cls in CONFIG_CLASSES}
+    configs = Configs(**{concern.name: concern.type(**{k: v for k, v in values.items() if owner[k] == concern.name})
+                         for concern in concerns})
     return args.preset, modes[0] if modes else "train", configs

@@ -27,7 +27,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -263,8 +263,19 @@ def measure_cpu(mc, rows, ranks):
 # A layout: memory per device and step time
 
 
+@dataclass(frozen=True)
+class Memory:
+    """Bytes on the fullest device of a layout (memory_per_gpu)."""
+    state: int  # 16 B per parameter held: weights, gradients and AdamW's two moments
+    activations: float  # what backward keeps: the micro-batches in flight, plus the logits of one
+
+    @property
+    def total(self):
+        return self.state + self.activations
+
+
 def memory_per_gpu(mc, tp, pp, micro_batch_rows, in_flight, recompute=False, activation_bytes=2):
-    """Bytes on the fullest device of a layout: {"state", "activations", "total"}.
+    """Bytes on the fullest device of a layout, as a Memory.
 
     state: 16 B per parameter held (the stage with the embedding holds the most). ZeRO-1 would
     shard the 8 B of AdamW moments over the dp ranks too, leaving 8 + 8/dp.
@@ -279,7 +290,7 @@ def memory_per_gpu(mc, tp, pp, micro_batch_rows, in_flight, recompute=False, act
     layers = max(end - first for first, end in stage_layers(mc.n_layer, pp))
     logits = b * s * -(-mc.vocab_size // tp) * (activation_bytes + 4)  # in the compute dtype, and the loss's fp32 copy
     activations = in_flight * layers * per_layer * activation_bytes / 2 + logits
-    return {"state": state, "activations": activations, "total": state + activations}
+    return Memory(state, activations)
 
 
 @dataclass
@@ -339,7 +350,7 @@ def plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute
     parts = {"compute": compute, "bubble": bubble, "tp": tp_seconds, "pp": pp_seconds, "dp": dp_seconds}
     step = sum(parts.values())
     in_flight = min(pp, m)  # 1F1B's first stage
-    memory = memory_per_gpu(mc, tp, pp, micro_batch_rows, in_flight, recompute, compute_bytes)["total"]
+    memory = memory_per_gpu(mc, tp, pp, micro_batch_rows, in_flight, recompute, compute_bytes).total
     achieved = flops_per_token(mc) * batch_rows * T / (dp * tp * pp) / step / hw.peak_flops
     return Plan(dp, tp, pp, m, memory <= hw.memory, memory / 1e9, step, batch_rows * T / step, achieved, parts)
 
@@ -390,22 +401,34 @@ def min_model_parallel(mc, hw, most=4096):
 # Checkpoints, against failures
 
 
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """When to checkpoint a run, and what its failures then cost (checkpoint_economics)."""
+    checkpoint_gb: float  # fp32 weights and AdamW's two moments: 12 B per parameter
+    save_seconds: float  # C: the time to write one checkpoint
+    cluster_mtbf_hours: float  # one device's MTBF / the devices: the cluster stops when any one fails
+    interval_minutes: float  # Young's sqrt(2 C MTBF)
+    goodput_lost: float  # the share of the run's time lost when checkpointing at that interval
+
+
+def share_of_time_lost(interval_seconds, save_seconds, cluster_mtbf_seconds, restart_seconds):
+    """The share of a run's time lost checkpointing every interval_seconds: C / interval for saving,
+    plus, per failure, half an interval of redone steps and the restart."""
+    return save_seconds / interval_seconds + (interval_seconds / 2 + restart_seconds) / cluster_mtbf_seconds
+
+
 def checkpoint_economics(params, gpus, write_bandwidth, gpu_mtbf_hours, restart_seconds):
-    """When to checkpoint. The cluster stops when any device fails: MTBF / gpus. A checkpoint
-    (fp32 weights and AdamW's two moments: 12 B per parameter) takes C = size / write bandwidth.
-    Young (1974): checkpoint every sqrt(2 C MTBF) (Daly 2006 refines it for intervals near the
-    MTBF; this first-order rule holds while C << interval << MTBF). The time lost is then
-    C / interval for saving, plus, per failure, half an interval of redone steps and the restart."""
+    """When to checkpoint, as a CheckpointPlan. The cluster stops when any device fails: MTBF / gpus.
+    A checkpoint (fp32 weights and AdamW's two moments: 12 B per parameter) takes C = size / write
+    bandwidth. Young (1974): checkpoint every sqrt(2 C MTBF) (Daly 2006 refines it for intervals near
+    the MTBF; this first-order rule holds while C << interval << MTBF)."""
     size = 12 * params
     save = size / write_bandwidth
     mtbf = gpu_mtbf_hours * 3600 / gpus
-
-    def lost(interval):
-        return save / interval + (interval / 2 + restart_seconds) / mtbf
-
     interval = math.sqrt(2 * save * mtbf)
-    return {"checkpoint_gb": size / 1e9, "save_seconds": save, "cluster_mtbf_hours": mtbf / 3600,
-            "interval_minutes": interval / 60, "goodput_lost": lost(interval), "lost": lost}
+    return CheckpointPlan(checkpoint_gb=size / 1e9, save_seconds=save, cluster_mtbf_hours=mtbf / 3600,
+                          interval_minutes=interval / 60,
+                          goodput_lost=share_of_time_lost(interval, save, mtbf, restart_seconds))
 
 
 # ----------------------------------------------------------------------------
@@ -423,8 +446,8 @@ def account_lines(mc, tp, pp, micro_batch_rows, in_flight, max_iters, tokens_per
     return [
         f"parameters: {N / 1e6:.2f}M; planned tokens: {tokens / 1e6:.1f}M ({tokens / N:.1f} per parameter)",
         f"training compute: {flops:.3g} FLOPs (6 N D = {6 * N * tokens:.3g}, plus attention)",
-        f"memory per device: weights + grads + AdamW {memory['state'] / gib:.3f} GiB (16 B per parameter held) "
-        f"+ activations ~{memory['activations'] / gib:.3f}",
+        f"memory per device: weights + grads + AdamW {memory.state / gib:.3f} GiB (16 B per parameter held) "
+        f"+ activations ~{memory.activations / gib:.3f}",
         f"measured forward + backward: {step_seconds * 1e3:.0f} ms per step -> ~{step_seconds * max_iters / 60:.1f} min "
         f"for {max_iters} steps on this device",
         f"the same FLOPs on one H100 at 40% MFU: {h100_hours:.3g} GPU-hours "
@@ -510,13 +533,47 @@ def main(argv=None):
     except ValueError as e:
         sys.exit(f"error: {e}")
     if args.json:
-        print(json.dumps(report, indent=1))
+        print(json.dumps(asdict(report), indent=1))
     else:
         print_account(report, args.top)
 
 
+@dataclass
+class Account:
+    """The whole account of a run on a cluster (what --json prints). The best_layout fields, the
+    state on it and the spreads are None when no layout fits."""
+    model: str  # --model, or "custom" when shape flags are given
+    shape: dict  # n_layer, n_head, n_embd, vocab_size, block_size
+    params: int  # N
+    tokens: float  # D
+    tokens_per_param: float
+    train_flops: float  # 6 N D plus attention
+    gpu: str
+    gpus: int
+    mfu: float  # the share of peak FLOP/s the whole run is assumed to achieve
+    batch_tokens: int  # per optimizer step, whole sequences
+    state_bytes: int  # 16 B per parameter: weights, gradients and AdamW's two moments
+    min_model_parallel: int | None  # the fewest devices tp x pp that hold the state; None: no cut up to 4,096
+    # the account proper: FLOPs / (peak x MFU), as published runs are reckoned
+    gpu_hours: float
+    wall_days: float
+    cost_usd: float
+    usd_per_gpu_hour: float
+    # the planner: compute at that MFU plus what its best layout adds (bubble, communication it cannot hide)
+    best_layout_wall_days: float | None  # None: no layout fits
+    best_layout_gpu_hours: float | None  # None: no layout fits
+    best_layout_cost_usd: float | None  # None: no layout fits
+    best_layout_achieved_mfu: float | None  # None: no layout fits
+    state_gb_best_layout: float | None  # on its fullest device; None: no layout fits
+    zero1_state_gb_best_layout: float | None  # the same with AdamW's moments sharded over dp; None: no layout fits
+    spread: float | None  # throughput of the best layout that fits over the worst's, less 1; None: no layout fits
+    spread_tp_in_node: float | None  # the same among those with TP inside a node; None: none of them fits
+    checkpoint: CheckpointPlan
+    layouts: list[Plan]  # every layout, planned: those that fit first, fastest first
+
+
 def account(args):
-    """The whole account as a dict (what --json prints)."""
+    """The whole Account of the run that args describe."""
     for flag in ("gpus", "micro_batch_rows", "top"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag} {getattr(args, flag)}: must be at least 1")
@@ -544,27 +601,26 @@ def account(args):
     # communication it cannot hide: its best layout achieves less (achieved_mfu), and takes longer.
     gpu_hours = flops / (hw.peak_flops * args.mfu) / 3600
     best = fitting[0] if fitting else None
-    ckpt = checkpoint_economics(N, args.gpus, args.ckpt_write_gbps * 1e9, args.gpu_mtbf_hours,
-                                args.restart_minutes * 60)
-    return {
-        "model": args.model if args.model and not any(getattr(args, k) for k in SHAPE) else "custom", "shape": {k: getattr(mc, k) for k in SHAPE}, "params": N,
-        "tokens": tokens, "tokens_per_param": tokens / N, "train_flops": flops, "gpu": hw.name, "gpus": args.gpus,
-        "mfu": args.mfu, "batch_tokens": batch_rows * mc.block_size, "state_bytes": 16 * N,
-        "min_model_parallel": min_model_parallel(mc, hw),
-        "gpu_hours": gpu_hours, "wall_days": gpu_hours / args.gpus / 24, "cost_usd": gpu_hours * args.usd_per_gpu_hour,
-        "usd_per_gpu_hour": args.usd_per_gpu_hour,
-        # the planner: compute at that MFU plus what each layout adds (bubble, communication it cannot hide)
-        "best_layout_wall_days": tokens / best.tokens_per_s / 86400 if best else None,
-        "best_layout_gpu_hours": tokens / best.tokens_per_s * args.gpus / 3600 if best else None,
-        "best_layout_cost_usd": tokens / best.tokens_per_s * args.gpus / 3600 * args.usd_per_gpu_hour if best else None,
-        "best_layout_achieved_mfu": best.achieved_mfu if best else None,
-        "state_gb_best_layout": memory_per_gpu(mc, best.tp, best.pp, 1, 1)["state"] / 1e9 if best else None,
-        "zero1_state_gb_best_layout": zero1_state(mc, best) / 1e9 if best else None,
-        "spread": best.tokens_per_s / fitting[-1].tokens_per_s - 1 if best else None,
-        "spread_tp_in_node": in_node[0].tokens_per_s / in_node[-1].tokens_per_s - 1 if in_node else None,
-        "checkpoint": {k: v for k, v in ckpt.items() if k != "lost"},
-        "layouts": [vars(p) for p in plans],
-    }
+    return Account(
+        model=args.model if args.model and not any(getattr(args, k) for k in SHAPE) else "custom",
+        shape={k: getattr(mc, k) for k in SHAPE}, params=N,
+        tokens=tokens, tokens_per_param=tokens / N, train_flops=flops, gpu=hw.name, gpus=args.gpus,
+        mfu=args.mfu, batch_tokens=batch_rows * mc.block_size, state_bytes=16 * N,
+        min_model_parallel=min_model_parallel(mc, hw),
+        gpu_hours=gpu_hours, wall_days=gpu_hours / args.gpus / 24, cost_usd=gpu_hours * args.usd_per_gpu_hour,
+        usd_per_gpu_hour=args.usd_per_gpu_hour,
+        best_layout_wall_days=tokens / best.tokens_per_s / 86400 if best else None,
+        best_layout_gpu_hours=tokens / best.tokens_per_s * args.gpus / 3600 if best else None,
+        best_layout_cost_usd=tokens / best.tokens_per_s * args.gpus / 3600 * args.usd_per_gpu_hour if best else None,
+        best_layout_achieved_mfu=best.achieved_mfu if best else None,
+        state_gb_best_layout=memory_per_gpu(mc, best.tp, best.pp, 1, 1).state / 1e9 if best else None,
+        zero1_state_gb_best_layout=zero1_state(mc, best) / 1e9 if best else None,
+        spread=best.tokens_per_s / fitting[-1].tokens_per_s - 1 if best else None,
+        spread_tp_in_node=in_node[0].tokens_per_s / in_node[-1].tokens_per_s - 1 if in_node else None,
+        checkpoint=checkpoint_economics(N, args.gpus, args.ckpt_write_gbps * 1e9, args.gpu_mtbf_hours,
+                                        args.restart_minutes * 60),
+        layouts=plans,
+    )
 
 
 def _amount(x):
@@ -572,41 +628,42 @@ def _amount(x):
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
-def print_account(r, top):
-    gpu_word = f"{r['gpus']:,} x {r['gpu']}"
-    print(f"model {r['model']}: {r['params'] / 1e9:.3g}B parameters ({r['shape']})")
-    print(f"tokens {r['tokens']:.3g} ({r['tokens_per_param']:.0f} per parameter); training compute "
-          f"{r['train_flops']:.3g} FLOPs (6 N D plus attention)")
-    needs = r["min_model_parallel"]
+def print_account(report, top):
+    gpu_word = f"{report.gpus:,} x {report.gpu}"
+    print(f"model {report.model}: {report.params / 1e9:.3g}B parameters ({report.shape})")
+    print(f"tokens {report.tokens:.3g} ({report.tokens_per_param:.0f} per parameter); training compute "
+          f"{report.train_flops:.3g} FLOPs (6 N D plus attention)")
+    needs = report.min_model_parallel
     fits_where = ("one device holds it whole" if needs == 1 else
                   f"a device holds its share once tp x pp >= {needs}" if needs else "no cut of up to 4,096 devices fits it")
-    print(f"weights + gradients + AdamW: {_amount(r['state_bytes'] / 1e9)} GB at 16 B per parameter; {fits_where}")
-    print(f"at {100 * r['mfu']:.0f}% MFU on {gpu_word}: {_amount(r['gpu_hours'])} GPU-hours, "
-          f"{_amount(r['wall_days'])} days, ${_amount(r['cost_usd'])} at ${r['usd_per_gpu_hour']:g}/GPU-hour")
-    if r["best_layout_wall_days"] is None:
+    print(f"weights + gradients + AdamW: {_amount(report.state_bytes / 1e9)} GB at 16 B per parameter; {fits_where}")
+    print(f"at {100 * report.mfu:.0f}% MFU on {gpu_word}: {_amount(report.gpu_hours)} GPU-hours, "
+          f"{_amount(report.wall_days)} days, ${_amount(report.cost_usd)} at ${report.usd_per_gpu_hour:g}/GPU-hour")
+    if report.best_layout_wall_days is None:
         print(f"does not fit on {gpu_word}: no layout holds the model; {fits_where} (without ZeRO or offloading). "
               "Layouts considered, fullest device:")
     else:
         print(f"the planner's best layout (compute at that MFU, plus its bubble and the communication it cannot "
-              f"hide): {_amount(r['best_layout_wall_days'])} days, {_amount(r['best_layout_gpu_hours'])} GPU-hours, "
-              f"${_amount(r['best_layout_cost_usd'])}; it achieves {100 * r['best_layout_achieved_mfu']:.0f}% MFU")
-        if r["state_gb_best_layout"] != r["zero1_state_gb_best_layout"]:
+              f"hide): {_amount(report.best_layout_wall_days)} days, "
+              f"{_amount(report.best_layout_gpu_hours)} GPU-hours, ${_amount(report.best_layout_cost_usd)}; "
+              f"it achieves {100 * report.best_layout_achieved_mfu:.0f}% MFU")
+        if report.state_gb_best_layout != report.zero1_state_gb_best_layout:
             print(f"ZeRO-1 (AdamW's moments sharded over dp too) would cut that layout's state from "
-                  f"{_amount(r['state_gb_best_layout'])} to {_amount(r['zero1_state_gb_best_layout'])} GB per GPU")
-        if r["spread"]:
-            in_node = "" if r["spread_tp_in_node"] is None else \
-                f"; among those that keep TP inside a node: {100 * r['spread_tp_in_node']:.0f}%"
-            print(f"best against worst layout that fits: {100 * r['spread']:.0f}% more throughput{in_node}")
+                  f"{_amount(report.state_gb_best_layout)} to {_amount(report.zero1_state_gb_best_layout)} GB per GPU")
+        if report.spread:
+            in_node = "" if report.spread_tp_in_node is None else \
+                f"; among those that keep TP inside a node: {100 * report.spread_tp_in_node:.0f}%"
+            print(f"best against worst layout that fits: {100 * report.spread:.0f}% more throughput{in_node}")
     print(f"{'dp':>5} {'tp':>3} {'pp':>3} {'m':>5} {'fits':>5} {'GB/GPU':>7} {'step s':>8} {'tokens/s':>12}   "
           "seconds per step: compute | bubble | tp | pp | dp")
-    for p in r["layouts"][:top]:
-        parts = " | ".join(f"{p['parts'][k]:.3g}" for k in ("compute", "bubble", "tp", "pp", "dp"))
-        print(f"{p['dp']:>5} {p['tp']:>3} {p['pp']:>3} {p['micro_batches']:>5} {'yes' if p['fits'] else 'no':>5} "
-              f"{p['memory_gb_per_gpu']:>7.1f} {p['step_seconds']:>8.3g} {p['tokens_per_s']:>12,.0f}   {parts}")
-    c = r["checkpoint"]
-    print(f"checkpoints: {c['checkpoint_gb']:,.0f} GB, {c['save_seconds']:.0f} s to write; the cluster fails every "
-          f"{c['cluster_mtbf_hours']:.1f} h; checkpoint every {c['interval_minutes']:.0f} min (Young/Daly), "
-          f"losing {100 * c['goodput_lost']:.1f}% of the time to saves, redone steps and restarts")
+    for p in report.layouts[:top]:
+        parts = " | ".join(f"{p.parts[k]:.3g}" for k in ("compute", "bubble", "tp", "pp", "dp"))
+        print(f"{p.dp:>5} {p.tp:>3} {p.pp:>3} {p.micro_batches:>5} {'yes' if p.fits else 'no':>5} "
+              f"{p.memory_gb_per_gpu:>7.1f} {p.step_seconds:>8.3g} {p.tokens_per_s:>12,.0f}   {parts}")
+    c = report.checkpoint
+    print(f"checkpoints: {c.checkpoint_gb:,.0f} GB, {c.save_seconds:.0f} s to write; the cluster fails every "
+          f"{c.cluster_mtbf_hours:.1f} h; checkpoint every {c.interval_minutes:.0f} min (Young/Daly), "
+          f"losing {100 * c.goodput_lost:.1f}% of the time to saves, redone steps and restarts")
 
 
 if __name__ == "__main__":

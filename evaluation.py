@@ -37,7 +37,6 @@ import checkpoint
 from data import get_tokenizer
 from files import download
 from parallel import all_reduce_mean
-from run_folder import append_jsonl
 from sample import single_device_model
 
 # ----------------------------------------------------------------------------
@@ -184,24 +183,24 @@ def benchmark_scores(model, tokenizer, examples, device, autocast, examples_per_
 # The final check
 
 
-def final_check(run, step, val_loss, eval_only=False):
-    """Val loss and perplexity, and the benchmark, of the weights in run.model (train.Run): printed,
-    and one record in metrics.jsonl (marked `eval_only` when --eval_only asked for it, so it never
-    passes for the end of the run). Every rank calls it (the weights are gathered into single-device
-    form); rank 0 scores the benchmark alone and gets that model back, the others None."""
-    run.say(f"step {step}, final check: val loss {val_loss:.4f}, perplexity {math.exp(val_loss):.2f} "
-            f"(uniform guessing: {run.meta['vocab_size']})")
-    whole = checkpoint.full_state_dict(run.model, run.grid)
-    if not run.is_rank0:
-        return None
-    model = single_device_model(run.identity["GPTConfig"], whole, run.model.device)
+def final_check(model, grid, step, val_loss, gpt_config, meta, benchmark_examples, say, eval_only=False):
+    """Val loss and perplexity, and the benchmark, of the weights `model` holds (the model as this
+    rank holds it, of single-device config gpt_config, a dict; meta: its token files' meta.json),
+    printed. Every rank calls it (the weights are gathered into single-device form); rank 0 scores
+    the benchmark alone. Returns, on rank 0, the record for metrics.jsonl (marked `eval_only` when
+    --eval_only asked for it, so it never passes for the end of the run) and the single-device
+    model; elsewhere (None, None)."""
+    say(f"step {step}, final check: val loss {val_loss:.4f}, perplexity {math.exp(val_loss):.2f} "
+        f"(uniform guessing: {meta['vocab_size']})")
+    whole = checkpoint.full_state_dict(model, grid)
+    if grid.rank != 0:
+        return None, None
+    single = single_device_model(gpt_config, whole, model.device)
     record = {"step": step, "val_loss": val_loss, **({"eval_only": True} if eval_only else {})}
-    if run.benchmark:
-        scores = benchmark_scores(model, get_tokenizer(run.meta["tokenizer"]), run.benchmark, run.model.device,
-                                  run.model.autocast, say=lambda line: print(line, flush=True))
+    if benchmark_examples:
+        scores = benchmark_scores(single, get_tokenizer(meta["tokenizer"]), benchmark_examples, model.device,
+                                  model.autocast, say=lambda line: print(line, flush=True))
         record.update(hellaswag_acc_norm=scores["acc_norm"], hellaswag_acc=scores["acc"])
         print(f"benchmark: acc_norm {scores['acc_norm']:.4f}, acc {scores['acc']:.4f} on {scores['examples']:,} "
               f"HellaSwag-format examples (guessing scores {scores['chance']:.4f})", flush=True)
-    run.records.append(record)
-    append_jsonl(run.metrics_path, record)
-    return model
+    return record, single

@@ -6,9 +6,9 @@
 Each rank is a child process with the environment torchrun would give it
 (RANK, WORLD_SIZE, LOCAL_RANK, ... on 127.0.0.1 and a free port), so the code
 under test starts exactly as under torchrun (parallel.init_distributed) and talks
-over gloo. On Linux the children are forked: 8 ranks start in ~0.15 s from a
+over gloo. On Linux the children are forked, so they start at once from a
 process that has already imported torch, where torchrun pays a fresh interpreter
-and `import torch` per rank (~9 s for 8). fork does not exist on Windows and is
+and `import torch` per rank (DESIGN.md has the times). fork does not exist on Windows and is
 unsafe on macOS (its system libraries are not fork-safe), so there they are spawned.
 """
 

@@ -78,9 +78,9 @@ def causal_attention(q, k, v, dropout_p):
     """softmax(q k^T / sqrt(C/H) + causal mask) v, through PyTorch's fused kernel (flash attention
     where it has one): the (T, T) scores are never stored. q, k, v (B, H, T, C/H).
 
-    Under bf16 autocast on a CPU it runs in fp32: there the bf16 kernel is ~4x slower than the
-    fp32 one at small head sizes (forward + backward at B=12, H=4, T=64, C/H=32: 4.7 ms against
-    1.05 ms), while the matmuls around it gain ~2x from bf16."""
+    Under bf16 autocast on a CPU it runs in fp32: there PyTorch's bf16 attention kernel is slower
+    than its fp32 one at small head sizes, while the matmuls around it still gain from bf16
+    (DESIGN.md, "Choices measured")."""
     if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
         with torch.autocast("cpu", enabled=False):
             return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True, dropout_p=dropout_p)

@@ -60,8 +60,7 @@ def init_distributed(timeout_seconds):
     of these and runs as rank 0 of 1 with no process group.
 
     Backend nccl on CUDA, gloo on CPU. On CPU each rank gets cores / local ranks
-    threads: two ranks with two threads each on two cores run 2.5x slower than
-    with one each, as they fight over the cores.
+    threads: more threads than cores make the ranks fight over them.
     """
     if "WORLD_SIZE" not in os.environ:
         return Launch()
@@ -171,7 +170,7 @@ class DataParallel:
         network:              [all-reduce bucket 0] [bucket 1]   [bucket 2]
 
     finish() waits for them and divides by the group size: the gradients,
-    views, are then the average. zero_grad() zeroes the buffers in place. naive:
+    views, are then the average. zero_buckets() zeroes the buffers in place. naive:
     after backward, one blocking all-reduce per parameter (kept to compare against).
 
     Under gradient accumulation only the last micro-batch syncs
@@ -203,9 +202,9 @@ class DataParallel:
         self.views = [[g.view_as(p) for g, p in zip(flat.split([p.numel() for p in b]), b)]
                       for flat, b in zip(self.flats, self.buckets)]  # each parameter's gradient, in its bucket
         if mode == "bucketed":
-            self.zero_grad()
+            self.zero_buckets()
         self.ready = [0] * len(self.buckets)
-        self.in_flight = {}  # bucket index -> (flat gradient, async work handle)
+        self.launched = {}  # bucket index -> (flat gradient, handle of its asynchronous all-reduce)
         # A pipeline stage runs backward once per micro-batch, so gradients are complete only
         # at the end of the schedule: there (overlap=False) every bucket is launched in finish().
         if mode == "bucketed" and overlap:
@@ -222,15 +221,15 @@ class DataParallel:
 
     def _launch(self, i):
         for p, view in zip(self.buckets[i], self.views[i]):
-            if p.grad is None:  # an unused parameter, or set to None by someone's zero_grad: a zero gradient
+            if p.grad is None:  # an unused parameter, or a gradient someone set to None: a zero gradient
                 view.zero_()
             elif p.grad is not view:  # replaced by a new tensor: back into the bucket
                 view.copy_(p.grad)
             p.grad = view
         flat = self.flats[i]
-        self.in_flight[i] = (flat, dist.all_reduce(counted("dp", flat), group=self.group, async_op=True))
+        self.launched[i] = (flat, dist.all_reduce(counted("dp", flat), group=self.group, async_op=True))
 
-    def zero_grad(self):
+    def zero_buckets(self):
         """Zero every gradient for the next step, in place: they stay views into the buckets."""
         for flat, bucket, views in zip(self.flats, self.buckets, self.views):
             flat.zero_()
@@ -247,21 +246,21 @@ class DataParallel:
                     p.grad /= self.size
             return
         for i in range(len(self.buckets)):
-            if i not in self.in_flight:  # a bucket whose hooks did not all fire (an unused parameter)
+            if i not in self.launched:  # a bucket whose hooks did not all fire (an unused parameter)
                 self._launch(i)
-        for flat, work in self.in_flight.values():
+        for flat, work in self.launched.values():
             work.wait()
             flat /= self.size  # the gradients are views into flat: now each is the average
-        self.in_flight.clear()
+        self.launched.clear()
         self.ready = [0] * len(self.buckets)
         # exercise dp_average: end
 
 
-def zero_grad(module, dp):
+def clear_gradients(module, dp):
     """After the update: every gradient zeroed for the next step, in place where they are views
     into bucketed DP's flat buffers (so they stay views), else set to None (freed)."""
     if dp is not None and dp.mode == "bucketed":
-        dp.zero_grad()
+        dp.zero_buckets()
     else:
         module.zero_grad(set_to_none=True)
 
@@ -311,10 +310,11 @@ def sharded_grad_norm(local_parameters, grid, skip=None):
 #
 #   module                                   the nn.Module of the parameters this rank holds and updates
 #   device
-#   forward_backward(x, y, loss_scale, scaler, sync) -> loss    one micro-batch; sync: last before the update
+#   forward_backward(x, y, loss_weight, sync) -> loss   one micro-batch, its loss times loss_weight
+#                                            backpropagated; sync: the last micro-batch before the update
 #   loss(x, y) -> loss                       forward only, for evaluation
 #   reduce_gradients()                       after the last micro-batch: the DP average (and tied copies summed)
-#   zero_grad()                              after the update: gradients zeroed for the next step
+#   clear_gradients()                        after the update: gradients zeroed for the next step
 #   grad_norm() -> norm                      the global L2 norm over every rank's share
 #   local_parameters() -> (single-device name, parameter, Cut or None), each parameter once
 #   report(out_dir, say, is_rank0)           the layout's own account at the end of the run
@@ -333,12 +333,12 @@ class ShardedModel:
         self.forward = torch.compile(model) if compile else model
         self.dp = DataParallel(model, grid.dp_group, grid.dp, dp_mode, bucket_mb) if grid.dp > 1 else None
 
-    def forward_backward(self, x, y, loss_scale, scaler, sync=True):
+    def forward_backward(self, x, y, loss_weight, sync=True):
         if self.dp is not None:
             self.dp.sync = sync  # under accumulation only the last micro-batch starts the all-reduces
         with self.autocast:
             _, loss = self.forward(x, y)
-        scaler.scale(loss * loss_scale).backward()
+        (loss * loss_weight).backward()
         return loss.detach()
 
     def loss(self, x, y):
@@ -349,8 +349,8 @@ class ShardedModel:
         if self.dp is not None:
             self.dp.finish()
 
-    def zero_grad(self):
-        zero_grad(self.module, self.dp)
+    def clear_gradients(self):
+        clear_gradients(self.module, self.dp)
 
     def grad_norm(self):
         return sharded_grad_norm(self.local_parameters(), self.grid)

@@ -22,17 +22,28 @@ import argparse
 import contextlib
 import os
 import time
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from comm_count import counted
-from parallel import DataParallel, sharded_grad_norm, zero_grad
+from parallel import DataParallel, clear_gradients, sharded_grad_norm
 from tensor_parallel import tensor_parallel
 
 # ----------------------------------------------------------------------------
 # Schedules: the order of one stage's operations
+
+
+class Slot(NamedTuple):
+    """One entry of a stage's timeline: a forward ("F") or backward ("B") of a micro-batch, or
+    waiting ("wait") for its input from a neighbour stage."""
+
+    kind: str
+    micro_batch: int
+    start: float  # seconds, or time slots in a logical timeline
+    end: float
 
 
 def gpipe(stages, micro_batches, stage):
@@ -58,7 +69,7 @@ SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
 def logical_timeline(schedule, stages, micro_batches):
     """Play a schedule with every operation taking one time slot: F of micro-batch i on stage s
     waits for F i on s - 1; B i on s waits for B i on s + 1 (and F i on s). Returns, per stage,
-    the list of (kind, i, start, end) slots."""
+    its list of Slots."""
     orders = [schedule(stages, micro_batches, s) for s in range(stages)]
     done, position, free_at = {}, [0] * stages, [0] * stages
     slots = [[] for _ in range(stages)]
@@ -73,7 +84,7 @@ def logical_timeline(schedule, stages, micro_batches):
             if all(n in done for n in needs):
                 start = max([free_at[s]] + [done[n] for n in needs])
                 done[(kind, i, s)] = free_at[s] = start + 1
-                slots[s].append((kind, i, start, start + 1))
+                slots[s].append(Slot(kind, i, start, start + 1))
                 position[s] += 1
                 progressed = True
         if not progressed:
@@ -82,12 +93,12 @@ def logical_timeline(schedule, stages, micro_batches):
 
 
 def bubble_fraction(timeline):
-    """Idle share of stages x span, from per-stage (kind, i, start, end) records; only
-    forward ("F") and backward ("B") records count as work."""
-    work = [[r for r in stage if r[0] in ("F", "B")] for stage in timeline]
-    start = min(r[2] for stage in work for r in stage)
-    end = max(r[3] for stage in work for r in stage)
-    busy = sum(r[3] - r[2] for stage in work for r in stage)
+    """Idle share of stages x span, from each stage's list of Slots; only forwards ("F") and
+    backwards ("B") count as work."""
+    work = [[slot for slot in stage if slot.kind in ("F", "B")] for stage in timeline]
+    start = min(slot.start for stage in work for slot in stage)
+    end = max(slot.end for stage in work for slot in stage)
+    busy = sum(slot.end - slot.start for stage in work for slot in stage)
     return 1 - busy / (len(timeline) * (end - start))
 
 
@@ -241,15 +252,15 @@ class Inbox:
         return self.buffers[kind][i]
 
 
-def run_schedule(stage, order, inputs, targets, micro_batches, grid, n_embd, loss_scale=1.0, clock=time.perf_counter):
+def run_schedule(stage, order, inputs, targets, micro_batches, grid, n_embd, loss_weight=1.0, clock=time.perf_counter):
     """Execute one stage's operation list over m micro-batches of inputs/targets (B, T).
 
     Sends are non-blocking (waited for at the end) and receives are posted ahead (Inbox) and
     waited for only when the operation needs its input, so a stage waits only for data it
     needs: the pipeline cannot deadlock as long as the schedule is valid.
     Each micro-batch's loss is divided by m, so the summed gradients equal those of the
-    whole batch (times loss_scale, for gradient accumulation). Returns (loss or None, records, peak stored activations), records being
-    (kind, i, start, end) for computing ("F"/"B") and for waiting ("wait").
+    whole batch (times loss_weight: 1 / accumulation steps). Returns (loss or None, the stage's
+    timeline as Slots, computing ("F"/"B") and waiting ("wait"), peak stored activations).
     """
     micro_inputs, micro_targets = inputs.chunk(micro_batches), targets.chunk(micro_batches)
     shape = (*micro_inputs[0].shape, n_embd)  # activations between stages: (B/m, T, C)
@@ -259,7 +270,7 @@ def run_schedule(stage, order, inputs, targets, micro_batches, grid, n_embd, los
     def timed(kind, i, fn):
         start = clock()
         result = fn()
-        records.append((kind, i, start, clock()))
+        records.append(Slot(kind, i, start, clock()))
         return result
 
     for kind, i in order:
@@ -269,7 +280,7 @@ def run_schedule(stage, order, inputs, targets, micro_batches, grid, n_embd, los
             if stage.is_last:
                 out = out / micro_batches
                 loss = out.detach() if loss is None else loss + out.detach()
-                out = out * loss_scale
+                out = out * loss_weight
             else:
                 send_forward(out, grid, pending)
             stored[i] = (x, out)
@@ -292,7 +303,7 @@ def plot_gantt(timeline, path, title):
     from matplotlib.figure import Figure  # no pyplot: drawing to a file leaves a notebook's plotting alone
     from matplotlib.patches import Patch
 
-    t0 = min(r[2] for stage in timeline for r in stage)
+    t0 = min(slot.start for stage in timeline for slot in stage)
     colours = {"F": "tab:blue", "B": "tab:orange", "wait": "lightgray"}
     fig = Figure(figsize=(12, 0.6 * len(timeline) + 1.5))
     ax = fig.subplots()
@@ -340,12 +351,12 @@ class PipelineModel:
         dist.broadcast(loss, src=self.grid.pp_ranks[-1], group=self.grid.pp_group)
         return loss
 
-    def forward_backward(self, x, y, loss_scale, scaler, sync=True):
+    def forward_backward(self, x, y, loss_weight, sync=True):
         """One micro-step: the schedule over m micro-batches of (x, y); returns the mean loss.
-        The scaler stays unused: train.py refuses float16 for pipelines, so it is disabled."""
+        sync is for the interface: the DP average starts in reduce_gradients, after the schedule."""
         with self.autocast:
             loss, self.records, _ = run_schedule(self.module, self.order, x, y, self.micro_batches, self.grid,
-                                                 self.n_embd, loss_scale)
+                                                 self.n_embd, loss_weight)
         return self._from_last_stage(loss)
 
     @torch.no_grad()
@@ -361,8 +372,8 @@ class PipelineModel:
         if self.dp is not None:
             self.dp.finish()
 
-    def zero_grad(self):
-        zero_grad(self.module, self.dp)
+    def clear_gradients(self):
+        clear_gradients(self.module, self.dp)
 
     def grad_norm(self):
         return sharded_grad_norm(self.local_parameters(), self.grid, skip=self.module.tied_copy())

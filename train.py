@@ -28,6 +28,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
@@ -36,11 +37,11 @@ import torch.distributed as dist
 import checkpoint
 import cost
 from comm_count import take_busiest_comm_bytes, take_comm_bytes
-from config import CONFIG_CLASSES, RecoveryConfig, SampleConfig, TrainConfig, parse_args
+from config import Configs, parse_args
 from data import TokenStream, default_data_dir, get_tokenizer, load_or_prepare
 from evaluation import evaluate, final_check, read_benchmark
 from faults import FaultInjector
-from model import GPT, GPTConfig
+from model import GPT
 from monitor import HealthMonitor, Throughput, peak_memory_bytes, plot_metrics
 from parallel import (ProcessGrid, ShardedModel, all_reduce_mean, check_visible_everywhere, destroy_distributed,
                       init_distributed, raise_on_every_rank, run_on_rank0)
@@ -69,6 +70,17 @@ def lr_at(step, cfg):
     progress = (step - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)  # 0 -> 1
     return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
     # exercise lr_at: end
+
+
+def step_lr(step, cfg, recovery_cfg, recovery):
+    """The LR this step trains at: lr_at's schedule, counted from recovery.schedule_from, times
+    what the incident runbook did to it (recovery: a Recovery, below): its cuts (lr_scale), and a
+    re-warm from recovery.rewarm_from over --rewarm_iters steps (default: warmup_iters)."""
+    lr = lr_at(step - recovery.schedule_from, cfg) * recovery.lr_scale
+    rewarm_iters = recovery_cfg.rewarm_iters or cfg.warmup_iters
+    if 0 <= recovery.rewarm_from <= step < recovery.rewarm_from + rewarm_iters:
+        lr *= (step - recovery.rewarm_from + 1) / rewarm_iters
+    return lr
 
 
 def clip_gradients(parameters, grad_norm, max_norm):
@@ -110,7 +122,7 @@ def pick_dtype(name, device):
     return dtypes[name]
 
 
-def cpu_has_native_bf16():  # AVX512-BF16 or AMX: bf16 matmuls at ~2x fp32; elsewhere bf16 is emulated, slower
+def cpu_has_native_bf16():  # AVX512-BF16 or AMX run bf16 matmuls in hardware; elsewhere bf16 is emulated, slower
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
@@ -148,21 +160,22 @@ def optimizer_step(model, optimizer, scaler, next_batch, lr, cfg):
     Returns (this rank's mean loss, global grad norm before clipping), both 0-dim tensors."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-    take_comm_bytes()  # this step's communication is counted from zero (log_step reads it)
     micro_steps = cfg.gradient_accumulation_steps
+    # Each micro-batch's loss is multiplied by 1 / micro_steps, so the summed gradient is that of their
+    # mean loss (data-parallel ranks average it once, after the last micro-batch: sync), and, under fp16,
+    # by the loss scale, which lifts small gradients above fp16's floor (unscale_ divides it out again).
+    loss_weight = scaler.scale(torch.tensor(1 / micro_steps, device=model.device))
     loss_sum = torch.zeros((), device=model.device)
     for micro_step in range(micro_steps):
         x, y = (t.to(model.device, non_blocking=True) for t in next_batch())  # (B, T) each
-        # dividing by the number of micro-batches makes the summed gradient that of their mean loss;
-        # data-parallel ranks average it once, after the last micro-batch (sync)
-        loss_sum += model.forward_backward(x, y, 1 / micro_steps, scaler, sync=micro_step == micro_steps - 1)
+        loss_sum += model.forward_backward(x, y, loss_weight, sync=micro_step == micro_steps - 1)
     model.reduce_gradients()  # wait for the DP average (a pipeline also sums its two copies of the tied matrix)
     scaler.unscale_(optimizer)  # clip the true gradients, not the fp16-scaled ones
     grad_norm = model.grad_norm()
     clip_gradients(model.module.parameters(), grad_norm, cfg.grad_clip)
     scaler.step(optimizer)  # skips the step if fp16 gradients overflowed
     scaler.update()
-    model.zero_grad()
+    model.clear_gradients()
     return loss_sum / micro_steps, grad_norm
 
 
@@ -174,12 +187,12 @@ def train(preset, configs):
     """The chapter's loop: forward -> CLM loss -> backward -> clip -> AdamW, evaluated and
     watched as it goes, checkpointed every few steps, rolled back when an incident strikes."""
     run = set_up(preset, configs)
-    cfg, monitor = run.cfg, run.monitor
+    cfg, monitor = run.configs.train, run.monitor
     step = start(run)  # 0, or where the newest checkpoint left off
     throughput = Throughput(run.tokens_per_step)
     while True:
         record, eval_warnings = {"step": step}, []
-        if step % cfg.eval_interval == 0 or step == cfg.max_iters:
+        if evaluation_due(step, cfg):
             with throughput.paused():
                 record["val_loss"] = evaluate(run.model, run.val_stream, run.eval_batches, run.grid)
             eval_warnings = monitor.check_eval(record["val_loss"])
@@ -187,18 +200,18 @@ def train(preset, configs):
                 step = respond_to_incident(run, step, eval_warnings)
                 continue
         if step == cfg.max_iters:
+            final_val_loss = record["val_loss"]  # evaluation_due(max_iters): the last weights were just judged
             break
 
         next_batch = run.injector.strike(step, run.model, run.train_stream)  # the data, unless a fault is due
-        lr = learning_rate(run, step)
+        lr = step_lr(step, cfg, run.configs.recovery, run.recovery)
+        take_comm_bytes()  # this step's communication is counted from zero (log_step reads it)
         loss, grad_norm = optimizer_step(run.model, run.optimizer, run.scaler, next_batch, lr, cfg)
         # the logged loss is the mean over DP ranks; the grad norm is already that of the averaged gradient
         loss = all_reduce_mean(loss, run.grid.dp_group, run.grid.dp).item()  # .item() waits for the device
         grad_norm = grad_norm.item()
-        # fp16: gradients that overflow are the loss scaler's business, not an incident: it skipped
-        # this step and lowered its scale, as it is meant to (a rollback would restore the old scale)
-        overflow_skipped = run.scaler.is_enabled() and math.isfinite(loss) and not math.isfinite(grad_norm)
-        grad_norm_z, fired = (0.0, []) if overflow_skipped else monitor.check_step(loss, grad_norm)
+        overflow = skipped_for_fp16_overflow(run.scaler, loss, grad_norm)
+        grad_norm_z, fired = (0.0, []) if overflow else monitor.check_step(loss, grad_norm)
         fired += eval_warnings
         if monitor.is_incident(fired):
             step = respond_to_incident(run, step, fired)
@@ -208,27 +221,47 @@ def train(preset, configs):
         throughput.step_done()
 
         record.update(loss=loss, lr=lr, grad_norm=grad_norm, grad_norm_z=grad_norm_z)
-        if overflow_skipped:
+        if overflow:
             record["skipped"] = f"fp16 overflow; loss scale now {run.scaler.get_scale():g}"
-        if step % cfg.log_interval == 0 or "val_loss" in record or step == cfg.max_iters - 1 or overflow_skipped:
+        if log_due(step, record, cfg):
             log_step(run, record, throughput)
         step += 1
-        if step % run.rcfg.ckpt_interval == 0 or step == cfg.max_iters:
+        if step % run.configs.recovery.ckpt_interval == 0 or step == cfg.max_iters:
             save_checkpoint(run, step)
-    finish(run, record["val_loss"])
+    finish(run, final_val_loss)
+
+
+def evaluation_due(step, cfg):
+    return step % cfg.eval_interval == 0 or step == cfg.max_iters
+
+
+def log_due(step, record, cfg):
+    """Every log_interval steps, and every step that was evaluated, was skipped, or is the last."""
+    return step % cfg.log_interval == 0 or "val_loss" in record or "skipped" in record or step == cfg.max_iters - 1
+
+
+def skipped_for_fp16_overflow(scaler, loss, grad_norm):
+    """fp16: gradients that overflow are the loss scaler's business, not an incident: it skipped
+    the step and lowered its scale, as it is meant to (a rollback would restore the old scale)."""
+    return scaler.is_enabled() and math.isfinite(loss) and not math.isfinite(grad_norm)
 
 
 def evaluate_only(preset, configs):
     """--eval_only: the final check of the newest checkpoint in out_dir, with no training."""
-    out_dir = out_dir_of(preset, configs[TrainConfig])
+    out_dir = out_dir_of(preset, configs.train)
     if not os.path.isdir(os.path.join(out_dir, "ckpt")):
         raise ValueError(f"--eval_only: {out_dir} holds no checkpoints; train there first, or point --out_dir at a run")
     run = set_up(preset, configs)
     latest = load_checkpoint(run)
     if latest is None:
         raise ValueError(f"--eval_only: no checkpoint in {run.ckpt_dir} verifies")
-    checkpoint.load_full_state_dict(run.model, latest[1]["model"], run.grid)
-    final_check(run, latest[0], evaluate(run.model, run.val_stream, run.eval_batches, run.grid), eval_only=True)
+    step, state = latest
+    checkpoint.load_full_state_dict(run.model, state["model"], run.grid)
+    val_loss = evaluate(run.model, run.val_stream, run.eval_batches, run.grid)
+    record, _ = final_check(run.model, run.grid, step, val_loss, run.identity["GPTConfig"], run.meta,
+                            run.benchmark_examples, run.say, eval_only=True)
+    if run.is_rank0:
+        append_jsonl(run.metrics_path, record)
 
 
 # ----------------------------------------------------------------------------
@@ -241,35 +274,31 @@ class Run:
     `recovery`, `records` and `comm_compared` (start, restore_checkpoint, respond_to_incident, log_step), while
     the objects it holds (model, optimizer, streams, monitor) change state as they work."""
 
-    cfg: TrainConfig
-    rcfg: RecoveryConfig
-    scfg: SampleConfig
-    mcfg: GPTConfig  # with the vocabulary padded
+    configs: Configs  # the model's with the vocabulary padded
     grid: ProcessGrid
-    say: object  # print on rank 0, silence elsewhere: one voice for the whole group
+    say: Callable[..., None]  # print on rank 0, silence elsewhere: one voice for the whole group
     out_dir: str
     identity: dict  # what makes two runs the same run (run.json)
-    continued: list  # the schedule fields that differ from the run already in out_dir ("max_iters: 2000 -> 3000")
+    continued: list[str]  # the schedule fields that differ from the run already in out_dir ("max_iters: 2000 -> 3000")
     meta: dict  # the token files' meta.json
-    benchmark: list  # its examples, for the final check ([]: none); read at set-up, so a failed download fails early
+    benchmark_examples: list[dict]  # for the final check ([]: none); read at set-up, so a failed download fails early
     train_stream: TokenStream
     val_stream: TokenStream
     eval_batches: int  # micro-batches per evaluation, on each rank
-    model: object  # ShardedModel | PipelineModel: the model as this rank holds it
-    optimizer_groups: list  # the single-device names of each AdamW group's parameters: how checkpoints list them
+    model: ShardedModel | PipelineModel  # the model as this rank holds it
+    optimizer_groups: list[list[str]]  # the single-device names of each AdamW group's parameters: how checkpoints list them
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler  # fp16 loss scaling; disabled for fp32 and bf16
     dtype: torch.dtype
     monitor: HealthMonitor
     injector: FaultInjector
     tokens_per_step: int  # all ranks together
-    num_params: int  # of the whole single-device model, whatever share this rank holds
-    flops_per_token: float  # the same
+    flops_per_token: float  # of the whole single-device model, whatever share this rank holds
     peak_flops: float | None  # one device's peak, for MFU; None on CPU
     comm_formula: dict  # {dimension: (bytes, formula)} per step on the busiest rank, in closed form
     comm_compared: bool = False  # the first logged step printed its measured bytes beside comm_formula
     recovery: "Recovery" = field(default_factory=lambda: Recovery())  # the runbook's state, defined with it below
-    records: list = field(default_factory=list)  # logged metrics of the current timeline, for the plot
+    records: list[dict] = field(default_factory=list)  # logged metrics of the current timeline, for the plot
     started: float = field(default_factory=time.perf_counter)
 
     @property
@@ -289,83 +318,92 @@ class Run:
         return os.path.join(self.out_dir, "incidents.jsonl")
 
 
-def check_layout(mcfg, cfg, pcfg):
+def check_layout(configs):
     """Name a layout that cannot work before any process group exists: a collective would wait for peers."""
-    check_tensor_parallel_layout(mcfg, pcfg.tp)
-    if pcfg.pp > 1:
-        check_pipeline_layout(mcfg.n_layer, pcfg.pp)
-        check_micro_batches(cfg.batch_size, pcfg.micro_batches)
-        if pcfg.schedule not in SCHEDULES:
-            raise ValueError(f"--schedule {pcfg.schedule!r}: choose one of {', '.join(SCHEDULES)}")
+    layout = configs.parallel
+    check_tensor_parallel_layout(configs.model, layout.tp)
+    if layout.pp > 1:
+        check_pipeline_layout(configs.model.n_layer, layout.pp)
+        check_micro_batches(configs.train.batch_size, layout.micro_batches)
+        if layout.schedule not in SCHEDULES:
+            raise ValueError(f"--schedule {layout.schedule!r}: choose one of {', '.join(SCHEDULES)}")
 
 
-def model_for_rank(whole, grid, pcfg, autocast=contextlib.nullcontext(), compile=False):
-    """The model as this rank holds it, cut from the whole single-device GPT: a pipeline stage
-    (its matrices cut by TP when tp > 1) when pp > 1, else every layer (whole, or TP slices)."""
+def model_for_rank(whole, grid, layout, autocast=contextlib.nullcontext(), compile=False):
+    """The model as this rank holds it, cut from the whole single-device GPT by the layout (a
+    ParallelConfig): a pipeline stage (its matrices cut by TP when tp > 1) when pp > 1, else every
+    layer (whole, or TP slices)."""
     if grid.pp > 1:
-        return PipelineModel(whole, grid, pcfg.schedule, pcfg.micro_batches, autocast, pcfg.dp_mode, pcfg.bucket_mb)
-    return ShardedModel(whole, grid, autocast, compile, pcfg.dp_mode, pcfg.bucket_mb)
+        return PipelineModel(whole, grid, layout.schedule, layout.micro_batches, autocast, layout.dp_mode,
+                             layout.bucket_mb)
+    return ShardedModel(whole, grid, autocast, compile, layout.dp_mode, layout.bucket_mb)
 
 
 def set_up(preset, configs):
     """Everything before the first step: processes, data, the run's folder, model, optimizer, watchers."""
-    mcfg, dcfg, cfg, pcfg, rcfg, scfg, bcfg = (configs[c] for c in CONFIG_CLASSES)
-    check_layout(mcfg, cfg, pcfg)
-    launch = init_distributed(pcfg.dist_timeout)
-    grid = ProcessGrid(pcfg.dp, pcfg.tp, pcfg.pp, launch.rank, launch.world_size)
+    cfg, recovery = configs.train, configs.recovery
+    check_layout(configs)
+    launch = init_distributed(configs.parallel.dist_timeout)
+    grid = ProcessGrid(configs.parallel.dp, configs.parallel.tp, configs.parallel.pp, launch.rank, launch.world_size)
     say = print if grid.rank == 0 else (lambda *args, **kwargs: None)
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device if cfg.device != "auto" else launch.device)
     dtype = pick_dtype(cfg.dtype, device)
-    if pcfg.pp > 1 and dtype == torch.float16:
+    if grid.pp > 1 and dtype == torch.float16:
         raise ValueError(f"--dtype {cfg.dtype} gives float16 here, which needs loss scaling, which the pipeline "
                          "path lacks: pass --dtype bfloat16 or float32")
-    out_dir = out_dir_of(preset, cfg)
-    data_dir = cfg.data_dir or default_data_dir(dcfg)
-
+    out_dir, data_dir = out_dir_of(preset, cfg), cfg.data_dir or default_data_dir(configs.data)
     run_on_rank0(lambda: check_out_dir_is_ours(out_dir), grid.rank == 0)  # before the data may land inside it
-    meta = run_on_rank0(lambda: load_or_prepare(dcfg, data_dir), grid.rank == 0)
-    benchmark = run_on_rank0(lambda: read_benchmark(bcfg), grid.rank == 0)
+    meta = run_on_rank0(lambda: load_or_prepare(configs.data, data_dir), grid.rank == 0)
+    benchmark_examples = run_on_rank0(lambda: read_benchmark(configs.benchmark), grid.rank == 0)
     # Pad V to a multiple of 64 for fast matmuls (50257 -> 50304); the extra ids are never targets.
-    mcfg = replace(mcfg, vocab_size=64 * math.ceil(meta["vocab_size"] / 64))
+    configs = replace(configs, model=replace(configs.model, vocab_size=64 * math.ceil(meta["vocab_size"] / 64)))
     global_batch = grid.dp * cfg.batch_size * cfg.gradient_accumulation_steps  # sequences per optimizer step
-    identity = run_identity(mcfg, cfg, meta, global_batch)
+    identity = run_identity(configs.model, cfg, meta, global_batch)
     continued = run_on_rank0(lambda: prepare_out_dir(out_dir, identity, cfg.overwrite), grid.rank == 0)
     check_visible_everywhere([os.path.join(data_dir, "meta.json"), os.path.join(out_dir, "run.json")])
     say(f"{grid}" if grid.world_size > 1 else "single process")
     say(f"data {data_dir}: {meta['source']}, {meta['tokenizer']} tokens, "
         f"{meta['train_tokens']:,} train + {meta['val_tokens']:,} val")
-
-    def stream(split, order_seed=0):  # each DP rank reads its share of every batch
-        return TokenStream(os.path.join(data_dir, f"{split}.bin"), meta["dtype"], cfg.batch_size, mcfg.block_size,
-                           grid.dp_rank, grid.dp, cfg.lanes, order_seed)
-
-    # --data_order shuffles the training data only: every run is judged on the same val rows
-    train_stream, val_stream = stream("train", cfg.data_order), stream("val")
-    # an eval reads eval_iters global batches (fewer if val.bin is smaller), in this rank's micro-batches
-    eval_iters = max(1, min(cfg.eval_iters, val_stream.windows_per_epoch // global_batch))
-
-    whole = GPT(mcfg).to(device)  # initialized whole on every rank, so any layout starts from the same weights
+    train_stream, val_stream, eval_batches = token_streams(data_dir, meta, cfg, configs.model.block_size, grid)
+    whole = GPT(configs.model).to(device)  # initialized whole on every rank, so any layout starts from the same weights
+    # the single-device names of each AdamW group's parameters, taken before a layout cuts the model
     optimizer_groups = [[name for name, _ in group] for group in parameter_groups(whole.named_parameters())]
-    num_params, flops_per_token = whole.num_params(), cost.flops_per_token(mcfg)  # the whole model, whatever a rank keeps
-    autocast = autocast_context(device, dtype)
-    model = model_for_rank(whole, grid, pcfg, autocast, cfg.compile)
+    model = model_for_rank(whole, grid, configs.parallel, autocast_context(device, dtype), cfg.compile)
     return Run(
-        cfg=cfg, rcfg=rcfg, scfg=scfg, mcfg=mcfg, grid=grid, say=say, out_dir=out_dir, identity=identity,
-        continued=continued, meta=meta, benchmark=benchmark,
-        train_stream=train_stream, val_stream=val_stream, eval_batches=eval_iters * cfg.gradient_accumulation_steps,
-        model=model, optimizer_groups=optimizer_groups, optimizer=make_optimizer(model.module, cfg, device),
+        configs=configs, grid=grid, say=say, out_dir=out_dir, identity=identity, continued=continued, meta=meta,
+        benchmark_examples=benchmark_examples, train_stream=train_stream, val_stream=val_stream,
+        eval_batches=eval_batches, model=model,
+        optimizer_groups=optimizer_groups, optimizer=make_optimizer(model.module, cfg, device),
         scaler=torch.amp.GradScaler(device.type, enabled=dtype == torch.float16), dtype=dtype,
-        monitor=HealthMonitor(rcfg.monitor_window, rcfg.spike_factor, rcfg.grad_z_threshold, rcfg.val_rise_evals,
-                              rcfg.triggers.split(",")),
+        monitor=HealthMonitor(recovery.monitor_window, recovery.spike_factor, recovery.grad_z_threshold,
+                              recovery.val_rise_evals, recovery.triggers.split(",")),
         # faults strike one process, the last rank, as a failing machine would
-        injector=FaultInjector(rcfg.inject, out_dir, meta["vocab_size"], grid.rank, grid.rank == grid.world_size - 1),
-        tokens_per_step=global_batch * mcfg.block_size, num_params=num_params, flops_per_token=flops_per_token,
+        injector=FaultInjector(recovery.inject, out_dir, meta["vocab_size"], grid.rank,
+                               grid.rank == grid.world_size - 1),
+        tokens_per_step=global_batch * configs.model.block_size, flops_per_token=cost.flops_per_token(configs.model),
         peak_flops=cost.device_peak_flops(device, cfg.peak_tflops),
-        comm_formula=cost.busiest_stage_comm_bytes(mcfg, dp=pcfg.dp, tp=pcfg.tp, pp=pcfg.pp, batch_size=cfg.batch_size,
+        comm_formula=cost.busiest_stage_comm_bytes(configs.model, dp=grid.dp, tp=grid.tp, pp=grid.pp,
+                                                   batch_size=cfg.batch_size,
                                                    accumulation=cfg.gradient_accumulation_steps,
                                                    compute_bytes=dtype.itemsize),
     )
+
+
+def token_streams(data_dir, meta, cfg, block_size, grid):
+    """(train stream, val stream, micro-batches per evaluation on each rank). Each DP rank reads its
+    share of every batch; --data_order shuffles the training data only, so every run is judged on
+    the same val rows."""
+
+    def stream(split, order_seed=0):
+        return TokenStream(os.path.join(data_dir, f"{split}.bin"), meta["dtype"], cfg.batch_size, block_size,
+                           grid.dp_rank, grid.dp, cfg.lanes, order_seed)
+
+    train_stream, val_stream = stream("train", cfg.data_order), stream("val")
+    # an eval reads eval_iters global batches (fewer if val.bin is smaller), in this rank's micro-batches
+    global_batch = grid.dp * cfg.batch_size * cfg.gradient_accumulation_steps
+    eval_iters = max(1, min(cfg.eval_iters, val_stream.windows_per_epoch // global_batch))
+    return train_stream, val_stream, eval_iters * cfg.gradient_accumulation_steps
 
 
 # ----------------------------------------------------------------------------
@@ -375,25 +413,21 @@ def set_up(preset, configs):
 def start(run):
     """The run's first moments: refuse a finished run, print the cost account, then resume
     from the newest checkpoint that verifies, or save step 0. Returns the first step."""
+    cfg = run.configs.train
     latest = load_checkpoint(run)
-    if latest is not None and run_on_rank0(lambda: is_finished(run.metrics_path, latest[0], run.cfg.max_iters),
-                                           run.is_rank0):
-        hint = f"; --lr_decay_iters {latest[0]} keeps it at min_lr instead" if not run.cfg.lr_decay_iters else ""
-        raise ValueError(
-            f"{run.out_dir} holds a finished run: its newest checkpoint is at step {latest[0]} and --max_iters is "
-            f"{run.cfg.max_iters}, so there is nothing to train. To train it further, pass a larger --max_iters "
-            f"(the LR schedule stretches to the new end{hint}); to start over there, --overwrite; or choose "
-            f"another --out_dir. To sample from it: python train.py --sample --out_dir {run.out_dir}"
-        )
+    if latest is not None:
+        newest, state = latest
+        if run_on_rank0(lambda: is_finished(run.metrics_path, newest, cfg.max_iters), run.is_rank0):
+            refuse_finished_run(run, finished_at=newest)
     if run.continued:
         run.say(f"continuing the run in {run.out_dir} with {'; '.join(run.continued)}")
         run_on_rank0(lambda: record_identity(run.out_dir, run.identity), run.is_rank0)
     # the measured step runs before the RNG is restored or first saved, so every start draws alike
     print_cost_account(run)
     if latest is not None:
-        step = restore_checkpoint(run, latest[1], forget=run.rcfg.forgotten_on_resume)
+        step = restore_checkpoint(run, state, forget=run.configs.recovery.forgotten_on_resume)
         run.say(f"resuming from the checkpoint of step {step} in {run.ckpt_dir}")
-    elif run.rcfg.resume:
+    elif run.configs.recovery.resume:
         raise ValueError(f"--resume, but {run.ckpt_dir} holds no checkpoint that verifies")
     else:
         step = 0
@@ -404,7 +438,18 @@ def start(run):
     return step
 
 
-def timed_step_seconds(model, scaler, batch, repeats=3):
+def refuse_finished_run(run, finished_at):
+    cfg = run.configs.train
+    hint = f"; --lr_decay_iters {finished_at} keeps it at min_lr instead" if not cfg.lr_decay_iters else ""
+    raise ValueError(
+        f"{run.out_dir} holds a finished run: its newest checkpoint is at step {finished_at} and --max_iters is "
+        f"{cfg.max_iters}, so there is nothing to train. To train it further, pass a larger --max_iters "
+        f"(the LR schedule stretches to the new end{hint}); to start over there, --overwrite; or choose "
+        f"another --out_dir. To sample from it: python train.py --sample --out_dir {run.out_dir}"
+    )
+
+
+def timed_step_seconds(model, batch, repeats=3):
     """The fastest of a few forward + backward passes (the first one warms up), then drop the
     gradients. sync=False: data parallelism starts no all-reduce for these."""
     x, y = batch
@@ -413,37 +458,40 @@ def timed_step_seconds(model, scaler, batch, repeats=3):
     for _ in range(repeats):
         synchronize()
         t0 = time.perf_counter()
-        model.forward_backward(x, y, 1.0, scaler, sync=False)
+        model.forward_backward(x, y, 1.0, sync=False)
         synchronize()
         times.append(time.perf_counter() - t0)
-    model.zero_grad()
+    model.clear_gradients()
     return min(times)
 
 
 def print_cost_account(run):
     """What the run will cost (cost.py's account): parameters, tokens, FLOPs, memory, and the time from one measured step."""
-    cfg, grid = run.cfg, run.grid
-    run.say(f"device {run.model.device}, dtype {str(run.dtype).replace('torch.', '')}, out {run.out_dir}")
-    batch = [t.to(run.model.device) for t in run.val_stream.next_batch()]
-    step_seconds = timed_step_seconds(run.model, run.scaler, batch) * cfg.gradient_accumulation_steps
-    model = run.model  # rank 0's: the first stage, which keeps the most micro-batches' activations
-    for line in cost.account_lines(run.mcfg, grid.tp, grid.pp, cfg.batch_size // model.micro_batches, model.in_flight,
-                                   cfg.max_iters, run.tokens_per_step, run.dtype.itemsize, step_seconds):
+    cfg, model = run.configs.train, run.model  # rank 0's model: the first stage, which keeps the most activations
+    run.say(f"device {model.device}, dtype {str(run.dtype).replace('torch.', '')}, out {run.out_dir}")
+    batch = [t.to(model.device) for t in run.val_stream.next_batch()]
+    step_seconds = timed_step_seconds(model, batch) * cfg.gradient_accumulation_steps
+    for line in cost.account_lines(run.configs.model, run.grid.tp, run.grid.pp, cfg.batch_size // model.micro_batches,
+                                   model.in_flight, cfg.max_iters, run.tokens_per_step, run.dtype.itemsize,
+                                   step_seconds):
         run.say("cost: " + line)
 
 
-def finish(run, val_loss):
+def finish(run, final_val_loss):
     """The end of a run: its peak memory, the layout's own account, the final check, the metrics plot, samples."""
     peak = peak_memory_bytes(run.model.device)  # set against the cost account's memory line at the start
     run.say(f"training took {(time.perf_counter() - run.started) / 60:.1f} min" +
             (f"; peak memory {peak / 2**30:.2f} GiB" if peak else ""))
     run.model.report(run.out_dir, run.say, run.is_rank0)  # its collectives before rank 0 scores the benchmark alone
-    model = final_check(run, run.cfg.max_iters, val_loss)
+    record, model = final_check(run.model, run.grid, run.configs.train.max_iters, final_val_loss,
+                                run.identity["GPTConfig"], run.meta, run.benchmark_examples, run.say)
     if not run.is_rank0:
         return
+    run.records.append(record)
+    append_jsonl(run.metrics_path, record)
     plot_metrics(run.records, read_jsonl(run.incidents_path), os.path.join(run.out_dir, "metrics.png"),
                  math.log(run.meta["vocab_size"]))
-    samples = sample_texts(model, get_tokenizer(run.meta["tokenizer"]), run.scfg, run.model.device)
+    samples = sample_texts(model, get_tokenizer(run.meta["tokenizer"]), run.configs.sample, run.model.device)
     with open(os.path.join(run.out_dir, "samples.txt"), "w") as f:
         f.write("\n\n==========\n\n".join(samples) + "\n")
     shown = f"samples:\n{samples[0]}\n" if samples else ""  # --num_samples 0: none
@@ -483,7 +531,7 @@ def restore_checkpoint(run, state, forget=()):
     read again from its start) or "schedule" (the LR schedule starts over, warmup first)."""
     if changed := config_changes(state["config"], {"GPTConfig": run.identity["GPTConfig"]}):
         raise ValueError(f"the checkpoint holds a model of another shape ({'; '.join(changed)})")
-    if "optimizer" not in state and not (run.rcfg.reset_optimizer or "optimizer" in forget):
+    if "optimizer" not in state and not (run.configs.recovery.reset_optimizer or "optimizer" in forget):
         raise ValueError(f"the checkpoint of step {state['step']} in {run.ckpt_dir} has no optimizer state. Resuming "
                          "would restart AdamW's moment estimates from zero, a jolt in update size and direction that "
                          "weights alone cannot undo. Pass --reset_optimizer to accept that and continue anyway.")
@@ -520,7 +568,10 @@ def load_checkpoint(run, healthy_only=False):
     def choose():
         nonlocal latest
         latest = checkpoint.load_latest(run.ckpt_dir, healthy_only=healthy_only, warn=run.say)
-        return None if latest is None else latest[0]
+        if latest is None:
+            return None
+        step, _ = latest
+        return step
 
     step = run_on_rank0(choose, run.is_rank0)
     if step is not None and not run.is_rank0:
@@ -540,7 +591,7 @@ def save_checkpoint(run, step):
 
     def write():
         checkpoint.save(run.ckpt_dir, step, state, healthy)
-        checkpoint.retain(run.ckpt_dir, run.rcfg.keep_last, run.rcfg.keep_every)
+        checkpoint.retain(run.ckpt_dir, run.configs.recovery.keep_last, run.configs.recovery.keep_every)
 
     run_on_rank0(write, run.is_rank0)
 
@@ -587,42 +638,24 @@ def runbook_response(recovery, step, rcfg):
     return rcfg.repeat_response if repeat else "skip"
 
 
-def learning_rate(run, step):
-    """The LR of this step: the schedule (lr_at), times what the runbook did to it."""
-    lr = lr_at(step - run.recovery.schedule_from, run.cfg) * run.recovery.lr_scale
-    rewarm_iters, rewarm_from = run.rcfg.rewarm_iters or run.cfg.warmup_iters, run.recovery.rewarm_from
-    if 0 <= rewarm_from <= step < rewarm_from + rewarm_iters:
-        lr *= (step - rewarm_from + 1) / rewarm_iters
-    return lr
-
-
 def respond_to_incident(run, step, fired):
     """Climb the runbook for the incident `fired` at `step`; returns the step to go on from."""
     detector, values = fired[0]
-    response = runbook_response(run.recovery, step, run.rcfg)
+    response = runbook_response(run.recovery, step, run.configs.recovery)
     incident = {"step": step, "detector": detector, "values": values, "rung": RUNGS[response], "response": response}
     if response == "stop":
-        if run.is_rank0:
-            append_jsonl(run.incidents_path, incident)
-        tried = "rolling back and skipping data" + (
-            f" and an LR lowered to x{run.recovery.lr_scale:.3g}" if run.recovery.lr_scale < 1 else "")
-        raise ValueError(
-            f"stopping after {run.recovery.incidents + 1} incidents (--max_incidents {run.rcfg.max_incidents}); "
-            f"the last: {detector} at step {step} {values}. {tried.capitalize()} did not end them, so suspect "
-            f"something deeper: the data around the skipped rows (in {run.incidents_path}), --dtype, the init. "
-            f"The healthy checkpoints in {run.ckpt_dir} are intact: resume from them with a lower --learning_rate "
-            "or a longer --warmup_iters, or a larger --max_incidents."
-        )
+        stop_for_incidents(run, incident)
     bad_end = run.train_stream.position  # the data up to here led to the incident
     recovery = replace(run.recovery, incidents=run.recovery.incidents + 1, last_incident_step=step)
     latest = load_checkpoint(run, healthy_only=True)
     if latest is None:
         raise ValueError(f"{detector} at step {step}, and no healthy checkpoint in {run.ckpt_dir} to roll back to")
-    restored = restore_checkpoint(run, latest[1])
+    _, state = latest
+    restored = restore_checkpoint(run, state)
     skipped = [run.train_stream.position, bad_end]
     run.train_stream.position = bad_end
     if response == "lower_lr":
-        recovery.lr_scale *= run.rcfg.incident_lr_scale
+        recovery.lr_scale *= run.configs.recovery.incident_lr_scale
     elif response == "rewarm":
         recovery.rewarm_from = restored
     run.recovery = recovery  # what the incidents did survives the restore of the older state
@@ -637,6 +670,22 @@ def respond_to_incident(run, step, fired):
     run.say(f"INCIDENT at step {step}: {detector} {values} -> rung {RUNGS[response]} ({response}): rolled back to "
             f"step {restored}, skipped data rows {skipped[0]}..{skipped[1]}, LR x{recovery.lr_scale:.3g}", flush=True)
     return restored
+
+
+def stop_for_incidents(run, incident):
+    """The runbook's last rung: log the incident and stop every rank, naming what was tried."""
+    if run.is_rank0:
+        append_jsonl(run.incidents_path, incident)
+    tried = "rolling back and skipping data" + (
+        f" and an LR lowered to x{run.recovery.lr_scale:.3g}" if run.recovery.lr_scale < 1 else "")
+    raise ValueError(
+        f"stopping after {run.recovery.incidents + 1} incidents (--max_incidents "
+        f"{run.configs.recovery.max_incidents}); the last: {incident['detector']} at step {incident['step']} "
+        f"{incident['values']}. {tried.capitalize()} did not end them, so suspect something deeper: the data around "
+        f"the skipped rows (in {run.incidents_path}), --dtype, the init. The healthy checkpoints in {run.ckpt_dir} "
+        "are intact: resume from them with a lower --learning_rate or a longer --warmup_iters, or a larger "
+        "--max_incidents."
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -654,7 +703,7 @@ def log_step(run, record, throughput):
         # tokens/s counts the whole group and FLOPs the whole model; each of the group's devices has this peak
         record["mfu"] = run.flops_per_token * tokens_per_s / (run.peak_flops * run.grid.world_size)
         line += f" | MFU {100 * record['mfu']:.1f}%"
-    line += f" | ETA {(run.cfg.max_iters - step - 1) * seconds_per_step / 60:.1f} min"
+    line += f" | ETA {(run.configs.train.max_iters - step - 1) * seconds_per_step / 60:.1f} min"
     if "val_loss" in record:
         line += f" | val loss {record['val_loss']:.4f}"
     if "skipped" in record:
@@ -679,7 +728,7 @@ def main(argv=None):
     try:
         preset, mode, configs = parse_args(sys.argv[1:] if argv is None else argv)
         if mode == "sample":
-            sample(preset, configs, pick_device(configs[TrainConfig].device))
+            sample(preset, configs, pick_device(configs.train.device))
         elif mode == "eval_only":
             evaluate_only(preset, configs)
         else:

@@ -61,9 +61,9 @@ def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, 
     try:
         dp, tp, pp = layout
         grid = ProcessGrid(dp, tp, pp, launch.rank, launch.world_size)
-        pcfg = ParallelConfig(dp, tp, pp, micro_batches=micro_batches if pp > 1 else 1, schedule=schedule)
+        layout_cfg = ParallelConfig(dp, tp, pp, micro_batches=micro_batches if pp > 1 else 1, schedule=schedule)
         torch.manual_seed(0)
-        model = train.model_for_rank(GPT(model_config), grid, pcfg, train.autocast_context(torch.device("cpu"), dtype))
+        model = train.model_for_rank(GPT(model_config), grid, layout_cfg, train.autocast_context(torch.device("cpu"), dtype))
         cfg = TrainConfig(batch_size=global_batch // (dp * accumulation), gradient_accumulation_steps=accumulation)
         optimizer = train.make_optimizer(model.module, cfg, model.device)
         scaler = torch.amp.GradScaler("cpu", enabled=False)
@@ -81,6 +81,7 @@ def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, 
         for _ in range(steps):
             train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)
         seconds = time.perf_counter() - t0
+        take_comm_bytes()  # the last step's bytes are counted from zero
         with SavedActivations(model.module) as saved:  # one more step, measured but not timed (hooks cost time)
             train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)
         held = sum(p.numel() for p in model.module.parameters())

@@ -61,7 +61,8 @@ def timed_steps(mode, rank, world_size, steps, warmup, bucket_mb):
             if dist.is_initialized():
                 dist.barrier()
             t0 = time.perf_counter()
-        train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)  # counts each step's bytes from zero
+        take_comm_bytes()  # the last step's bytes are counted from zero
+        train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)
     return time.perf_counter() - t0, take_comm_bytes()["tp"]
 
 

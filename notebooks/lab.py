@@ -31,8 +31,9 @@ plt.rcParams.update({"figure.dpi": 72, "figure.figsize": (10, 3.6), "axes.grid":
 
 
 @dataclass
-class Run:
-    """A finished (or stopped) run: its folder, the metrics and incidents it logged, and what it printed."""
+class TrainedRun:
+    """What a notebook reads of a finished (or stopped) run: its folder, the metrics and incidents it
+    logged, and what it printed. (train.Run is the live run inside train.py.)"""
 
     out_dir: str
     records: list
@@ -71,7 +72,7 @@ def run(name, *flags, fresh=True, ranks=1):
         status, value = outcome[0]
         log, error = value if status == "ok" else ("", f"rank 0 {status}: {value}")
         error = error or next((f"rank {r} {s}: {v}" for r, (s, v) in outcome.items() if s != "ok"), "")
-    return Run(out_dir, read_jsonl(f"{out_dir}/metrics.jsonl"), read_jsonl(f"{out_dir}/incidents.jsonl"), log, error)
+    return TrainedRun(out_dir, read_jsonl(f"{out_dir}/metrics.jsonl"), read_jsonl(f"{out_dir}/incidents.jsonl"), log, error)
 
 
 def _train_quietly(argv):

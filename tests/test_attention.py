@@ -248,8 +248,8 @@ SMALL = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32)
 
 
 def test_attention_flag_is_parsed_and_validated():
-    assert parse_args(["--attention", "manual"])[2][GPTConfig].attention == "manual"
-    assert parse_args([])[2][GPTConfig].attention == "sdpa"
+    assert parse_args(["--attention", "manual"])[2].model.attention == "manual"
+    assert parse_args([])[2].model.attention == "sdpa"
     with pytest.raises(ValueError, match="attention 'flash' must be sdpa or manual"):
         GPTConfig(attention="flash")
 

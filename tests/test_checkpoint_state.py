@@ -56,17 +56,21 @@ def new_run(corpus, *extra, out="out"):
     return train.set_up(preset, configs)
 
 
+def step_lr(run, step):
+    return train.step_lr(step, run.configs.train, run.configs.recovery, run.recovery)
+
+
 def take_steps(run, first, n):
     """What train()'s loop does in n steps from step `first` (no incident strikes here): [what it logs per step]."""
     records = []
     for step in range(first, first + n):
         record = {"step": step}
-        if step % run.cfg.eval_interval == 0:
+        if step % run.configs.train.eval_interval == 0:
             record["val_loss"] = evaluate(run.model, run.val_stream, run.eval_batches, run.grid)
             run.monitor.check_eval(record["val_loss"])
-        lr = train.learning_rate(run, step)
+        lr = step_lr(run, step)
         loss, grad_norm = train.optimizer_step(run.model, run.optimizer, run.scaler, run.train_stream.next_batch,
-                                               lr, run.cfg)
+                                               lr, run.configs.train)
         grad_norm_z, fired = run.monitor.check_step(loss.item(), grad_norm.item())
         record.update(loss=loss.item(), lr=lr, grad_norm=grad_norm.item(), grad_norm_z=grad_norm_z,
                       fired=[name for name, _ in fired])
@@ -111,7 +115,7 @@ def saved(corpus):
     run.recovery = copy.deepcopy(AFTER_AN_INCIDENT)
     take_steps(run, 0, SAVED_AT)
     had = dict(weights=weights(run), moments=moments(run), position=run.train_stream.position,
-               lr=train.learning_rate(run, SAVED_AT), monitor=copy.deepcopy(run.monitor.state_dict()),
+               lr=step_lr(run, SAVED_AT), monitor=copy.deepcopy(run.monitor.state_dict()),
                recovery=copy.deepcopy(run.recovery), scaler=run.scaler.state_dict())
     state = written_and_read(checkpoint_state(run, SAVED_AT))
     had["draws"] = draw_from_every_generator()
@@ -171,7 +175,7 @@ def test_restore_returns_the_step_and_the_schedule_continues_there(corpus, saved
     run, step = resumed(corpus, saved)
     assert step == SAVED_AT, f"restore_checkpoint returns the checkpoint's step, where the run continues: " \
                              f"expected {SAVED_AT}, got {step}"
-    got, want = train.learning_rate(run, SAVED_AT), saved["had"]["lr"]
+    got, want = step_lr(run, SAVED_AT), saved["had"]["lr"]
     assert got == want, f"the LR of step {SAVED_AT} after the resume is the saved run's (the schedule is not " \
                         f"restarted): expected {want}, got {got}"
 

@@ -77,7 +77,7 @@ def test_gpt2_small_costs_nanogpts_855_mflops_per_token():
 
 
 def test_gpt3_175b_on_300b_tokens_is_3_14e23_flops():
-    flops = account("--model", "175B", "--tokens", "300B", "--gpu", "A100", "--gpus", "1024")["train_flops"]
+    flops = account("--model", "175B", "--tokens", "300B", "--gpu", "A100", "--gpus", "1024").train_flops
     assert flops == pytest.approx(3.14e23, rel=0.05), \
         f"GPT-3 175B on 300B tokens, the paper's 3.14e23 FLOPs within 5%: expected 3.14e23, got {flops:.3g}"
 
@@ -86,8 +86,8 @@ def test_gpt3_175b_on_300b_tokens_is_3_14e23_flops():
 def test_llama2_gpu_hours_on_a100s(model, published):
     """Llama 2's paper reports A100-80GB GPU-hours for 2T tokens; at 40% MFU the account lands within 30%."""
     r = account("--model", model, "--tokens", "2T", "--gpu", "A100", "--gpus", "2048", "--mfu", "0.4")
-    assert r["gpu_hours"] == pytest.approx(published, rel=0.3)
-    assert r["cost_usd"] == pytest.approx(2.0 * r["gpu_hours"])
+    assert r.gpu_hours == pytest.approx(published, rel=0.3)
+    assert r.cost_usd == pytest.approx(2.0 * r.gpu_hours)
 
 
 def test_100b_parameters_hold_1_6_tb_of_state():
@@ -98,29 +98,29 @@ def test_100b_parameters_hold_1_6_tb_of_state():
 
 def test_state_is_cut_by_tp_times_pp():
     mc = cost.MODELS["7B"].config
-    whole = cost.memory_per_gpu(mc, 1, 1, 1, 1)["state"]
+    whole = cost.memory_per_gpu(mc, 1, 1, 1, 1).state
     for tp, pp in [(2, 1), (1, 2), (4, 2), (8, 4)]:
         # the first stage also holds the embedding and the positions: a little more than its share
-        assert whole / (tp * pp) <= cost.memory_per_gpu(mc, tp, pp, 1, 1)["state"] <= 1.2 * whole / (tp * pp)
+        assert whole / (tp * pp) <= cost.memory_per_gpu(mc, tp, pp, 1, 1).state <= 1.2 * whole / (tp * pp)
     # full recomputation keeps only each layer's input
-    assert cost.memory_per_gpu(mc, 8, 1, 1, 1, recompute=True)["activations"] < \
-        cost.memory_per_gpu(mc, 8, 1, 1, 1)["activations"] / 5
+    assert cost.memory_per_gpu(mc, 8, 1, 1, 1, recompute=True).activations < \
+        cost.memory_per_gpu(mc, 8, 1, 1, 1).activations / 5
 
 
 def test_the_planner_ranks_layouts_that_fit_first_and_keeps_tp_in_a_node():
     r = account("--model", "70B", "--tokens", "2T", "--gpu", "H100", "--gpus", "1024")
-    layouts = r["layouts"]
-    assert len(layouts) > 10 and all(p["dp"] * p["tp"] * p["pp"] == 1024 for p in layouts)
-    fits = [p["fits"] for p in layouts]
+    layouts = r.layouts
+    assert len(layouts) > 10 and all(p.dp * p.tp * p.pp == 1024 for p in layouts)
+    fits = [p.fits for p in layouts]
     assert fits == sorted(fits, reverse=True)  # every layout that fits before any that does not
-    fitting = [p for p in layouts if p["fits"]]
-    assert [p["step_seconds"] for p in fitting] == sorted(p["step_seconds"] for p in fitting)
-    assert fitting[0]["tp"] <= 8  # a TP group across nodes pays the slow network at every layer
+    fitting = [p for p in layouts if p.fits]
+    assert [p.step_seconds for p in fitting] == sorted(p.step_seconds for p in fitting)
+    assert fitting[0].tp <= 8  # a TP group across nodes pays the slow network at every layer
     best = fitting[0]  # ZeRO-1 shards the 8 B of AdamW moments over dp: 16 B -> 8 + 8/dp
-    assert r["zero1_state_gb_best_layout"] == pytest.approx(r["state_gb_best_layout"] * (8 + 8 / best["dp"]) / 16)
-    assert all(p["memory_gb_per_gpu"] <= 80 for p in fitting)
+    assert r.zero1_state_gb_best_layout == pytest.approx(r.state_gb_best_layout * (8 + 8 / best.dp) / 16)
+    assert all(p.memory_gb_per_gpu <= 80 for p in fitting)
     for p in layouts:
-        assert p["tokens_per_s"] == pytest.approx(r["batch_tokens"] / p["step_seconds"])
+        assert p.tokens_per_s == pytest.approx(r.batch_tokens / p.step_seconds)
 
 
 def test_70b_does_not_fit_on_one_node_and_says_what_it_needs():
@@ -142,12 +142,12 @@ def test_json_has_the_fields_machines_read():
 
 def test_this_cpu_is_measured_as_hardware():
     r = account("--model", "tiny", "--gpu", "cpu", "--gpus", "2", "--tokens", "1M")
-    assert r["gpu"] == "cpu" and r["layouts"] and all(p["step_seconds"] > 0 for p in r["layouts"])
+    assert r.gpu == "cpu" and r.layouts and all(p.step_seconds > 0 for p in r.layouts)
 
 
 def test_chinchilla_is_the_default_budget():
     r = account("--model", "124M", "--gpus", "1")
-    assert r["tokens_per_param"] == pytest.approx(20)
+    assert r.tokens_per_param == pytest.approx(20)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -166,10 +166,15 @@ def test_bad_input_is_named(argv, message):
 
 def test_young_daly_interval_minimizes_the_time_lost():
     c = cost.checkpoint_economics(7e9, 1024, 10e9, 72000, 600)
-    best = c["interval_minutes"] * 60
-    assert c["lost"](best) < c["lost"](best * 0.7) and c["lost"](best) < c["lost"](best * 1.4)
-    assert c["cluster_mtbf_hours"] == pytest.approx(72000 / 1024)
-    assert c["interval_minutes"] == pytest.approx(math.sqrt(2 * 12 * 7e9 / 10e9 * 72000 * 3600 / 1024) / 60)
+
+    def lost(interval):
+        return cost.share_of_time_lost(interval, c.save_seconds, c.cluster_mtbf_hours * 3600, 600)
+
+    best = c.interval_minutes * 60
+    assert lost(best) < lost(best * 0.7) and lost(best) < lost(best * 1.4)
+    assert lost(best) == pytest.approx(c.goodput_lost)
+    assert c.cluster_mtbf_hours == pytest.approx(72000 / 1024)
+    assert c.interval_minutes == pytest.approx(math.sqrt(2 * 12 * 7e9 / 10e9 * 72000 * 3600 / 1024) / 60)
 
 
 def test_account_lines_count_6nd():

@@ -105,8 +105,8 @@ def test_layout_matches_single_process(corpus, single, world_size, extra):
     assert_same_run(out, single)
     # every step logs its communication, each dimension on its busiest rank, as the closed form says
     _, _, configs = parse_args(argv)
-    pcfg, cfg = configs[ParallelConfig], configs[TrainConfig]
-    closed_form = cost.busiest_stage_comm_bytes(configs[GPTConfig], dp=pcfg.dp, tp=pcfg.tp, pp=pcfg.pp,
+    layout, cfg = configs.parallel, configs.train
+    closed_form = cost.busiest_stage_comm_bytes(configs.model, dp=layout.dp, tp=layout.tp, pp=layout.pp,
                                                 batch_size=cfg.batch_size, accumulation=cfg.gradient_accumulation_steps,
                                                 compute_bytes=4)
     for record in metrics(out)[:-1]:  # the last holds the final val loss only
@@ -129,14 +129,14 @@ def test_bucketed_and_naive_average_to_the_same_gradients():
         close = torch.allclose(torch.tensor(bucketed), torch.tensor(naive), rtol=1e-5, atol=1e-7)
         assert close, f"parameter {number}: bucketed and naive DP average to the same gradient: expected (naive) " \
                       f"{first_values(naive)}..., got (bucketed) {first_values(bucketed)}..."
-        for zeroing, repeat in zip(("dp.zero_grad()", "set_to_none"), again):
+        for zeroing, repeat in zip(("dp.zero_buckets()", "set_to_none"), again):
             assert repeat == bucketed, f"parameter {number}: the same backward after {zeroing} gives the same " \
                                        f"average: expected {first_values(bucketed)}..., got {first_values(repeat)}..."
     for number, (a, b) in enumerate(zip(grads0, grads1)):
         assert a[0] == b[0], f"parameter {number}: both ranks hold the same average: rank 0 {first_values(a[0])}" \
                              f"..., rank 1 {first_values(b[0])}..."
     assert views0 == [True] * 3, f"after finish() every gradient is still a view into its bucket (after no " \
-                                 f"zeroing, dp.zero_grad(), set_to_none): expected [True, True, True], got {views0}"
+                                 f"zeroing, dp.zero_buckets(), set_to_none): expected [True, True, True], got {views0}"
 
 
 def _one_backward_both_modes():
@@ -146,15 +146,15 @@ def _one_backward_both_modes():
     launch = init_distributed(30)
     grid = ProcessGrid(2, 1, 1, launch.rank, launch.world_size)
     grads, views = {}, []
-    for mode, zeroings in (("bucketed", ("none", "dp.zero_grad", "set_to_none")), ("naive", ("none",))):
+    for mode, zeroings in (("bucketed", ("none", "dp.zero_buckets", "set_to_none")), ("naive", ("none",))):
         torch.manual_seed(0)
         model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=16))
         dp = DataParallel(model, grid.dp_group, grid.dp, mode, bucket_mb=0.002)
         torch.manual_seed(1 + launch.rank)  # each rank its own data
         x = torch.randint(64, (2, 16))
         for zeroing in zeroings:
-            if zeroing == "dp.zero_grad":
-                dp.zero_grad()
+            if zeroing == "dp.zero_buckets":
+                dp.zero_buckets()
             elif zeroing == "set_to_none":
                 model.zero_grad(set_to_none=True)
             model(x, x)[1].backward()
@@ -198,7 +198,7 @@ def _dp_average_over_steps(steps):
     import copy
 
     from comm_count import take_comm_bytes
-    from parallel import DataParallel, destroy_distributed, init_distributed, zero_grad
+    from parallel import DataParallel, clear_gradients, destroy_distributed, init_distributed
 
     launch = init_distributed(20)
     grid = ProcessGrid(2, 1, 2, launch.rank, launch.world_size)
@@ -210,7 +210,7 @@ def _dp_average_over_steps(steps):
         # buckets of 1000 B: fc3 and fc2 (1360 B) fill the first, the unused layer and fc1 (656 B) the last
         dp = DataParallel(net, grid.dp_group, grid.dp, mode, bucket_mb=1000 / 2**20, overlap=overlap)
         for step in range(steps):
-            zero_grad(net, dp)
+            clear_gradients(net, dp)
             take_comm_bytes()
             x, y = _data(launch.rank, step)
             torch.nn.functional.mse_loss(net(x), y).backward()

@@ -125,7 +125,7 @@ def _pipeline_against_single_device(schedule, m):
     destroy_distributed()
     return {"loss": None if pipe_loss is None else (pipe_loss.item(), loss.item()),
             "norm": (norm.item(), reference_norm.item()), "peak": peak,
-            "blocks": len(stage.blocks), "kinds": sorted({r[0] for r in records})}
+            "blocks": len(stage.blocks), "kinds": sorted({slot.kind for slot in records})}
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

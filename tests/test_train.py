@@ -282,7 +282,7 @@ def test_a_folder_that_is_not_a_run_is_refused_and_left_untouched(small_corpus, 
 def test_boolean_flags_work_bare_or_with_a_value(flag, field):
     def value(argv):
         configs = parse_args(argv)[2]
-        return next(getattr(c, field) for c in configs.values() if hasattr(c, field))
+        return next(getattr(c, field) for c in vars(configs).values() if hasattr(c, field))
 
     assert value([flag]) is True and value([flag, "--n_layer", "3"]) is True  # bare, also before another flag
     assert value([flag, "true"]) is True and value([flag, "false"]) is False and value([]) is False

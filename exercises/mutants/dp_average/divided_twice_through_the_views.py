@@ -6,12 +6,12 @@ if self.mode == "naive":
             p.grad /= self.size
     return
 for i in range(len(self.buckets)):
-    if i not in self.in_flight:
+    if i not in self.launched:
         self._launch(i)
-for flat, work in self.in_flight.values():
+for flat, work in self.launched.values():
     work.wait()
     flat /= self.size
 for p in self.params:
     p.grad /= self.size
-self.in_flight.clear()
+self.launched.clear()
 self.ready = [0] * len(self.buckets)

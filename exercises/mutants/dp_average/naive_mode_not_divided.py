@@ -5,10 +5,10 @@ if self.mode == "naive":
             dist.all_reduce(counted("dp", p.grad), group=self.group)
     return
 for i in range(len(self.buckets)):
-    if i not in self.in_flight:
+    if i not in self.launched:
         self._launch(i)
-for flat, work in self.in_flight.values():
+for flat, work in self.launched.values():
     work.wait()
     flat /= self.size
-self.in_flight.clear()
+self.launched.clear()
 self.ready = [0] * len(self.buckets)

@@ -5,8 +5,8 @@ if self.mode == "naive":
             dist.all_reduce(counted("dp", p.grad), group=self.group)
             p.grad /= self.size
     return
-for flat, work in self.in_flight.values():
+for flat, work in self.launched.values():
     work.wait()
     flat /= self.size
-self.in_flight.clear()
+self.launched.clear()
 self.ready = [0] * len(self.buckets)
