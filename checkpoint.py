@@ -1,4 +1,5 @@
-"""Checkpoints: in single-device form, written atomically, verified before use, loaded without running code, thinned with age.
+"""Checkpoints: in single-device form, written atomically, verified before use, loaded without running code,
+thinned with age.
 
 Single-device form: whatever the layout (tensor-parallel slices, pipeline
 stages), a checkpoint holds the state dicts a one-process run would hold. The
@@ -104,17 +105,22 @@ def full_optimizer_state_dict(optimizer, model, grid, groups):
     state = optimizer.state_dict()
     local, order = _optimizer_indices(optimizer, groups)
     mine = {
-        name: {key: gather_whole(value, cut, grid) if value.dim() > 0 else value
-               for key, value in state["state"][local[id(p)]].items()}
-        for name, p, cut in model.local_parameters() if local[id(p)] in state["state"]
+        name: {
+            key: gather_whole(value, cut, grid) if value.dim() > 0 else value
+            for key, value in state["state"][local[id(p)]].items()
+        }
+        for name, p, cut in model.local_parameters()
+        if local[id(p)] in state["state"]
     }
     moments = merge_stages(mine, grid)
     param_groups, first = [], 0
     for group, names in zip(state["param_groups"], groups):
         param_groups.append(dict(group, params=list(range(first, first + len(names)))))
         first += len(names)
-    return {"state": {i: moments[name] for i, name in enumerate(order) if name in moments},
-            "param_groups": param_groups}
+    return {
+        "state": {i: moments[name] for i, name in enumerate(order) if name in moments},
+        "param_groups": param_groups,
+    }
 
 
 def load_full_optimizer_state_dict(optimizer, full, model, grid, groups):
@@ -125,11 +131,13 @@ def load_full_optimizer_state_dict(optimizer, full, model, grid, groups):
     for i, moments in full["state"].items():
         if order[i] in mine:
             p, cut = mine[order[i]]
-            state[local[id(p)]] = {key: take_slice(value, cut, grid) if value.dim() > 0 else value
-                                   for key, value in moments.items()}
+            state[local[id(p)]] = {
+                key: take_slice(value, cut, grid) if value.dim() > 0 else value for key, value in moments.items()
+            }
     ours = optimizer.state_dict()["param_groups"]  # the hyperparameters from the checkpoint, our parameter indices
-    optimizer.load_state_dict({"state": state, "param_groups": [dict(g, params=o["params"])
-                                                                for g, o in zip(full["param_groups"], ours)]})
+    optimizer.load_state_dict(
+        {"state": state, "param_groups": [dict(g, params=o["params"]) for g, o in zip(full["param_groups"], ours)]}
+    )
 
 
 # ----------------------------------------------------------------------------

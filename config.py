@@ -28,7 +28,8 @@ class TrainConfig:
     overwrite: bool = False  # allow replacing a different run in out_dir
     seed: int = 1337
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
-    dtype: str = "auto"  # auto (bfloat16 on GPUs and CPUs that have it natively, else float16 on GPUs, float32 on CPUs) | float32 | bfloat16 | float16
+    # auto: bfloat16 on GPUs and CPUs that have it natively, else float16 on GPUs, float32 on CPUs
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     compile: bool = False  # torch.compile the model
     # batch: one optimizer step sees batch_size * gradient_accumulation_steps sequences of block_size tokens
     batch_size: int = 16  # sequences per forward pass (per process)
@@ -118,16 +119,41 @@ PRESETS = {
     # reaches its final loss sooner (DESIGN.md, "Choices measured"; bench/time_to_loss.py).
     # 144 eval batches read val.bin once.
     "shakespeare": dict(
-        source="shakespeare", block_size=64, batch_size=12, n_layer=4, n_head=4, n_embd=128,
-        max_iters=2000, learning_rate=2e-3, min_lr=1e-4, lr_decay_iters=1500, warmup_iters=100, beta2=0.99,
-        eval_iters=144, log_interval=10,
+        source="shakespeare",
+        block_size=64,
+        batch_size=12,
+        n_layer=4,
+        n_head=4,
+        n_embd=128,
+        max_iters=2000,
+        learning_rate=2e-3,
+        min_lr=1e-4,
+        lr_decay_iters=1500,
+        warmup_iters=100,
+        beta2=0.99,
+        eval_iters=144,
+        log_interval=10,
     ),
     # GPT-2 small (124M) on one GPU: 2^19 tokens per step (16 x 1024 x 32), 19073 steps = 10B tokens.
     "gpt2-small": dict(
-        tokenizer="gpt2", block_size=1024, n_layer=12, n_head=12, n_embd=768,
-        batch_size=16, gradient_accumulation_steps=32, lanes=512, max_iters=19073,
-        learning_rate=6e-4, min_lr=6e-5, warmup_iters=700, beta2=0.95,
-        log_interval=10, eval_interval=500, eval_iters=4, compile=True, benchmark="hellaswag",
+        tokenizer="gpt2",
+        block_size=1024,
+        n_layer=12,
+        n_head=12,
+        n_embd=768,
+        batch_size=16,
+        gradient_accumulation_steps=32,
+        lanes=512,
+        max_iters=19073,
+        learning_rate=6e-4,
+        min_lr=6e-5,
+        warmup_iters=700,
+        beta2=0.95,
+        log_interval=10,
+        eval_interval=500,
+        eval_iters=4,
+        compile=True,
+        benchmark="hellaswag",
     ),
 }
 
@@ -169,8 +195,13 @@ def parse_args(argv):
     # a boolean flag alone means true (--resume); --resume true|false also works
     boolean = dict(type=parse_bool, nargs="?", const=True, metavar="true|false")
     parser.add_argument("--sample", default=False, help="sample from the newest checkpoint in --out_dir", **boolean)
-    parser.add_argument("--eval_only", default=False, help="val loss and the benchmark of the newest checkpoint in "
-                        "--out_dir, logged to its metrics.jsonl; no training", **boolean)
+    parser.add_argument(
+        "--eval_only",
+        default=False,
+        help="val loss and the benchmark of the newest checkpoint in "
+        "--out_dir, logged to its metrics.jsonl; no training",
+        **boolean,
+    )
     owner = {}  # flag name -> the Configs field whose dataclass has it
     concerns = dataclasses.fields(Configs)
     for concern in concerns:
@@ -179,7 +210,9 @@ def parse_args(argv):
                 continue
             owner[f.name] = concern.name
             kind = boolean if f.type is bool else dict(type=f.type)
-            parser.add_argument(f"--{f.name}", default=None, help=f"{concern.type.__name__} (default {f.default!r})", **kind)
+            parser.add_argument(
+                f"--{f.name}", default=None, help=f"{concern.type.__name__} (default {f.default!r})", **kind
+            )
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         flag = unknown[0].split("=")[0]
@@ -195,6 +228,10 @@ def parse_args(argv):
     if modes and args.overwrite:  # they read a run: starting it over would delete what they came to read
         parser.error(f"--{modes[0]} reads the run in --out_dir, and --overwrite would delete it: drop --overwrite")
     values = {**PRESETS[args.preset], **{k: v for k, v in vars(args).items() if v is not None and k in owner}}
-    configs = Configs(**{concern.name: concern.type(**{k: v for k, v in values.items() if owner[k] == concern.name})
-                         for concern in concerns})
+    configs = Configs(
+        **{
+            concern.name: concern.type(**{k: v for k, v in values.items() if owner[k] == concern.name})
+            for concern in concerns
+        }
+    )
     return args.preset, modes[0] if modes else "train", configs

@@ -49,24 +49,39 @@ class NamedModel:
 # shapes (SwiGLU MLP, untied embeddings, grouped-query attention at 70B) its count lands within ~7%
 # of the published one.
 MODELS = {
-    "tiny": NamedModel(GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=128, vocab_size=256), 16 * 128,
-                       "this project's default run"),
-    "124M": NamedModel(GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257), 2**19,
-                       "GPT-2 small / GPT-3 Small"),
-    "350M": NamedModel(GPTConfig(n_layer=24, n_head=16, n_embd=1024, block_size=2048, vocab_size=50257), 2**19,
-                       "GPT-3 Medium"),
-    "1.3B": NamedModel(GPTConfig(n_layer=24, n_head=16, n_embd=2048, block_size=2048, vocab_size=50257), 2**20,
-                       "GPT-3 XL"),
-    "7B": NamedModel(GPTConfig(n_layer=32, n_head=32, n_embd=4096, block_size=4096, vocab_size=32000), 2**22,
-                     "Llama 2 7B"),
-    "13B": NamedModel(GPTConfig(n_layer=40, n_head=40, n_embd=5120, block_size=4096, vocab_size=32000), 2**22,
-                      "Llama 2 13B"),
-    "70B": NamedModel(GPTConfig(n_layer=80, n_head=64, n_embd=8192, block_size=4096, vocab_size=32000), 2**22,
-                      "Llama 2 70B"),
-    "175B": NamedModel(GPTConfig(n_layer=96, n_head=96, n_embd=12288, block_size=2048, vocab_size=50257), 1536 * 2048,
-                       "GPT-3"),
-    "405B": NamedModel(GPTConfig(n_layer=126, n_head=128, n_embd=16384, block_size=8192, vocab_size=128256), 2048 * 8192,
-                       "Llama 3.1 405B"),
+    "tiny": NamedModel(
+        GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=128, vocab_size=256),
+        16 * 128,
+        "this project's default run",
+    ),
+    "124M": NamedModel(
+        GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257),
+        2**19,
+        "GPT-2 small / GPT-3 Small",
+    ),
+    "350M": NamedModel(
+        GPTConfig(n_layer=24, n_head=16, n_embd=1024, block_size=2048, vocab_size=50257), 2**19, "GPT-3 Medium"
+    ),
+    "1.3B": NamedModel(
+        GPTConfig(n_layer=24, n_head=16, n_embd=2048, block_size=2048, vocab_size=50257), 2**20, "GPT-3 XL"
+    ),
+    "7B": NamedModel(
+        GPTConfig(n_layer=32, n_head=32, n_embd=4096, block_size=4096, vocab_size=32000), 2**22, "Llama 2 7B"
+    ),
+    "13B": NamedModel(
+        GPTConfig(n_layer=40, n_head=40, n_embd=5120, block_size=4096, vocab_size=32000), 2**22, "Llama 2 13B"
+    ),
+    "70B": NamedModel(
+        GPTConfig(n_layer=80, n_head=64, n_embd=8192, block_size=4096, vocab_size=32000), 2**22, "Llama 2 70B"
+    ),
+    "175B": NamedModel(
+        GPTConfig(n_layer=96, n_head=96, n_embd=12288, block_size=2048, vocab_size=50257), 1536 * 2048, "GPT-3"
+    ),
+    "405B": NamedModel(
+        GPTConfig(n_layer=126, n_head=128, n_embd=16384, block_size=8192, vocab_size=128256),
+        2048 * 8192,
+        "Llama 3.1 405B",
+    ),
 }
 
 
@@ -80,7 +95,9 @@ def parameters_on_rank(mc, tp=1, pp=1, stage=0):
     the final norm and, when it is not also the first, its own copy of the tied embedding."""
     C, V = mc.n_embd, mc.vocab_size
     norm = C * (2 if mc.norm == "layernorm" and mc.bias else 1)
-    block = 12 * C * C // tp + 2 * norm + ((7 * C) // tp + 2 * C if mc.bias else 0)  # column biases cut, row biases whole
+    block = (
+        12 * C * C // tp + 2 * norm + ((7 * C) // tp + 2 * C if mc.bias else 0)
+    )  # column biases cut, row biases whole
     first_block, end_block = stage_layers(mc.n_layer, pp)[stage]
     embedding = -(-V // tp) * C
     n = (end_block - first_block) * block
@@ -132,19 +149,28 @@ def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, comp
     if tp > 1:
         per_micro_step = 2 * L * act * (compute_bytes + 4) + first * act * 4 + last * (act * 4 + 3 * B * T * 4)
         tp_bytes = A * per_micro_step
-        tp_how = (f"A x [2 L B T C x ({compute_bytes} + 4) at every layer"
-                  + (" + B T C x 4 (embedding)" if first else "")
-                  + (" + B T C x 4 (head) + 3 B T x 4 (loss)" if last else "")
-                  + f"], A={A} L={L} B={B} T={T} C={C}")
+        tp_how = (
+            f"A x [2 L B T C x ({compute_bytes} + 4) at every layer"
+            + (" + B T C x 4 (embedding)" if first else "")
+            + (" + B T C x 4 (head) + 3 B T x 4 (loss)" if last else "")
+            + f"], A={A} L={L} B={B} T={T} C={C}"
+        )
     if pp > 1:
         neighbours = (not first) + (not last)
         tied = (first or last) * -(-mc.vocab_size // tp) * C * 4
         pp_bytes = A * neighbours * act * 4 + tied
-        sent = "activations forward and gradients back" if neighbours == 2 else \
-            "activations to the next stage" if first else "gradients to the stage before"
-        pp_how = (f"A x {neighbours} x B T C x 4 ({sent})"
-                  + (f" + V/tp x C x 4 (tied embedding's gradient), V={mc.vocab_size}" if tied else "")
-                  + f", A={A} B={B} T={T} C={C}")
+        sent = (
+            "activations forward and gradients back"
+            if neighbours == 2
+            else "activations to the next stage"
+            if first
+            else "gradients to the stage before"
+        )
+        pp_how = (
+            f"A x {neighbours} x B T C x 4 ({sent})"
+            + (f" + V/tp x C x 4 (tied embedding's gradient), V={mc.vocab_size}" if tied else "")
+            + f", A={A} B={B} T={T} C={C}"
+        )
     if dp > 1:
         held = parameters_on_rank(mc, tp, pp, stage)
         dp_bytes = 4 * held
@@ -155,9 +181,22 @@ def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, comp
 def busiest_stage_comm_bytes(mc, *, dp, tp, pp, batch_size, accumulation, compute_bytes):
     """{dimension: (bytes, formula)} per step, in closed form, of the stage that sends the most in it
     (what train.py logs as comm_bytes_* and prints beside the counts)."""
-    per_stage = [comm_bytes_per_step(mc, dp=dp, tp=tp, pp=pp, stage=stage, batch_size=batch_size,
-                                     accumulation=accumulation, compute_bytes=compute_bytes) for stage in range(pp)]
-    return {d: max((stage[d] for stage in per_stage), key=lambda closed_form: closed_form[0]) for d in ("dp", "tp", "pp")}
+    per_stage = [
+        comm_bytes_per_step(
+            mc,
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            stage=stage,
+            batch_size=batch_size,
+            accumulation=accumulation,
+            compute_bytes=compute_bytes,
+        )
+        for stage in range(pp)
+    ]
+    return {
+        d: max((stage[d] for stage in per_stage), key=lambda closed_form: closed_form[0]) for d in ("dp", "tp", "pp")
+    }
 
 
 # ----------------------------------------------------------------------------
@@ -165,8 +204,17 @@ def busiest_stage_comm_bytes(mc, *, dp, tp, pp, batch_size, accumulation, comput
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched against the device name.
 GPU_PEAK_FLOPS = {
-    "H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 70e12, "A10": 125e12, "L40S": 362e12,
-    "L4": 121e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12, "T4": 65e12,
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "A10G": 70e12,
+    "A10": 125e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "RTX 4090": 165e12,
+    "RTX 3090": 71e12,
+    "V100": 125e12,
+    "T4": 65e12,
 }
 
 
@@ -266,6 +314,7 @@ def measure_cpu(mc, rows, ranks):
 @dataclass(frozen=True)
 class Memory:
     """Bytes on the fullest device of a layout (memory_per_gpu)."""
+
     state: int  # 16 B per parameter held: weights, gradients and AdamW's two moments
     activations: float  # what backward keeps: the micro-batches in flight, plus the logits of one
 
@@ -327,8 +376,10 @@ def plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute
     m = batch_rows // dp // micro_batch_rows
     tokens = batch_rows * mc.block_size // dp  # per dp rank and step
     C, T, V = mc.n_embd, mc.block_size, mc.vocab_size
-    stage_flops = [(end - first) * (72 * C * C + 12 * C * T) + (s == pp - 1) * 6 * V * C  # per token: blocks, head
-                   for s, (first, end) in enumerate(stage_layers(mc.n_layer, pp))]
+    stage_flops = [
+        (end - first) * (72 * C * C + 12 * C * T) + (s == pp - 1) * 6 * V * C  # per token: blocks, head
+        for s, (first, end) in enumerate(stage_layers(mc.n_layer, pp))
+    ]
     compute = max(stage_flops) * tokens / tp / (hw.peak_flops * mfu) * (4 / 3 if recompute else 1)
 
     def link(span):  # a group of consecutive ranks stays inside a node only if its span tiles the node
@@ -362,21 +413,29 @@ def layouts(mc, gpus, batch_rows, micro_batch_rows):
     for tp in range(1, gpus + 1):
         for pp in range(1, gpus // tp + 1):
             dp = gpus // (tp * pp)
-            if dp * tp * pp == gpus and mc.n_head % tp == 0 and pp <= mc.n_layer \
-                    and batch_rows % (dp * micro_batch_rows) == 0:
+            if (
+                dp * tp * pp == gpus
+                and mc.n_head % tp == 0
+                and pp <= mc.n_layer
+                and batch_rows % (dp * micro_batch_rows) == 0
+            ):
                 found.append((dp, tp, pp))
     return found
 
 
 def rank_layouts(mc, hw, gpus, batch_rows, micro_batch_rows, mfu, recompute=False):
     """All layouts, planned: the ones that fit first, fastest first."""
-    plans = [plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute)
-             for dp, tp, pp in layouts(mc, gpus, batch_rows, micro_batch_rows)]
+    plans = [
+        plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute)
+        for dp, tp, pp in layouts(mc, gpus, batch_rows, micro_batch_rows)
+    ]
     if not plans:
-        raise ValueError(f"--gpus {gpus}: no layout dp x tp x pp = {gpus} suits this model and batch: tp must divide "
-                         f"n_head {mc.n_head}, pp be at most n_layer {mc.n_layer}, and dp x micro_batch_rows divide "
-                         f"the {batch_rows} sequences of a step. Choose --gpus as a product of such factors, "
-                         f"or change --batch_tokens / --micro_batch_rows")
+        raise ValueError(
+            f"--gpus {gpus}: no layout dp x tp x pp = {gpus} suits this model and batch: tp must divide "
+            f"n_head {mc.n_head}, pp be at most n_layer {mc.n_layer}, and dp x micro_batch_rows divide "
+            f"the {batch_rows} sequences of a step. Choose --gpus as a product of such factors, "
+            f"or change --batch_tokens / --micro_batch_rows"
+        )
     return sorted(plans, key=lambda plan: (not plan.fits, plan.step_seconds))
 
 
@@ -391,8 +450,11 @@ def zero1_state(mc, plan):
 def min_model_parallel(mc, hw, most=4096):
     """The fewest devices (tp x pp, up to `most`) whose share of the 16 B/parameter state fits one device, or None."""
     for size in range(1, most + 1):
-        if any(16 * fullest_rank_parameters(mc, tp, size // tp) <= hw.memory
-               for tp in range(1, size + 1) if size % tp == 0 and mc.n_head % tp == 0 and size // tp <= mc.n_layer):
+        if any(
+            16 * fullest_rank_parameters(mc, tp, size // tp) <= hw.memory
+            for tp in range(1, size + 1)
+            if size % tp == 0 and mc.n_head % tp == 0 and size // tp <= mc.n_layer
+        ):
             return size
     return None
 
@@ -404,6 +466,7 @@ def min_model_parallel(mc, hw, most=4096):
 @dataclass(frozen=True)
 class CheckpointPlan:
     """When to checkpoint a run, and what its failures then cost (checkpoint_economics)."""
+
     checkpoint_gb: float  # fp32 weights and AdamW's two moments: 12 B per parameter
     save_seconds: float  # C: the time to write one checkpoint
     cluster_mtbf_hours: float  # one device's MTBF / the devices: the cluster stops when any one fails
@@ -426,17 +489,31 @@ def checkpoint_economics(params, gpus, write_bandwidth, gpu_mtbf_hours, restart_
     save = size / write_bandwidth
     mtbf = gpu_mtbf_hours * 3600 / gpus
     interval = math.sqrt(2 * save * mtbf)
-    return CheckpointPlan(checkpoint_gb=size / 1e9, save_seconds=save, cluster_mtbf_hours=mtbf / 3600,
-                          interval_minutes=interval / 60,
-                          goodput_lost=share_of_time_lost(interval, save, mtbf, restart_seconds))
+    return CheckpointPlan(
+        checkpoint_gb=size / 1e9,
+        save_seconds=save,
+        cluster_mtbf_hours=mtbf / 3600,
+        interval_minutes=interval / 60,
+        goodput_lost=share_of_time_lost(interval, save, mtbf, restart_seconds),
+    )
 
 
 # ----------------------------------------------------------------------------
 # The account of a run, for train.py
 
 
-def account_lines(mc, tp, pp, micro_batch_rows, in_flight, max_iters, tokens_per_step, activation_bytes,
-                  step_seconds, usd_per_gpu_hour=2.0):
+def account_lines(
+    mc,
+    tp,
+    pp,
+    micro_batch_rows,
+    in_flight,
+    max_iters,
+    tokens_per_step,
+    activation_bytes,
+    step_seconds,
+    usd_per_gpu_hour=2.0,
+):
     """Lines of a run's cost account before it trains: compute, memory per device, and time."""
     N, tokens = parameters_on_rank(mc), max_iters * tokens_per_step
     flops = flops_per_token(mc) * tokens
@@ -448,8 +525,8 @@ def account_lines(mc, tp, pp, micro_batch_rows, in_flight, max_iters, tokens_per
         f"training compute: {flops:.3g} FLOPs (6 N D = {6 * N * tokens:.3g}, plus attention)",
         f"memory per device: weights + grads + AdamW {memory.state / gib:.3f} GiB (16 B per parameter held) "
         f"+ activations ~{memory.activations / gib:.3f}",
-        f"measured forward + backward: {step_seconds * 1e3:.0f} ms per step -> ~{step_seconds * max_iters / 60:.1f} min "
-        f"for {max_iters} steps on this device",
+        f"measured forward + backward: {step_seconds * 1e3:.0f} ms per step "
+        f"-> ~{step_seconds * max_iters / 60:.1f} min for {max_iters} steps on this device",
         f"the same FLOPs on one H100 at 40% MFU: {h100_hours:.3g} GPU-hours "
         f"(~${usd_per_gpu_hour * h100_hours:.3g} at ${usd_per_gpu_hour:g}/GPU-hour)",
     ]
@@ -478,11 +555,14 @@ def model_config(args):
     """(GPTConfig, tokens per step) of --model, with any shape flags applied over it, or of the shape flags."""
     if args.model is not None:
         if args.model not in MODELS:
-            raise ValueError(f"--model {args.model!r}: choose one of {', '.join(MODELS)}, or give --n_layer --n_head "
-                             "--n_embd (--vocab_size --block_size) instead")
+            raise ValueError(
+                f"--model {args.model!r}: choose one of {', '.join(MODELS)}, or give --n_layer --n_head "
+                "--n_embd (--vocab_size --block_size) instead"
+            )
         named = MODELS[args.model]
-        return replace(named.config, **{k: v for k, v in vars(args).items() if k in SHAPE and v is not None}), \
-            named.batch_tokens
+        return replace(
+            named.config, **{k: v for k, v in vars(args).items() if k in SHAPE and v is not None}
+        ), named.batch_tokens
     missing = [f"--{k}" for k in ("n_layer", "n_head", "n_embd") if getattr(args, k) is None]
     if missing:
         raise ValueError(f"give --model (one of {', '.join(MODELS)}) or the shape: {', '.join(missing)} missing")
@@ -507,19 +587,28 @@ def parse_args(argv=None):
     parser.add_argument("--tokens", help="training tokens, e.g. 2T or 300B (default: 20 per parameter)")
     parser.add_argument("--gpu", default="H100", help=f"{', '.join([*GPUS, *GPU_ALIASES])} or cpu (measured here)")
     parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--mfu", type=float, default=0.4,
-                        help="the share of peak FLOP/s the run achieves (published runs: 0.35-0.5). The account's "
-                             "GPU-hours assume it; the planner runs the compute at it and adds each layout's bubble "
-                             "and communication, so its layouts achieve less")
+    parser.add_argument(
+        "--mfu",
+        type=float,
+        default=0.4,
+        help="the share of peak FLOP/s the run achieves (published runs: 0.35-0.5). The account's "
+        "GPU-hours assume it; the planner runs the compute at it and adds each layout's bubble "
+        "and communication, so its layouts achieve less",
+    )
     parser.add_argument("--usd_per_gpu_hour", type=float, default=2.0, help="rent of one GPU for an hour")
-    parser.add_argument("--batch_tokens", help="tokens per optimizer step (default: the named model's published "
-                                               "run; 2^19 for a custom shape)")
+    parser.add_argument(
+        "--batch_tokens",
+        help="tokens per optimizer step (default: the named model's published run; 2^19 for a custom shape)",
+    )
     parser.add_argument("--micro_batch_rows", type=int, default=1, help="sequences per micro-batch")
     parser.add_argument("--recompute", action="store_true", help="recompute activations in backward")
     parser.add_argument("--ckpt_write_gbps", type=float, default=10.0, help="GB/s the cluster writes checkpoints at")
-    parser.add_argument("--gpu_mtbf_hours", type=float, default=72000.0,
-                        help="mean hours between failures of one device (72,000: a 1,000-GPU cluster loses one "
-                             "every 3 days)")
+    parser.add_argument(
+        "--gpu_mtbf_hours",
+        type=float,
+        default=72000.0,
+        help="mean hours between failures of one device (72,000: a 1,000-GPU cluster loses one every 3 days)",
+    )
     parser.add_argument("--restart_minutes", type=float, default=10.0, help="minutes to restart after a failure")
     parser.add_argument("--top", type=int, default=10, help="layouts to list")
     parser.add_argument("--json", action="store_true", help="print the account as JSON")
@@ -542,6 +631,7 @@ def main(argv=None):
 class Account:
     """The whole account of a run on a cluster (what --json prints). The best_layout fields, the
     state on it and the spreads are None when no layout fits."""
+
     model: str  # --model, or "custom" when shape flags are given
     shape: dict  # n_layer, n_head, n_embd, vocab_size, block_size
     params: int  # N
@@ -603,11 +693,20 @@ def account(args):
     best = fitting[0] if fitting else None
     return Account(
         model=args.model if args.model and not any(getattr(args, k) for k in SHAPE) else "custom",
-        shape={k: getattr(mc, k) for k in SHAPE}, params=N,
-        tokens=tokens, tokens_per_param=tokens / N, train_flops=flops, gpu=hw.name, gpus=args.gpus,
-        mfu=args.mfu, batch_tokens=batch_rows * mc.block_size, state_bytes=16 * N,
+        shape={k: getattr(mc, k) for k in SHAPE},
+        params=N,
+        tokens=tokens,
+        tokens_per_param=tokens / N,
+        train_flops=flops,
+        gpu=hw.name,
+        gpus=args.gpus,
+        mfu=args.mfu,
+        batch_tokens=batch_rows * mc.block_size,
+        state_bytes=16 * N,
         min_model_parallel=min_model_parallel(mc, hw),
-        gpu_hours=gpu_hours, wall_days=gpu_hours / args.gpus / 24, cost_usd=gpu_hours * args.usd_per_gpu_hour,
+        gpu_hours=gpu_hours,
+        wall_days=gpu_hours / args.gpus / 24,
+        cost_usd=gpu_hours * args.usd_per_gpu_hour,
         usd_per_gpu_hour=args.usd_per_gpu_hour,
         best_layout_wall_days=tokens / best.tokens_per_s / 86400 if best else None,
         best_layout_gpu_hours=tokens / best.tokens_per_s * args.gpus / 3600 if best else None,
@@ -617,8 +716,9 @@ def account(args):
         zero1_state_gb_best_layout=zero1_state(mc, best) / 1e9 if best else None,
         spread=best.tokens_per_s / fitting[-1].tokens_per_s - 1 if best else None,
         spread_tp_in_node=in_node[0].tokens_per_s / in_node[-1].tokens_per_s - 1 if in_node else None,
-        checkpoint=checkpoint_economics(N, args.gpus, args.ckpt_write_gbps * 1e9, args.gpu_mtbf_hours,
-                                        args.restart_minutes * 60),
+        checkpoint=checkpoint_economics(
+            N, args.gpus, args.ckpt_write_gbps * 1e9, args.gpu_mtbf_hours, args.restart_minutes * 60
+        ),
         layouts=plans,
     )
 
@@ -631,39 +731,63 @@ def _amount(x):
 def print_account(report, top):
     gpu_word = f"{report.gpus:,} x {report.gpu}"
     print(f"model {report.model}: {report.params / 1e9:.3g}B parameters ({report.shape})")
-    print(f"tokens {report.tokens:.3g} ({report.tokens_per_param:.0f} per parameter); training compute "
-          f"{report.train_flops:.3g} FLOPs (6 N D plus attention)")
+    print(
+        f"tokens {report.tokens:.3g} ({report.tokens_per_param:.0f} per parameter); training compute "
+        f"{report.train_flops:.3g} FLOPs (6 N D plus attention)"
+    )
     needs = report.min_model_parallel
-    fits_where = ("one device holds it whole" if needs == 1 else
-                  f"a device holds its share once tp x pp >= {needs}" if needs else "no cut of up to 4,096 devices fits it")
+    fits_where = (
+        "one device holds it whole"
+        if needs == 1
+        else f"a device holds its share once tp x pp >= {needs}"
+        if needs
+        else "no cut of up to 4,096 devices fits it"
+    )
     print(f"weights + gradients + AdamW: {_amount(report.state_bytes / 1e9)} GB at 16 B per parameter; {fits_where}")
-    print(f"at {100 * report.mfu:.0f}% MFU on {gpu_word}: {_amount(report.gpu_hours)} GPU-hours, "
-          f"{_amount(report.wall_days)} days, ${_amount(report.cost_usd)} at ${report.usd_per_gpu_hour:g}/GPU-hour")
+    print(
+        f"at {100 * report.mfu:.0f}% MFU on {gpu_word}: {_amount(report.gpu_hours)} GPU-hours, "
+        f"{_amount(report.wall_days)} days, ${_amount(report.cost_usd)} at ${report.usd_per_gpu_hour:g}/GPU-hour"
+    )
     if report.best_layout_wall_days is None:
-        print(f"does not fit on {gpu_word}: no layout holds the model; {fits_where} (without ZeRO or offloading). "
-              "Layouts considered, fullest device:")
+        print(
+            f"does not fit on {gpu_word}: no layout holds the model; {fits_where} (without ZeRO or offloading). "
+            "Layouts considered, fullest device:"
+        )
     else:
-        print(f"the planner's best layout (compute at that MFU, plus its bubble and the communication it cannot "
-              f"hide): {_amount(report.best_layout_wall_days)} days, "
-              f"{_amount(report.best_layout_gpu_hours)} GPU-hours, ${_amount(report.best_layout_cost_usd)}; "
-              f"it achieves {100 * report.best_layout_achieved_mfu:.0f}% MFU")
+        print(
+            f"the planner's best layout (compute at that MFU, plus its bubble and the communication it cannot "
+            f"hide): {_amount(report.best_layout_wall_days)} days, "
+            f"{_amount(report.best_layout_gpu_hours)} GPU-hours, ${_amount(report.best_layout_cost_usd)}; "
+            f"it achieves {100 * report.best_layout_achieved_mfu:.0f}% MFU"
+        )
         if report.state_gb_best_layout != report.zero1_state_gb_best_layout:
-            print(f"ZeRO-1 (AdamW's moments sharded over dp too) would cut that layout's state from "
-                  f"{_amount(report.state_gb_best_layout)} to {_amount(report.zero1_state_gb_best_layout)} GB per GPU")
+            print(
+                f"ZeRO-1 (AdamW's moments sharded over dp too) would cut that layout's state from "
+                f"{_amount(report.state_gb_best_layout)} to {_amount(report.zero1_state_gb_best_layout)} GB per GPU"
+            )
         if report.spread:
-            in_node = "" if report.spread_tp_in_node is None else \
-                f"; among those that keep TP inside a node: {100 * report.spread_tp_in_node:.0f}%"
+            in_node = (
+                ""
+                if report.spread_tp_in_node is None
+                else f"; among those that keep TP inside a node: {100 * report.spread_tp_in_node:.0f}%"
+            )
             print(f"best against worst layout that fits: {100 * report.spread:.0f}% more throughput{in_node}")
-    print(f"{'dp':>5} {'tp':>3} {'pp':>3} {'m':>5} {'fits':>5} {'GB/GPU':>7} {'step s':>8} {'tokens/s':>12}   "
-          "seconds per step: compute | bubble | tp | pp | dp")
+    print(
+        f"{'dp':>5} {'tp':>3} {'pp':>3} {'m':>5} {'fits':>5} {'GB/GPU':>7} {'step s':>8} {'tokens/s':>12}   "
+        "seconds per step: compute | bubble | tp | pp | dp"
+    )
     for p in report.layouts[:top]:
         parts = " | ".join(f"{p.parts[k]:.3g}" for k in ("compute", "bubble", "tp", "pp", "dp"))
-        print(f"{p.dp:>5} {p.tp:>3} {p.pp:>3} {p.micro_batches:>5} {'yes' if p.fits else 'no':>5} "
-              f"{p.memory_gb_per_gpu:>7.1f} {p.step_seconds:>8.3g} {p.tokens_per_s:>12,.0f}   {parts}")
+        print(
+            f"{p.dp:>5} {p.tp:>3} {p.pp:>3} {p.micro_batches:>5} {'yes' if p.fits else 'no':>5} "
+            f"{p.memory_gb_per_gpu:>7.1f} {p.step_seconds:>8.3g} {p.tokens_per_s:>12,.0f}   {parts}"
+        )
     c = report.checkpoint
-    print(f"checkpoints: {c.checkpoint_gb:,.0f} GB, {c.save_seconds:.0f} s to write; the cluster fails every "
-          f"{c.cluster_mtbf_hours:.1f} h; checkpoint every {c.interval_minutes:.0f} min (Young/Daly), "
-          f"losing {100 * c.goodput_lost:.1f}% of the time to saves, redone steps and restarts")
+    print(
+        f"checkpoints: {c.checkpoint_gb:,.0f} GB, {c.save_seconds:.0f} s to write; the cluster fails every "
+        f"{c.cluster_mtbf_hours:.1f} h; checkpoint every {c.interval_minutes:.0f} min (Young/Daly), "
+        f"losing {100 * c.goodput_lost:.1f}% of the time to saves, redone steps and restarts"
+    )
 
 
 if __name__ == "__main__":

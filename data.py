@@ -219,10 +219,16 @@ def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22, shard_chars=
     write_json_atomic(os.path.join(shard_dir, "plan.json"), plan)
     tmp_train, tmp_val = (os.path.join(data_dir, f"{s}.bin.tmp") for s in ("train", "val"))
     try:
-        counts = tokenize_shards(shards(files, chunk_chars, shard_chars), shard_dir, config.text_field,
-                                 config.tokenizer, dtype, config.workers or os.cpu_count() or 1, description,
-                                 total_chars=None if any(p.endswith(".gz") for p in files) else
-                                 sum(os.path.getsize(p) for p in files))
+        counts = tokenize_shards(
+            shards(files, chunk_chars, shard_chars),
+            shard_dir,
+            config.text_field,
+            config.tokenizer,
+            dtype,
+            config.workers or os.cpu_count() or 1,
+            description,
+            total_chars=None if any(p.endswith(".gz") for p in files) else sum(os.path.getsize(p) for p in files),
+        )
         n_tokens, n_documents = sum(c["tokens"] for c in counts), sum(c["documents"] for c in counts)
         if n_tokens == 0:
             raise ValueError(f"--source {config.source!r} produced no tokens: the corpus is empty")
@@ -376,9 +382,11 @@ def tokenize_shard(job):
 def progress_line(description, counts, seconds, total_chars):
     chars, tokens = sum(c["chars"] for c in counts), sum(c["tokens"] for c in counts)
     eta = f", ETA {max(0.0, total_chars - chars) / max(chars / max(seconds, 1e-9), 1):.0f}s" if total_chars else ""
-    return (f"tokenizing {description}: {len(counts)} shards, {sum(c['documents'] for c in counts):,} documents, "
-            f"{chars / 1e6:.1f}M chars -> {tokens / 1e6:.2f}M tokens, {chars / 1e6 / max(seconds, 1e-9):.1f} MB/s"
-            f"{eta} ({seconds:.0f}s)")
+    return (
+        f"tokenizing {description}: {len(counts)} shards, {sum(c['documents'] for c in counts):,} documents, "
+        f"{chars / 1e6:.1f}M chars -> {tokens / 1e6:.2f}M tokens, {chars / 1e6 / max(seconds, 1e-9):.1f} MB/s"
+        f"{eta} ({seconds:.0f}s)"
+    )
 
 
 def read_json(path):
@@ -435,8 +443,10 @@ def json_text(item, text_field):
         raise ValueError(f"{path}, line {number}: not JSON ({e}); each line must be one JSON object") from None
     if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
         fields = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-        raise ValueError(f"{path}, line {number}: no text under --text_field {text_field!r} "
-                         f"(its fields: {fields}); pass the field that holds the text")
+        raise ValueError(
+            f"{path}, line {number}: no text under --text_field {text_field!r} "
+            f"(its fields: {fields}); pass the field that holds the text"
+        )
     return record[text_field]
 
 
@@ -538,8 +548,11 @@ class TokenStream:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     defaults = DataConfig()
-    parser.add_argument("--source", default=defaults.source,
-                        help="stdlib | shakespeare | a text or JSON Lines (.jsonl, .jsonl.gz) file, folder or glob")
+    parser.add_argument(
+        "--source",
+        default=defaults.source,
+        help="stdlib | shakespeare | a text or JSON Lines (.jsonl, .jsonl.gz) file, folder or glob",
+    )
     parser.add_argument("--tokenizer", default=defaults.tokenizer, help="byte | a tiktoken encoding (gpt2, ...)")
     parser.add_argument("--out_dir", required=True, help="where train.bin, val.bin and meta.json go")
     parser.add_argument("--val_fraction", type=float, default=defaults.val_fraction)

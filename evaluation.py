@@ -81,8 +81,10 @@ def benchmark_file(bcfg):
         return download("hellaswag", bcfg.benchmark_dir, HELLASWAG, bcfg.benchmark_url or None)
     if os.path.isfile(bcfg.benchmark):
         return bcfg.benchmark
-    raise ValueError(f"--benchmark {bcfg.benchmark!r}: no such file. Give hellaswag (downloaded and checked), "
-                     "a local .jsonl file in its format (ctx, endings, label on each line), or '' for none")
+    raise ValueError(
+        f"--benchmark {bcfg.benchmark!r}: no such file. Give hellaswag (downloaded and checked), "
+        "a local .jsonl file in its format (ctx, endings, label on each line), or '' for none"
+    )
 
 
 def read_examples(path, limit=0):
@@ -96,11 +98,15 @@ def read_examples(path, limit=0):
                 item = json.loads(line)
                 examples.append((item["ctx"], list(item["endings"]), int(item["label"])))
             except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{path} line {line_number}: not a HellaSwag example with ctx, endings and "
-                                 f"label ({type(e).__name__}: {e})") from None
+                raise ValueError(
+                    f"{path} line {line_number}: not a HellaSwag example with ctx, endings and "
+                    f"label ({type(e).__name__}: {e})"
+                ) from None
             if not 0 <= examples[-1][2] < len(examples[-1][1]):
-                raise ValueError(f"{path} line {line_number}: label {item['label']} is not an index into its "
-                                 f"{len(item['endings'])} endings")
+                raise ValueError(
+                    f"{path} line {line_number}: label {item['label']} is not an index into its "
+                    f"{len(item['endings'])} endings"
+                )
             if len(examples) == limit:
                 break
     if not examples:
@@ -175,8 +181,12 @@ def benchmark_scores(model, tokenizer, examples, device, autocast, examples_per_
             say(f"benchmark: {done:,} of {len(examples):,} examples, ETA {seconds * (len(examples) / done - 1):.0f}s")
     model.train()
     n = len(examples)
-    return {"acc": correct / n, "acc_norm": correct_norm / n, "chance": sum(1 / len(e) for _, e, _ in examples) / n,
-            "examples": n}
+    return {
+        "acc": correct / n,
+        "acc_norm": correct_norm / n,
+        "chance": sum(1 / len(e) for _, e, _ in examples) / n,
+        "examples": n,
+    }
 
 
 # ----------------------------------------------------------------------------
@@ -190,17 +200,28 @@ def final_check(model, grid, step, val_loss, gpt_config, meta, benchmark_example
     the benchmark alone. Returns, on rank 0, the record for metrics.jsonl (marked `eval_only` when
     --eval_only asked for it, so it never passes for the end of the run) and the single-device
     model; elsewhere (None, None)."""
-    say(f"step {step}, final check: val loss {val_loss:.4f}, perplexity {math.exp(val_loss):.2f} "
-        f"(uniform guessing: {meta['vocab_size']})")
+    say(
+        f"step {step}, final check: val loss {val_loss:.4f}, perplexity {math.exp(val_loss):.2f} "
+        f"(uniform guessing: {meta['vocab_size']})"
+    )
     whole = checkpoint.full_state_dict(model, grid)
     if grid.rank != 0:
         return None, None
     single = single_device_model(gpt_config, whole, model.device)
     record = {"step": step, "val_loss": val_loss, **({"eval_only": True} if eval_only else {})}
     if benchmark_examples:
-        scores = benchmark_scores(single, get_tokenizer(meta["tokenizer"]), benchmark_examples, model.device,
-                                  model.autocast, say=lambda line: print(line, flush=True))
+        scores = benchmark_scores(
+            single,
+            get_tokenizer(meta["tokenizer"]),
+            benchmark_examples,
+            model.device,
+            model.autocast,
+            say=lambda line: print(line, flush=True),
+        )
         record.update(hellaswag_acc_norm=scores["acc_norm"], hellaswag_acc=scores["acc"])
-        print(f"benchmark: acc_norm {scores['acc_norm']:.4f}, acc {scores['acc']:.4f} on {scores['examples']:,} "
-              f"HellaSwag-format examples (guessing scores {scores['chance']:.4f})", flush=True)
+        print(
+            f"benchmark: acc_norm {scores['acc_norm']:.4f}, acc {scores['acc']:.4f} on {scores['examples']:,} "
+            f"HellaSwag-format examples (guessing scores {scores['chance']:.4f})",
+            flush=True,
+        )
     return record, single

@@ -34,9 +34,15 @@ def _rank_main(rank, world_size, port, fn, args, results):
     # A forked child of a multi-threaded parent hangs in OpenMP unless it drops to one thread first
     # (parallel.init_distributed then gives it cores / local ranks).
     torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      GLOO_SOCKET_IFNAME="lo")
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        GLOO_SOCKET_IFNAME="lo",
+    )
     try:
         results.put((rank, "ok", fn(*args)))
     except SystemExit as e:
@@ -61,7 +67,9 @@ def run_ranks(world_size, fn, *args, timeout=120, start_method=DEFAULT_START):
     context = multiprocessing.get_context(start_method)
     results = context.Queue()
     port = free_port()
-    workers = [context.Process(target=_rank_main, args=(r, world_size, port, fn, args, results)) for r in range(world_size)]
+    workers = [
+        context.Process(target=_rank_main, args=(r, world_size, port, fn, args, results)) for r in range(world_size)
+    ]
     for w in workers:
         w.start()
     outcome, deadline = {}, time.time() + timeout

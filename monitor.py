@@ -55,7 +55,9 @@ class SavedActivations:
             self.by_kind[self.kind(tensor)] += storage.nbytes()
             self.peak = max(self.peak, self.now)
         self.live[address][1] += 1
-        return _Saved(tensor.detach(), self, address)  # detached: no cycle through its grad_fn, which would outlive a dropped graph
+        return _Saved(
+            tensor.detach(), self, address
+        )  # detached: no cycle through its grad_fn, which would outlive a dropped graph
 
     def _release(self, address):
         entry = self.live[address]
@@ -170,7 +172,9 @@ class HealthMonitor:
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             fired.append(("nonfinite", {"loss": str(loss), "grad_norm": str(grad_norm)}))  # JSON has no NaN
         elif self.baseline_ready() and loss > self.spike_factor * statistics.median(self.losses):
-            fired.append(("spike", {"loss": loss, "baseline": statistics.median(self.losses), "factor": self.spike_factor}))
+            fired.append(
+                ("spike", {"loss": loss, "baseline": statistics.median(self.losses), "factor": self.spike_factor})
+            )
         if self.grad_z_threshold and z > self.grad_z_threshold:
             fired.append(("grad_z", {"grad_norm": grad_norm, "z": z, "threshold": self.grad_z_threshold}))
         if not fired:  # only healthy steps feed the baselines
@@ -207,8 +211,12 @@ class HealthMonitor:
         return healthy
 
     def state_dict(self):
-        return {"losses": list(self.losses), "grad_norms": list(self.grad_norms), "evals": list(self.evals),
-                "warned": self.warned}
+        return {
+            "losses": list(self.losses),
+            "grad_norms": list(self.grad_norms),
+            "evals": list(self.evals),
+            "warned": self.warned,
+        }
 
     def load_state_dict(self, state):
         self.losses = deque(state["losses"], maxlen=self.window)

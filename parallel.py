@@ -35,7 +35,9 @@ class ParallelConfig:
     dp: int = 1  # data-parallel ranks: model copies, each reading its share of every batch
     tp: int = 1  # tensor-parallel ranks: one layer's matrices cut across them
     pp: int = 1  # pipeline stages: consecutive blocks on consecutive ranks
-    dp_mode: str = "bucketed"  # bucketed (async all-reduce overlapped with backward) | naive (one per parameter after it)
+    dp_mode: str = (
+        "bucketed"  # bucketed (async all-reduce overlapped with backward) | naive (one per parameter after it)
+    )
     bucket_mb: float = 25.0  # gradient bucket size for the bucketed mode
     dist_timeout: int = 300  # seconds a collective waits for a missing rank before the run stops with an error
     micro_batches: int = 1  # pipeline: each batch_size batch is cut into this many micro-batches
@@ -135,8 +137,10 @@ class ProcessGrid:
         return mine
 
     def __repr__(self):
-        return (f"ProcessGrid(rank {self.rank}/{self.world_size}: dp {self.dp_rank}/{self.dp}, "
-                f"pp {self.pp_rank}/{self.pp}, tp {self.tp_rank}/{self.tp})")
+        return (
+            f"ProcessGrid(rank {self.rank}/{self.world_size}: dp {self.dp_rank}/{self.dp}, "
+            f"pp {self.pp_rank}/{self.pp}, tp {self.tp_rank}/{self.tp})"
+        )
 
 
 def all_reduce_mean(value, group, size):
@@ -197,10 +201,15 @@ class DataParallel:
         if bucket:
             self.buckets.append(bucket)
         self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b}
-        self.flats = [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype, device=b[0].device)
-                      for b in self.buckets] if mode == "bucketed" else []  # (numel of the bucket,) each
-        self.views = [[g.view_as(p) for g, p in zip(flat.split([p.numel() for p in b]), b)]
-                      for flat, b in zip(self.flats, self.buckets)]  # each parameter's gradient, in its bucket
+        self.flats = (
+            [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype, device=b[0].device) for b in self.buckets]
+            if mode == "bucketed"
+            else []
+        )  # (numel of the bucket,) each
+        self.views = [
+            [g.view_as(p) for g, p in zip(flat.split([p.numel() for p in b]), b)]
+            for flat, b in zip(self.flats, self.buckets)
+        ]  # each parameter's gradient, in its bucket
         if mode == "bucketed":
             self.zero_buckets()
         self.ready = [0] * len(self.buckets)
@@ -324,8 +333,9 @@ class ShardedModel:
     """A rank that runs every layer of the GPT: all of each matrix (tp = 1), or its
     tensor-parallel slices (tp > 1); gradients averaged over the dp replicas."""
 
-    def __init__(self, model, grid, autocast=contextlib.nullcontext(), compile=False, dp_mode="bucketed",
-                 bucket_mb=25.0):
+    def __init__(
+        self, model, grid, autocast=contextlib.nullcontext(), compile=False, dp_mode="bucketed", bucket_mb=25.0
+    ):
         self.cuts = tensor_parallel(model, grid)  # each rank keeps its slices; {} when tp = 1
         self.module, self.grid, self.autocast = model, grid, autocast
         self.micro_batches = self.in_flight = 1  # one forward per micro-step (a pipeline cuts it into more)
@@ -405,7 +415,12 @@ def check_visible_everywhere(paths):
     start from step 0 while the others resume."""
     missing = [path for path in paths if not os.path.exists(path)]
     rank = dist.get_rank() if dist.is_initialized() else 0
-    raise_on_every_rank(None if not missing else (
-        f"rank {rank} cannot see {missing[0]}, which rank 0 wrote. Every rank reads the data and the "
-        "checkpoints that rank 0 writes: on several machines put --data_dir and --out_dir on a file system "
-        "that every machine mounts (NFS, Lustre, ...)."))
+    raise_on_every_rank(
+        None
+        if not missing
+        else (
+            f"rank {rank} cannot see {missing[0]}, which rank 0 wrote. Every rank reads the data and the "
+            "checkpoints that rank 0 writes: on several machines put --data_dir and --out_dir on a file system "
+            "that every machine mounts (NFS, Lustre, ...)."
+        )
+    )

@@ -142,7 +142,9 @@ class PipelineStage(nn.Module):
         self.is_first, self.is_last = stage == 0, stage == stages - 1
         self.first_block, last_block = stage_layers(model.config.n_layer, stages)[stage]
         self.blocks = nn.ModuleList(model.blocks[self.first_block : last_block])
-        self.embedding = nn.ModuleDict({"wte": model.wte, "wpe": model.wpe, "drop": model.drop}) if self.is_first else None
+        self.embedding = (
+            nn.ModuleDict({"wte": model.wte, "wpe": model.wpe, "drop": model.drop}) if self.is_first else None
+        )
         if self.is_last:
             # The head is tied to wte (under TP: to wte's vocabulary slice, scored by a vocab-parallel loss).
             self.norm_f, self.lm_head, self.clm_loss = model.norm_f, model.lm_head, model.clm_loss
@@ -196,8 +198,10 @@ def sync_tied_embedding(stage, grid):
 
 def check_pipeline_layout(n_layer, stages):
     if stages < 1 or n_layer < stages:
-        raise ValueError(f"n_layer {n_layer} < pp {stages}: every pipeline stage needs at least one block; "
-                         f"lower --pp or raise --n_layer")
+        raise ValueError(
+            f"n_layer {n_layer} < pp {stages}: every pipeline stage needs at least one block; "
+            f"lower --pp or raise --n_layer"
+        )
 
 
 def check_micro_batches(batch_size, micro_batches):
@@ -231,11 +235,16 @@ class Inbox:
     arrive in the order it sent them, which the receives follow."""
 
     def __init__(self, stage, order, micro_batches, shape, grid, device):
-        self.waiting = {"F": [] if stage.is_first else [i for kind, i in order if kind == "F"],
-                        "B": [] if stage.is_last else [i for kind, i in order if kind == "B"]}
+        self.waiting = {
+            "F": [] if stage.is_first else [i for kind, i in order if kind == "F"],
+            "B": [] if stage.is_last else [i for kind, i in order if kind == "B"],
+        }
         self.source = {"F": grid.pp_prev, "B": grid.pp_next}
-        self.buffers = {kind: torch.empty((micro_batches, *shape), device=device)  # fp32, like the residual stream
-                        for kind, waiting in self.waiting.items() if waiting}
+        self.buffers = {
+            kind: torch.empty((micro_batches, *shape), device=device)  # fp32, like the residual stream
+            for kind, waiting in self.waiting.items()
+            if waiting
+        }
         self.posted = {}
         for kind in self.waiting:
             self._post_next(kind)
@@ -309,15 +318,28 @@ def plot_gantt(timeline, path, title):
     ax = fig.subplots()
     for s, stage in enumerate(timeline):
         for kind, i, start, end in stage:
-            ax.broken_barh([(1e3 * (start - t0), 1e3 * (end - start))], (s - 0.4, 0.8), color=colours[kind],
-                           hatch="//" if kind == "wait" else None, edgecolor="white" if kind != "wait" else "gray")
+            ax.broken_barh(
+                [(1e3 * (start - t0), 1e3 * (end - start))],
+                (s - 0.4, 0.8),
+                color=colours[kind],
+                hatch="//" if kind == "wait" else None,
+                edgecolor="white" if kind != "wait" else "gray",
+            )
             if kind != "wait" and end - start > 0:
                 ax.text(1e3 * ((start + end) / 2 - t0), s, str(i), ha="center", va="center", fontsize=7, color="white")
-    ax.set(yticks=range(len(timeline)), yticklabels=[f"stage {s}" for s in range(len(timeline))],
-           xlabel="ms", title=title)
+    ax.set(
+        yticks=range(len(timeline)), yticklabels=[f"stage {s}" for s in range(len(timeline))], xlabel="ms", title=title
+    )
     ax.invert_yaxis()
-    handles = [Patch(facecolor=c, hatch="//" if k == "wait" else None, edgecolor="gray" if k == "wait" else "white",
-                     label={"F": "forward", "B": "backward", "wait": "waiting"}[k]) for k, c in colours.items()]
+    handles = [
+        Patch(
+            facecolor=c,
+            hatch="//" if k == "wait" else None,
+            edgecolor="gray" if k == "wait" else "white",
+            label={"F": "forward", "B": "backward", "wait": "waiting"}[k],
+        )
+        for k, c in colours.items()
+    ]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)  # beside the chart, over no box
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -330,8 +352,16 @@ class PipelineModel:
     The interface the training loop uses is described in parallel.py ("The model as a
     rank holds it")."""
 
-    def __init__(self, model, grid, schedule="1f1b", micro_batches=1, autocast=contextlib.nullcontext(),
-                 dp_mode="bucketed", bucket_mb=25.0):
+    def __init__(
+        self,
+        model,
+        grid,
+        schedule="1f1b",
+        micro_batches=1,
+        autocast=contextlib.nullcontext(),
+        dp_mode="bucketed",
+        bucket_mb=25.0,
+    ):
         self.cuts = tensor_parallel(model, grid)  # {single-device name: Cut}; {} when tp = 1
         self.module = PipelineStage(model, grid.pp_rank, grid.pp)  # this rank keeps only its stage (its TP slices)
         self.grid, self.micro_batches, self.autocast = grid, micro_batches, autocast
@@ -342,8 +372,11 @@ class PipelineModel:
         self.records = []  # this stage's timeline of the latest step
         # A stage runs backward once per micro-batch, so its gradients are complete only at the end
         # of the schedule: there (overlap=False) every DP bucket is launched at once.
-        self.dp = DataParallel(self.module, grid.dp_group, grid.dp, dp_mode, bucket_mb, overlap=False) \
-            if grid.dp > 1 else None
+        self.dp = (
+            DataParallel(self.module, grid.dp_group, grid.dp, dp_mode, bucket_mb, overlap=False)
+            if grid.dp > 1
+            else None
+        )
 
     def _from_last_stage(self, loss):
         """The loss lives on the last stage; every stage gets it, to log and to judge incidents alike."""
@@ -355,8 +388,9 @@ class PipelineModel:
         """One micro-step: the schedule over m micro-batches of (x, y); returns the mean loss.
         sync is for the interface: the DP average starts in reduce_gradients, after the schedule."""
         with self.autocast:
-            loss, self.records, _ = run_schedule(self.module, self.order, x, y, self.micro_batches, self.grid,
-                                                 self.n_embd, loss_weight)
+            loss, self.records, _ = run_schedule(
+                self.module, self.order, x, y, self.micro_batches, self.grid, self.n_embd, loss_weight
+            )
         return self._from_last_stage(loss)
 
     @torch.no_grad()
@@ -390,9 +424,13 @@ class PipelineModel:
             return
         p, m = self.grid.pp, self.micro_batches
         measured = bubble_fraction(timeline)
-        say(f"pipeline bubble of the last step: measured {measured:.3f}, (p - 1) / (m + p - 1) = "
-            f"{(p - 1) / (m + p - 1):.3f} ({self.schedule}, p={p}, m={m})")
-        plot_gantt(timeline, os.path.join(out_dir, "pipeline.png"), f"{self.schedule}, p={p}, m={m}: bubble {measured:.2f}")
+        say(
+            f"pipeline bubble of the last step: measured {measured:.3f}, (p - 1) / (m + p - 1) = "
+            f"{(p - 1) / (m + p - 1):.3f} ({self.schedule}, p={p}, m={m})"
+        )
+        plot_gantt(
+            timeline, os.path.join(out_dir, "pipeline.png"), f"{self.schedule}, p={p}, m={m}: bubble {measured:.2f}"
+        )
 
 
 def main():
@@ -404,8 +442,10 @@ def main():
     for name, schedule in SCHEDULES.items():
         bubble = bubble_fraction(logical_timeline(schedule, p, m))
         peak = max(peak_activations(schedule(p, m, s)) for s in range(p))
-        print(f"{name:>6}: logical bubble {bubble:.3f} (formula (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.3f}), "
-              f"peak stored activations per stage {peak}")
+        print(
+            f"{name:>6}: logical bubble {bubble:.3f} (formula (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.3f}), "
+            f"peak stored activations per stage {peak}"
+        )
 
 
 if __name__ == "__main__":

@@ -27,14 +27,25 @@ def run_identity(mcfg, cfg, meta, global_batch):
     layout_fields = ("out_dir", "overwrite", "device", "compile", "batch_size", "gradient_accumulation_steps")
     return {
         "GPTConfig": {k: v for k, v in asdict(mcfg).items() if k != "attention"},
-        "TrainConfig": {**{k: v for k, v in asdict(cfg).items() if k not in layout_fields}, "global_batch": global_batch},
+        "TrainConfig": {
+            **{k: v for k, v in asdict(cfg).items() if k not in layout_fields},
+            "global_batch": global_batch,
+        },
         "data": {k: meta[k] for k in ("source", "source_sha256", "tokenizer", "val_fraction")},
     }
 
 
 # run.json last: an --overwrite cut short leaves a folder that is still recognisably a run of ours
-RUN_FILES = ("metrics.jsonl", "incidents.jsonl", "injected.json", "metrics.png", "pipeline.png", "samples.txt",
-             "ckpt", "run.json")
+RUN_FILES = (
+    "metrics.jsonl",
+    "incidents.jsonl",
+    "injected.json",
+    "metrics.png",
+    "pipeline.png",
+    "samples.txt",
+    "ckpt",
+    "run.json",
+)
 # A run may continue with these changed: a larger max_iters trains further, and a lower LR (or a
 # longer warmup) is what the runbook asks of a person after repeated incidents.
 CONTINUABLE = ("max_iters", "lr_decay_iters", "learning_rate", "min_lr", "warmup_iters")

@@ -38,7 +38,9 @@ def sample_texts(model, tokenizer, settings, device):
     for row in out[:, len(prompt) :].tolist():
         # cut at end-of-text; a padded-vocab id (never a target, rarely sampled) has no text either
         pieces = groupby(row, key=lambda t: t == tokenizer.eot or t >= tokenizer.vocab_size)
-        texts.append(settings.prompt + "\n<|endoftext|>\n".join(tokenizer.decode(list(g)) for cut, g in pieces if not cut))
+        texts.append(
+            settings.prompt + "\n<|endoftext|>\n".join(tokenizer.decode(list(g)) for cut, g in pieces if not cut)
+        )
     return texts
 
 

@@ -127,9 +127,9 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """Y = X W^T with W cut by input features (columns of W):
 
-        W = [W_1, W_2, ..., W_tp]     rank i holds W_i: (out, in/tp)
-        X = [X_1, X_2, ..., X_tp]     rank i holds X_i: (B, T, in/tp), a column-parallel output
-        Y = sum_i X_i W_i^T           partial products, summed by g; the bias is whole, added once, after
+    W = [W_1, W_2, ..., W_tp]     rank i holds W_i: (out, in/tp)
+    X = [X_1, X_2, ..., X_tp]     rank i holds X_i: (B, T, in/tp), a column-parallel output
+    Y = sum_i X_i W_i^T           partial products, summed by g; the bias is whole, added once, after
     """
 
     cut = Cut(dim=1)
@@ -237,7 +237,9 @@ def tensor_parallel(model, grid):
         block.mlp.c_fc = ColumnParallelLinear.from_linear(block.mlp.c_fc, grid)
         block.mlp.c_proj = RowParallelLinear.from_linear(block.mlp.c_proj, grid)
     model.wte = VocabParallelEmbedding(model.wte, grid)
-    model.lm_head = ColumnParallelLinear(model.wte.weight, None, grid.tp_group, model.wte.cut)  # tied: the same slice scores
+    model.lm_head = ColumnParallelLinear(
+        model.wte.weight, None, grid.tp_group, model.wte.cut
+    )  # tied: the same slice scores
     model.clm_loss = VocabParallelLoss(model.wte.start, model.config.vocab_size, grid.tp_group)
     cut_of = {}  # parameter -> its cut (parameters hash by identity)
     for module in model.modules():
@@ -253,6 +255,7 @@ def check_tensor_parallel_layout(cfg, tp):
     Heads are the unit of the cut (n_embd = n_head x head size, so n_embd follows); the
     vocabulary never blocks it, as it is padded to a multiple of tp."""
     if tp < 1 or cfg.n_head % tp:
-        raise ValueError(f"n_head {cfg.n_head} is not divisible by tp {tp}: choose --tp among the divisors "
-                         f"of n_head, or --n_head a multiple of {tp} (with --n_embd a multiple of it)")
-
+        raise ValueError(
+            f"n_head {cfg.n_head} is not divisible by tp {tp}: choose --tp among the divisors "
+            f"of n_head, or --n_head a multiple of {tp} (with --n_embd a multiple of it)"
+        )

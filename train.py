@@ -43,12 +43,30 @@ from evaluation import evaluate, final_check, read_benchmark
 from faults import FaultInjector
 from model import GPT
 from monitor import HealthMonitor, Throughput, peak_memory_bytes, plot_metrics
-from parallel import (ProcessGrid, ShardedModel, all_reduce_mean, check_visible_everywhere, destroy_distributed,
-                      init_distributed, raise_on_every_rank, run_on_rank0)
+from parallel import (
+    ProcessGrid,
+    ShardedModel,
+    all_reduce_mean,
+    check_visible_everywhere,
+    destroy_distributed,
+    init_distributed,
+    raise_on_every_rank,
+    run_on_rank0,
+)
 from pipeline import SCHEDULES, PipelineModel, check_micro_batches, check_pipeline_layout
 from sample import sample, sample_texts
-from run_folder import (append_jsonl, check_out_dir_is_ours, config_changes, is_finished, out_dir_of,
-                        prepare_out_dir, read_jsonl, record_identity, run_identity, write_jsonl)
+from run_folder import (
+    append_jsonl,
+    check_out_dir_is_ours,
+    config_changes,
+    is_finished,
+    out_dir_of,
+    prepare_out_dir,
+    read_jsonl,
+    record_identity,
+    run_identity,
+    write_jsonl,
+)
 from tensor_parallel import check_tensor_parallel_layout
 
 # ----------------------------------------------------------------------------
@@ -141,8 +159,10 @@ def parameter_groups(named_parameters):
 
 def make_optimizer(module, cfg, device):
     decay, no_decay = parameter_groups(module.named_parameters())
-    groups = [{"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
-              {"params": [p for _, p in no_decay], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
+        {"params": [p for _, p in no_decay], "weight_decay": 0.0},
+    ]
     fused = device.type in ("cuda", "cpu")  # one kernel updates every tensor; the moments stay fp32
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
 
@@ -258,8 +278,17 @@ def evaluate_only(preset, configs):
     step, state = latest
     checkpoint.load_full_state_dict(run.model, state["model"], run.grid)
     val_loss = evaluate(run.model, run.val_stream, run.eval_batches, run.grid)
-    record, _ = final_check(run.model, run.grid, step, val_loss, run.identity["GPTConfig"], run.meta,
-                            run.benchmark_examples, run.say, eval_only=True)
+    record, _ = final_check(
+        run.model,
+        run.grid,
+        step,
+        val_loss,
+        run.identity["GPTConfig"],
+        run.meta,
+        run.benchmark_examples,
+        run.say,
+        eval_only=True,
+    )
     if run.is_rank0:
         append_jsonl(run.metrics_path, record)
 
@@ -286,7 +315,9 @@ class Run:
     val_stream: TokenStream
     eval_batches: int  # micro-batches per evaluation, on each rank
     model: ShardedModel | PipelineModel  # the model as this rank holds it
-    optimizer_groups: list[list[str]]  # the single-device names of each AdamW group's parameters: how checkpoints list them
+    optimizer_groups: list[
+        list[str]
+    ]  # the single-device names of each AdamW group's parameters: how checkpoints list them
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler  # fp16 loss scaling; disabled for fp32 and bf16
     dtype: torch.dtype
@@ -295,8 +326,7 @@ class Run:
     tokens_per_step: int  # all ranks together
     flops_per_token: float  # of the whole single-device model, whatever share this rank holds
     peak_flops: float | None  # one device's peak, for MFU; None on CPU
-    comm_formula: dict  # {dimension: (bytes, formula)} per step on the busiest rank, in closed form
-    comm_compared: bool = False  # the first logged step printed its measured bytes beside comm_formula
+    comm_compared: bool = False  # the first logged step printed its measured bytes beside the closed form
     recovery: "Recovery" = field(default_factory=lambda: Recovery())  # the runbook's state, defined with it below
     records: list[dict] = field(default_factory=list)  # logged metrics of the current timeline, for the plot
     started: float = field(default_factory=time.perf_counter)
@@ -334,14 +364,15 @@ def model_for_rank(whole, grid, layout, autocast=contextlib.nullcontext(), compi
     ParallelConfig): a pipeline stage (its matrices cut by TP when tp > 1) when pp > 1, else every
     layer (whole, or TP slices)."""
     if grid.pp > 1:
-        return PipelineModel(whole, grid, layout.schedule, layout.micro_batches, autocast, layout.dp_mode,
-                             layout.bucket_mb)
+        return PipelineModel(
+            whole, grid, layout.schedule, layout.micro_batches, autocast, layout.dp_mode, layout.bucket_mb
+        )
     return ShardedModel(whole, grid, autocast, compile, layout.dp_mode, layout.bucket_mb)
 
 
-def set_up(preset, configs):
-    """Everything before the first step: processes, data, the run's folder, model, optimizer, watchers."""
-    cfg, recovery = configs.train, configs.recovery
+def start_processes(configs):
+    """This process's place in the group, its voice, device and compute dtype: (grid, say, device, dtype)."""
+    cfg = configs.train
     check_layout(configs)
     launch = init_distributed(configs.parallel.dist_timeout)
     grid = ProcessGrid(configs.parallel.dp, configs.parallel.tp, configs.parallel.pp, launch.rank, launch.world_size)
@@ -350,8 +381,17 @@ def set_up(preset, configs):
     device = pick_device(cfg.device if cfg.device != "auto" else launch.device)
     dtype = pick_dtype(cfg.dtype, device)
     if grid.pp > 1 and dtype == torch.float16:
-        raise ValueError(f"--dtype {cfg.dtype} gives float16 here, which needs loss scaling, which the pipeline "
-                         "path lacks: pass --dtype bfloat16 or float32")
+        raise ValueError(
+            f"--dtype {cfg.dtype} gives float16 here, which needs loss scaling, which the pipeline "
+            "path lacks: pass --dtype bfloat16 or float32"
+        )
+    return grid, say, device, dtype
+
+
+def set_up(preset, configs):
+    """Everything before the first step: processes, data, the run's folder, model, optimizer, watchers."""
+    cfg, recovery = configs.train, configs.recovery
+    grid, say, device, dtype = start_processes(configs)
     out_dir, data_dir = out_dir_of(preset, cfg), cfg.data_dir or default_data_dir(configs.data)
     run_on_rank0(lambda: check_out_dir_is_ours(out_dir), grid.rank == 0)  # before the data may land inside it
     meta = run_on_rank0(lambda: load_or_prepare(configs.data, data_dir), grid.rank == 0)
@@ -363,41 +403,67 @@ def set_up(preset, configs):
     continued = run_on_rank0(lambda: prepare_out_dir(out_dir, identity, cfg.overwrite), grid.rank == 0)
     check_visible_everywhere([os.path.join(data_dir, "meta.json"), os.path.join(out_dir, "run.json")])
     say(f"{grid}" if grid.world_size > 1 else "single process")
-    say(f"data {data_dir}: {meta['source']}, {meta['tokenizer']} tokens, "
-        f"{meta['train_tokens']:,} train + {meta['val_tokens']:,} val")
-    train_stream, val_stream, eval_batches = token_streams(data_dir, meta, cfg, configs.model.block_size, grid)
+    train_stream, val_stream, eval_batches = open_token_streams(
+        data_dir, meta, cfg, configs.model.block_size, grid, say
+    )
     whole = GPT(configs.model).to(device)  # initialized whole on every rank, so any layout starts from the same weights
     # the single-device names of each AdamW group's parameters, taken before a layout cuts the model
     optimizer_groups = [[name for name, _ in group] for group in parameter_groups(whole.named_parameters())]
     model = model_for_rank(whole, grid, configs.parallel, autocast_context(device, dtype), cfg.compile)
     return Run(
-        configs=configs, grid=grid, say=say, out_dir=out_dir, identity=identity, continued=continued, meta=meta,
-        benchmark_examples=benchmark_examples, train_stream=train_stream, val_stream=val_stream,
-        eval_batches=eval_batches, model=model,
-        optimizer_groups=optimizer_groups, optimizer=make_optimizer(model.module, cfg, device),
-        scaler=torch.amp.GradScaler(device.type, enabled=dtype == torch.float16), dtype=dtype,
-        monitor=HealthMonitor(recovery.monitor_window, recovery.spike_factor, recovery.grad_z_threshold,
-                              recovery.val_rise_evals, recovery.triggers.split(",")),
+        configs=configs,
+        grid=grid,
+        say=say,
+        out_dir=out_dir,
+        identity=identity,
+        continued=continued,
+        meta=meta,
+        benchmark_examples=benchmark_examples,
+        train_stream=train_stream,
+        val_stream=val_stream,
+        eval_batches=eval_batches,
+        model=model,
+        optimizer_groups=optimizer_groups,
+        optimizer=make_optimizer(model.module, cfg, device),
+        scaler=torch.amp.GradScaler(device.type, enabled=dtype == torch.float16),
+        dtype=dtype,
+        monitor=HealthMonitor(
+            recovery.monitor_window,
+            recovery.spike_factor,
+            recovery.grad_z_threshold,
+            recovery.val_rise_evals,
+            recovery.triggers.split(","),
+        ),
         # faults strike one process, the last rank, as a failing machine would
-        injector=FaultInjector(recovery.inject, out_dir, meta["vocab_size"], grid.rank,
-                               grid.rank == grid.world_size - 1),
-        tokens_per_step=global_batch * configs.model.block_size, flops_per_token=cost.flops_per_token(configs.model),
+        injector=FaultInjector(
+            recovery.inject, out_dir, meta["vocab_size"], grid.rank, grid.rank == grid.world_size - 1
+        ),
+        tokens_per_step=global_batch * configs.model.block_size,
+        flops_per_token=cost.flops_per_token(configs.model),
         peak_flops=cost.device_peak_flops(device, cfg.peak_tflops),
-        comm_formula=cost.busiest_stage_comm_bytes(configs.model, dp=grid.dp, tp=grid.tp, pp=grid.pp,
-                                                   batch_size=cfg.batch_size,
-                                                   accumulation=cfg.gradient_accumulation_steps,
-                                                   compute_bytes=dtype.itemsize),
     )
 
 
-def token_streams(data_dir, meta, cfg, block_size, grid):
-    """(train stream, val stream, micro-batches per evaluation on each rank). Each DP rank reads its
-    share of every batch; --data_order shuffles the training data only, so every run is judged on
-    the same val rows."""
+def open_token_streams(data_dir, meta, cfg, block_size, grid, say):
+    """(train stream, val stream, micro-batches per evaluation on each rank), announced. Each DP rank
+    reads its share of every batch; --data_order shuffles the training data only, so every run is
+    judged on the same val rows."""
+    say(
+        f"data {data_dir}: {meta['source']}, {meta['tokenizer']} tokens, "
+        f"{meta['train_tokens']:,} train + {meta['val_tokens']:,} val"
+    )
 
     def stream(split, order_seed=0):
-        return TokenStream(os.path.join(data_dir, f"{split}.bin"), meta["dtype"], cfg.batch_size, block_size,
-                           grid.dp_rank, grid.dp, cfg.lanes, order_seed)
+        return TokenStream(
+            os.path.join(data_dir, f"{split}.bin"),
+            meta["dtype"],
+            cfg.batch_size,
+            block_size,
+            grid.dp_rank,
+            grid.dp,
+            cfg.lanes,
+            order_seed,
+        )
 
     train_stream, val_stream = stream("train", cfg.data_order), stream("val")
     # an eval reads eval_iters global batches (fewer if val.bin is smaller), in this rank's micro-batches
@@ -466,31 +532,54 @@ def timed_step_seconds(model, batch, repeats=3):
 
 
 def print_cost_account(run):
-    """What the run will cost (cost.py's account): parameters, tokens, FLOPs, memory, and the time from one measured step."""
+    """What the run will cost (cost.py's account): parameters, tokens, FLOPs, memory, and the time from
+    one measured step."""
     cfg, model = run.configs.train, run.model  # rank 0's model: the first stage, which keeps the most activations
     run.say(f"device {model.device}, dtype {str(run.dtype).replace('torch.', '')}, out {run.out_dir}")
     batch = [t.to(model.device) for t in run.val_stream.next_batch()]
     step_seconds = timed_step_seconds(model, batch) * cfg.gradient_accumulation_steps
-    for line in cost.account_lines(run.configs.model, run.grid.tp, run.grid.pp, cfg.batch_size // model.micro_batches,
-                                   model.in_flight, cfg.max_iters, run.tokens_per_step, run.dtype.itemsize,
-                                   step_seconds):
+    for line in cost.account_lines(
+        run.configs.model,
+        run.grid.tp,
+        run.grid.pp,
+        cfg.batch_size // model.micro_batches,
+        model.in_flight,
+        cfg.max_iters,
+        run.tokens_per_step,
+        run.dtype.itemsize,
+        step_seconds,
+    ):
         run.say("cost: " + line)
 
 
 def finish(run, final_val_loss):
     """The end of a run: its peak memory, the layout's own account, the final check, the metrics plot, samples."""
     peak = peak_memory_bytes(run.model.device)  # set against the cost account's memory line at the start
-    run.say(f"training took {(time.perf_counter() - run.started) / 60:.1f} min" +
-            (f"; peak memory {peak / 2**30:.2f} GiB" if peak else ""))
+    run.say(
+        f"training took {(time.perf_counter() - run.started) / 60:.1f} min"
+        + (f"; peak memory {peak / 2**30:.2f} GiB" if peak else "")
+    )
     run.model.report(run.out_dir, run.say, run.is_rank0)  # its collectives before rank 0 scores the benchmark alone
-    record, model = final_check(run.model, run.grid, run.configs.train.max_iters, final_val_loss,
-                                run.identity["GPTConfig"], run.meta, run.benchmark_examples, run.say)
+    record, model = final_check(
+        run.model,
+        run.grid,
+        run.configs.train.max_iters,
+        final_val_loss,
+        run.identity["GPTConfig"],
+        run.meta,
+        run.benchmark_examples,
+        run.say,
+    )
     if not run.is_rank0:
         return
     run.records.append(record)
     append_jsonl(run.metrics_path, record)
-    plot_metrics(run.records, read_jsonl(run.incidents_path), os.path.join(run.out_dir, "metrics.png"),
-                 math.log(run.meta["vocab_size"]))
+    plot_metrics(
+        run.records,
+        read_jsonl(run.incidents_path),
+        os.path.join(run.out_dir, "metrics.png"),
+        math.log(run.meta["vocab_size"]),
+    )
     samples = sample_texts(model, get_tokenizer(run.meta["tokenizer"]), run.configs.sample, run.model.device)
     with open(os.path.join(run.out_dir, "samples.txt"), "w") as f:
         f.write("\n\n==========\n\n".join(samples) + "\n")
@@ -532,9 +621,11 @@ def restore_checkpoint(run, state, forget=()):
     if changed := config_changes(state["config"], {"GPTConfig": run.identity["GPTConfig"]}):
         raise ValueError(f"the checkpoint holds a model of another shape ({'; '.join(changed)})")
     if "optimizer" not in state and not (run.configs.recovery.reset_optimizer or "optimizer" in forget):
-        raise ValueError(f"the checkpoint of step {state['step']} in {run.ckpt_dir} has no optimizer state. Resuming "
-                         "would restart AdamW's moment estimates from zero, a jolt in update size and direction that "
-                         "weights alone cannot undo. Pass --reset_optimizer to accept that and continue anyway.")
+        raise ValueError(
+            f"the checkpoint of step {state['step']} in {run.ckpt_dir} has no optimizer state. Resuming "
+            "would restart AdamW's moment estimates from zero, a jolt in update size and direction that "
+            "weights alone cannot undo. Pass --reset_optimizer to accept that and continue anyway."
+        )
     if forget:
         run.say(f"warning: resuming without the checkpoint's {', '.join(forget)} (--resume_without)")
     if "optimizer" not in state or "optimizer" in forget:
@@ -542,8 +633,9 @@ def restore_checkpoint(run, state, forget=()):
     # exercise checkpoint, restore_checkpoint: begin
     checkpoint.load_full_state_dict(run.model, state["model"], run.grid)
     if "optimizer" in state and "optimizer" not in forget:
-        checkpoint.load_full_optimizer_state_dict(run.optimizer, state["optimizer"], run.model, run.grid,
-                                                  run.optimizer_groups)
+        checkpoint.load_full_optimizer_state_dict(
+            run.optimizer, state["optimizer"], run.model, run.grid, run.optimizer_groups
+        )
     if state.get("scaler"):  # empty when the saving run had no fp16 loss scaling
         run.scaler.load_state_dict(state["scaler"])
     run.train_stream.load_state_dict({"position": 0} if "data_position" in forget else state["data"])
@@ -633,8 +725,11 @@ def runbook_response(recovery, step, rcfg):
     if recovery.incidents + 1 > rcfg.max_incidents:
         return "stop"
     # after a rollback the step counter goes back, so an incident before the last one is a repeat too
-    repeat = rcfg.incident_window > 0 and recovery.last_incident_step >= 0 and \
-        step - recovery.last_incident_step < rcfg.incident_window
+    repeat = (
+        rcfg.incident_window > 0
+        and recovery.last_incident_step >= 0
+        and step - recovery.last_incident_step < rcfg.incident_window
+    )
     return rcfg.repeat_response if repeat else "skip"
 
 
@@ -662,13 +757,21 @@ def respond_to_incident(run, step, fired):
     discarded = run_on_rank0(lambda: checkpoint.discard_after(run.ckpt_dir, restored), run.is_rank0)
     save_checkpoint(run, restored)  # the restored state, with the skip and the response, so a crash now keeps them
     run.records = [r for r in run.records if r["step"] < restored]
-    incident["action"] = {"restored_step": restored, "skipped_rows": skipped, "lr_scale": recovery.lr_scale,
-                          "rewarm_from": recovery.rewarm_from, "discarded_checkpoints": discarded}
+    incident["action"] = {
+        "restored_step": restored,
+        "skipped_rows": skipped,
+        "lr_scale": recovery.lr_scale,
+        "rewarm_from": recovery.rewarm_from,
+        "discarded_checkpoints": discarded,
+    }
     if run.is_rank0:
         write_jsonl(run.metrics_path, run.records)
         append_jsonl(run.incidents_path, incident)
-    run.say(f"INCIDENT at step {step}: {detector} {values} -> rung {RUNGS[response]} ({response}): rolled back to "
-            f"step {restored}, skipped data rows {skipped[0]}..{skipped[1]}, LR x{recovery.lr_scale:.3g}", flush=True)
+    run.say(
+        f"INCIDENT at step {step}: {detector} {values} -> rung {RUNGS[response]} ({response}): rolled back to "
+        f"step {restored}, skipped data rows {skipped[0]}..{skipped[1]}, LR x{recovery.lr_scale:.3g}",
+        flush=True,
+    )
     return restored
 
 
@@ -677,7 +780,8 @@ def stop_for_incidents(run, incident):
     if run.is_rank0:
         append_jsonl(run.incidents_path, incident)
     tried = "rolling back and skipping data" + (
-        f" and an LR lowered to x{run.recovery.lr_scale:.3g}" if run.recovery.lr_scale < 1 else "")
+        f" and an LR lowered to x{run.recovery.lr_scale:.3g}" if run.recovery.lr_scale < 1 else ""
+    )
     raise ValueError(
         f"stopping after {run.recovery.incidents + 1} incidents (--max_incidents "
         f"{run.configs.recovery.max_incidents}); the last: {incident['detector']} at step {incident['step']} "
@@ -715,13 +819,28 @@ def log_step(run, record, throughput):
         record.update({f"comm_bytes_{d}": b for d, b in take_busiest_comm_bytes(run.model.device).items()})
     run.say(line, flush=True)
     if run.grid.world_size > 1 and not run.comm_compared:
-        run.say("communication of that step, payload bytes on the busiest rank: measured | closed form")
-        for d, (closed_form, formula) in run.comm_formula.items():
-            run.say(f"  {d} {record[f'comm_bytes_{d}']:>13,} | {closed_form:>13,} = {formula}")
-        run.comm_compared = True
+        print_comm_beside_closed_form(run, record)
     run.records.append(record)
     if run.is_rank0:
         append_jsonl(run.metrics_path, record)
+
+
+def print_comm_beside_closed_form(run, record):
+    """The communication of the first logged step, each dimension on its busiest rank, beside cost.py's closed form."""
+    cfg, grid = run.configs.train, run.grid
+    closed_forms = cost.busiest_stage_comm_bytes(
+        run.configs.model,
+        dp=grid.dp,
+        tp=grid.tp,
+        pp=grid.pp,
+        batch_size=cfg.batch_size,
+        accumulation=cfg.gradient_accumulation_steps,
+        compute_bytes=run.dtype.itemsize,
+    )  # {dimension: (bytes, formula)}
+    run.say("communication of that step, payload bytes on the busiest rank: measured | closed form")
+    for d, (closed_form, formula) in closed_forms.items():
+        run.say(f"  {d} {record[f'comm_bytes_{d}']:>13,} | {closed_form:>13,} = {formula}")
+    run.comm_compared = True
 
 
 def main(argv=None):
@@ -739,8 +858,10 @@ def main(argv=None):
         if not dist.is_initialized():
             raise
         # gloo and NCCL report a peer that died or stopped answering as a RuntimeError in a collective
-        sys.exit(f"error: rank {dist.get_rank()} lost contact with the other ranks ({str(e).splitlines()[0][:300]}). "
-                 "If another rank died, run the same command again to resume from the last checkpoint.")
+        sys.exit(
+            f"error: rank {dist.get_rank()} lost contact with the other ranks ({str(e).splitlines()[0][:300]}). "
+            "If another rank died, run the same command again to resume from the last checkpoint."
+        )
     finally:
         destroy_distributed()
 

@@ -31,25 +31,36 @@ def main():
     args = parser.parse_args()
     hardware = {ranks: cost.measure_cpu(MODEL, BATCH_ROWS * MODEL.block_size, ranks) for ranks in (1, 2)}
     for ranks, hw in hardware.items():
-        print(f"cpu as {ranks} rank(s): {hw.peak_flops / 1e9:.1f} GFLOP/s per rank (fp32 matmul); gloo all-reduce "
-              f"{hw.intra_bandwidth / 1e9:.2f} GB/s, {hw.latency * 1e6:.0f} us latency")
-    print(f"{'dp tp pp  m':>11} {'measured ms':>12} {'predicted ms':>13} {'error':>7}   "
-          "predicted parts (ms): compute | bubble | tp | pp | dp")
+        print(
+            f"cpu as {ranks} rank(s): {hw.peak_flops / 1e9:.1f} GFLOP/s per rank (fp32 matmul); gloo all-reduce "
+            f"{hw.intra_bandwidth / 1e9:.2f} GB/s, {hw.latency * 1e6:.0f} us latency"
+        )
+    print(
+        f"{'dp tp pp  m':>11} {'measured ms':>12} {'predicted ms':>13} {'error':>7}   "
+        "predicted parts (ms): compute | bubble | tp | pp | dp"
+    )
     rows = []
     for (dp, tp, pp), m in LAYOUTS:
-        measured = measure_layout((dp, tp, pp), steps=args.steps, model_config=MODEL, global_batch=BATCH_ROWS,
-                                  micro_batches=m)["step_seconds"]
-        plan = cost.plan_layout(MODEL, hardware[dp * tp * pp], dp, tp, pp, BATCH_ROWS, BATCH_ROWS // dp // m,
-                                args.mfu, compute_bytes=4)
+        measured = measure_layout(
+            (dp, tp, pp), steps=args.steps, model_config=MODEL, global_batch=BATCH_ROWS, micro_batches=m
+        )["step_seconds"]
+        plan = cost.plan_layout(
+            MODEL, hardware[dp * tp * pp], dp, tp, pp, BATCH_ROWS, BATCH_ROWS // dp // m, args.mfu, compute_bytes=4
+        )
         rows.append((measured, plan.step_seconds))
         parts = " | ".join(f"{1e3 * plan.parts[k]:.1f}" for k in ("compute", "bubble", "tp", "pp", "dp"))
-        print(f"{dp:>2} {tp:>2} {pp:>2} {m:>2} {1e3 * measured:>12.1f} {1e3 * plan.step_seconds:>13.1f} "
-              f"{100 * (plan.step_seconds / measured - 1):>+6.0f}%   {parts}", flush=True)
+        print(
+            f"{dp:>2} {tp:>2} {pp:>2} {m:>2} {1e3 * measured:>12.1f} {1e3 * plan.step_seconds:>13.1f} "
+            f"{100 * (plan.step_seconds / measured - 1):>+6.0f}%   {parts}",
+            flush=True,
+        )
     # the order of two layouts whose measured times differ by under 5% is this machine's noise
     pairs = [(a, b) for a in rows for b in rows if a[0] < b[0] / 1.05]
     agree = sum(pa < pb for (_, pa), (_, pb) in pairs)
-    print(f"largest error {100 * max(abs(p / m - 1) for m, p in rows):.0f}%; of the {len(pairs)} pairs of layouts "
-          f"whose measured times differ by more than 5%, the planner orders {agree} as measured")
+    print(
+        f"largest error {100 * max(abs(p / m - 1) for m, p in rows):.0f}%; of the {len(pairs)} pairs of layouts "
+        f"whose measured times differ by more than 5%, the planner orders {agree} as measured"
+    )
 
 
 if __name__ == "__main__":

@@ -70,8 +70,9 @@ def measure(mcfg, batch_size, steps, warmup, device_name, compile, attention="fl
         loss.item()  # waits for the device
         seconds = time.perf_counter() - t0
         if profile and grid.rank == 0:
-            print_profile(lambda: train.optimizer_step(model, optimizer, scaler, next_batch, cfg.learning_rate, cfg),
-                          device)
+            print_profile(
+                lambda: train.optimizer_step(model, optimizer, scaler, next_batch, cfg.learning_rate, cfg), device
+            )
     except torch.OutOfMemoryError:
         return None
     finally:
@@ -105,18 +106,33 @@ def print_profile(step, device, rows=30):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", help="cuda | cpu (a tiny shape)")
-    parser.add_argument("--batch_sizes", default="", help="per-GPU sequences per step, comma-separated "
-                        "(default 16,32,64 on CUDA, 4 on CPU)")
+    parser.add_argument(
+        "--batch_sizes",
+        default="",
+        help="per-GPU sequences per step, comma-separated (default 16,32,64 on CUDA, 4 on CPU)",
+    )
     parser.add_argument("--steps", type=int, default=20, help="timed steps per row (at least 1)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first: compilation happens here")
     parser.add_argument("--compile", type=config.parse_bool, default=True)
-    parser.add_argument("--dp", type=int, default=0, help="ranks for the data-parallel rows; 0 = every visible "
-                        "GPU (no DP rows with one), 1 = none. On CPU: gloo ranks")
+    parser.add_argument(
+        "--dp",
+        type=int,
+        default=0,
+        help="ranks for the data-parallel rows; 0 = every visible "
+        "GPU (no DP rows with one), 1 = none. On CPU: gloo ranks",
+    )
     parser.add_argument("--peak_tflops", type=float, default=0.0, help="the device's peak; 0 = look it up")
-    parser.add_argument("--attention", default="flash", choices=("flash", "cudnn", "auto"),
-                        help="the SDPA kernel on CUDA")
-    parser.add_argument("--profile", type=config.parse_bool, nargs="?", const=True, default=False,
-                        help="after the first batch size, print the kernels one step spends most time in")
+    parser.add_argument(
+        "--attention", default="flash", choices=("flash", "cudnn", "auto"), help="the SDPA kernel on CUDA"
+    )
+    parser.add_argument(
+        "--profile",
+        type=config.parse_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        help="after the first batch size, print the kernels one step spends most time in",
+    )
     args = parser.parse_args()
     if args.steps < 1:
         parser.error(f"--steps {args.steps}: time at least one step")
@@ -130,11 +146,14 @@ def main():
     peak = cost.device_peak_flops(device, args.peak_tflops)
     flops_per_token = cost.flops_per_token(mcfg)
     name = torch.cuda.get_device_name(device) if cuda else "CPU"
-    print(f"{name}, torch {torch.__version__}, {str(train.pick_dtype('auto', device)).replace('torch.', '')}, "
-          f"compile {args.compile}, fused AdamW, {args.attention + ' attention' if cuda else 'SDPA'}; "
-          f"{GPT(mcfg).num_params() / 1e6:.1f}M parameters, block {mcfg.block_size}, "
-          f"{flops_per_token / 1e9:.3f} GFLOP per token; "
-          + (f"peak {peak / 1e12:.0f} TFLOP/s per device" if peak else "no known peak, so no MFU"), flush=True)
+    print(
+        f"{name}, torch {torch.__version__}, {str(train.pick_dtype('auto', device)).replace('torch.', '')}, "
+        f"compile {args.compile}, fused AdamW, {args.attention + ' attention' if cuda else 'SDPA'}; "
+        f"{GPT(mcfg).num_params() / 1e6:.1f}M parameters, block {mcfg.block_size}, "
+        f"{flops_per_token / 1e9:.3f} GFLOP per token; "
+        + (f"peak {peak / 1e12:.0f} TFLOP/s per device" if peak else "no known peak, so no MFU"),
+        flush=True,
+    )
     unit = "GPU" if cuda else "rank"
     print(f"{unit + 's':>5} {'batch':>6} {'tokens/s':>12} {'per ' + unit:>12} {'MFU':>6} {'peak GB':>8}", flush=True)
     layouts = [1] + ([dp] if dp > 1 else [])
@@ -152,8 +171,10 @@ def main():
             tokens_per_s, memory = result
             mfu = f"{100 * flops_per_token * tokens_per_s / (peak * world):5.1f}%" if peak else "   n/a"
             memory = f"{memory:8.1f}" if memory is not None else "       -"
-            print(f"{world:>5} {batch_size:>6} {tokens_per_s:>12,.0f} {tokens_per_s / world:>12,.0f} {mfu:>6} {memory}",
-                  flush=True)
+            print(
+                f"{world:>5} {batch_size:>6} {tokens_per_s:>12,.0f} {tokens_per_s / world:>12,.0f} {mfu:>6} {memory}",
+                flush=True,
+            )
             if cuda:
                 torch._dynamo.reset()  # the next batch size compiles afresh
                 torch.cuda.empty_cache()

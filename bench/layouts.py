@@ -51,8 +51,13 @@ GLOBAL_BATCH, MICRO_BATCHES = 32, 8
 
 def factorizations(ranks):
     """Every (dp, tp, pp) with dp * tp * pp = ranks."""
-    return [(dp, tp, ranks // (dp * tp)) for dp in range(ranks, 0, -1) if ranks % dp == 0
-            for tp in range(1, ranks // dp + 1) if (ranks // dp) % tp == 0]
+    return [
+        (dp, tp, ranks // (dp * tp))
+        for dp in range(ranks, 0, -1)
+        if ranks % dp == 0
+        for tp in range(1, ranks // dp + 1)
+        if (ranks // dp) % tp == 0
+    ]
 
 
 def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, dtype, micro_batches):
@@ -63,15 +68,18 @@ def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, 
         grid = ProcessGrid(dp, tp, pp, launch.rank, launch.world_size)
         layout_cfg = ParallelConfig(dp, tp, pp, micro_batches=micro_batches if pp > 1 else 1, schedule=schedule)
         torch.manual_seed(0)
-        model = train.model_for_rank(GPT(model_config), grid, layout_cfg, train.autocast_context(torch.device("cpu"), dtype))
+        model = train.model_for_rank(
+            GPT(model_config), grid, layout_cfg, train.autocast_context(torch.device("cpu"), dtype)
+        )
         cfg = TrainConfig(batch_size=global_batch // (dp * accumulation), gradient_accumulation_steps=accumulation)
         optimizer = train.make_optimizer(model.module, cfg, model.device)
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         generator = torch.Generator().manual_seed(grid.dp_rank)
 
         def next_batch():
-            tokens = torch.randint(model_config.vocab_size, (cfg.batch_size, model_config.block_size + 1),
-                                   generator=generator)
+            tokens = torch.randint(
+                model_config.vocab_size, (cfg.batch_size, model_config.block_size + 1), generator=generator
+            )
             return tokens[:, :-1], tokens[:, 1:]
 
         train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)  # warm-up
@@ -85,20 +93,43 @@ def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, 
         with SavedActivations(model.module) as saved:  # one more step, measured but not timed (hooks cost time)
             train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)
         held = sum(p.numel() for p in model.module.parameters())
-        moments = sum(t.numel() * t.element_size() for state in optimizer.state.values()
-                      for t in state.values() if t.dim() > 0)
-        closed_form = comm_bytes_per_step(model_config, dp=dp, tp=tp, pp=pp, stage=grid.pp_rank,
-                                          batch_size=cfg.batch_size, accumulation=accumulation,
-                                          compute_bytes=dtype.itemsize)
-        return {"grid": (grid.dp_rank, grid.pp_rank, grid.tp_rank), "seconds": seconds, "parameters": held,
-                "bytes": take_comm_bytes(), "formula": {d: b for d, (b, _) in closed_form.items()},
-                "state": held * 4 * 2 + moments, "activations": saved.peak, "records": getattr(model, "records", [])}
+        moments = sum(
+            t.numel() * t.element_size() for state in optimizer.state.values() for t in state.values() if t.dim() > 0
+        )
+        closed_form = comm_bytes_per_step(
+            model_config,
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            stage=grid.pp_rank,
+            batch_size=cfg.batch_size,
+            accumulation=accumulation,
+            compute_bytes=dtype.itemsize,
+        )
+        return {
+            "grid": (grid.dp_rank, grid.pp_rank, grid.tp_rank),
+            "seconds": seconds,
+            "parameters": held,
+            "bytes": take_comm_bytes(),
+            "formula": {d: b for d, (b, _) in closed_form.items()},
+            "state": held * 4 * 2 + moments,
+            "activations": saved.peak,
+            "records": getattr(model, "records", []),
+        }
     finally:
         destroy_distributed()
 
 
-def measure_layout(layout, steps=3, schedule="1f1b", model_config=MODEL, accumulation=1, global_batch=GLOBAL_BATCH,
-                   dtype=torch.float32, micro_batches=MICRO_BATCHES):
+def measure_layout(
+    layout,
+    steps=3,
+    schedule="1f1b",
+    model_config=MODEL,
+    accumulation=1,
+    global_batch=GLOBAL_BATCH,
+    dtype=torch.float32,
+    micro_batches=MICRO_BATCHES,
+):
     """One layout on dp * tp * pp local ranks: a row of the table, as a dict (with each rank's own
     measurements under "ranks"). global_batch sequences per step = dp ranks x accumulation
     micro-steps x the rows of each; dtype is the autocast dtype (float32: none); micro_batches: a pipeline's."""
@@ -111,12 +142,15 @@ def measure_layout(layout, steps=3, schedule="1f1b", model_config=MODEL, accumul
     stages = sorted((r for r in ranks if r["grid"][0] == 0 and r["grid"][2] == 0), key=lambda r: r["grid"][1])
     m = micro_batches if pp > 1 else 1
     return {
-        "dp": dp, "tp": tp, "pp": pp,
+        "dp": dp,
+        "tp": tp,
+        "pp": pp,
         "step_seconds": max(r["seconds"] for r in ranks) / steps,
         "tokens_per_s": steps * global_batch * model_config.block_size / max(r["seconds"] for r in ranks),
         "bytes": {d: max(r["bytes"][d] for r in ranks) for d in ("dp", "tp", "pp")},
         "bytes_equal_formula": all(r["bytes"] == r["formula"] for r in ranks),
-        "state": max(r["state"] for r in ranks), "activations": max(r["activations"] for r in ranks),
+        "state": max(r["state"] for r in ranks),
+        "activations": max(r["activations"] for r in ranks),
         "bubble": bubble_fraction([r["records"] for r in stages]) if pp > 1 else 0.0,
         "bubble_formula": (pp - 1) / (m + pp - 1),
         "ranks": ranks,
@@ -129,20 +163,29 @@ def main():
     parser.add_argument("--ranks", type=int, default=8)
     args = parser.parse_args()
     mib = 2**20
-    print(f"GPT {MODEL.n_layer} blocks x {MODEL.n_embd} wide, global batch {GLOBAL_BATCH} x {MODEL.block_size} "
-          f"tokens, m = {MICRO_BATCHES} micro-batches (1F1B) where pp > 1; {args.ranks} ranks on gloo, "
-          f"{os.cpu_count()} cores, torch {torch.__version__}")
-    print(f"{'dp tp pp':>9} {'tokens/s':>9} {'dp MiB':>7} {'tp MiB':>7} {'pp MiB':>7} {'':1} "
-          f"{'state MiB':>9} {'act MiB':>8} {'bubble':>7} {'formula':>7}")
+    print(
+        f"GPT {MODEL.n_layer} blocks x {MODEL.n_embd} wide, global batch {GLOBAL_BATCH} x {MODEL.block_size} "
+        f"tokens, m = {MICRO_BATCHES} micro-batches (1F1B) where pp > 1; {args.ranks} ranks on gloo, "
+        f"{os.cpu_count()} cores, torch {torch.__version__}"
+    )
+    print(
+        f"{'dp tp pp':>9} {'tokens/s':>9} {'dp MiB':>7} {'tp MiB':>7} {'pp MiB':>7} {'':1} "
+        f"{'state MiB':>9} {'act MiB':>8} {'bubble':>7} {'formula':>7}"
+    )
     for layout in factorizations(args.ranks):
         row = measure_layout(layout, args.steps)
         b = row["bytes"]
-        print(f"{row['dp']:>3}{row['tp']:>3}{row['pp']:>3} {row['tokens_per_s']:>9,.0f} {b['dp'] / mib:>7.2f} "
-              f"{b['tp'] / mib:>7.2f} {b['pp'] / mib:>7.2f} {'=' if row['bytes_equal_formula'] else '!':1} "
-              f"{row['state'] / mib:>9.2f} {row['activations'] / mib:>8.2f} {row['bubble']:>7.3f} "
-              f"{row['bubble_formula']:>7.3f}", flush=True)
-    print("bytes and state memory are exact for any hardware; tokens/s and the measured bubble are 8 processes "
-          "taking turns on this CPU's cores, not a cluster's (see the top of this file)")
+        print(
+            f"{row['dp']:>3}{row['tp']:>3}{row['pp']:>3} {row['tokens_per_s']:>9,.0f} {b['dp'] / mib:>7.2f} "
+            f"{b['tp'] / mib:>7.2f} {b['pp'] / mib:>7.2f} {'=' if row['bytes_equal_formula'] else '!':1} "
+            f"{row['state'] / mib:>9.2f} {row['activations'] / mib:>8.2f} {row['bubble']:>7.3f} "
+            f"{row['bubble_formula']:>7.3f}",
+            flush=True,
+        )
+    print(
+        "bytes and state memory are exact for any hardware; tokens/s and the measured bubble are 8 processes "
+        "taking turns on this CPU's cores, not a cluster's (see the top of this file)"
+    )
 
 
 if __name__ == "__main__":

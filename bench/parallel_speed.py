@@ -40,8 +40,9 @@ def timed_steps(mode, rank, world_size, steps, warmup, bucket_mb):
     gpt = GPT(MODEL)
     cfg = config.TrainConfig(batch_size=GLOBAL_BATCH if mode in ("TP", "one process") else GLOBAL_BATCH // world_size)
     if mode in ("bucketed DP", "naive DP"):
-        model = ShardedModel(gpt, ProcessGrid(world_size, 1, 1, rank, world_size), dp_mode=mode.split()[0],
-                             bucket_mb=bucket_mb)
+        model = ShardedModel(
+            gpt, ProcessGrid(world_size, 1, 1, rank, world_size), dp_mode=mode.split()[0], bucket_mb=bucket_mb
+        )
     elif mode == "TP":
         model = ShardedModel(gpt, ProcessGrid(1, world_size, 1, rank, world_size))
     else:  # one process, or DDP: torch's own data parallelism wraps the forward of a one-rank layout
@@ -80,8 +81,11 @@ def measure(mode, world_size, steps, warmup, bucket_mb):
         torch.set_num_threads(os.cpu_count() or 1)
         return timed_steps(mode, 0, 1, steps, warmup, bucket_mb)[0], 0
     # spawned: a fresh interpreter per rank, as torchrun would start them
-    reports = results_of(run_ranks(world_size, ranked_steps, mode, world_size, steps, warmup, bucket_mb,
-                                   timeout=600, start_method="spawn"))
+    reports = results_of(
+        run_ranks(
+            world_size, ranked_steps, mode, world_size, steps, warmup, bucket_mb, timeout=600, start_method="spawn"
+        )
+    )
     return max(seconds for seconds, _ in reports), reports[0][1]
 
 
@@ -94,8 +98,10 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="modes run interleaved this many times; median kept")
     args = parser.parse_args()
     tokens = args.steps * GLOBAL_BATCH * BLOCK
-    print(f"tiny GPT, global batch {GLOBAL_BATCH} x {BLOCK} tokens, {args.world_size} ranks on gloo, "
-          f"{os.cpu_count()} cores, torch {torch.__version__}")
+    print(
+        f"tiny GPT, global batch {GLOBAL_BATCH} x {BLOCK} tokens, {args.world_size} ranks on gloo, "
+        f"{os.cpu_count()} cores, torch {torch.__version__}"
+    )
     seconds, tp_bytes = {mode: [] for mode in MODES}, 0
     for round_ in range(args.rounds):  # interleaved, so a slow spell of the machine hits every mode
         for mode in MODES:
@@ -108,10 +114,13 @@ def main():
         median = statistics.median(seconds[mode])
         spread = f"{tokens / max(seconds[mode]):,.0f}-{tokens / min(seconds[mode]):,.0f}"
         print(f"{mode:<14} {tokens / median:>10,.0f} {1e3 * median / args.steps:>9.1f}   {spread}")
-    closed_form, formula = comm_bytes_per_step(MODEL, dp=1, tp=args.world_size, pp=1, stage=0, batch_size=GLOBAL_BATCH,
-                                               accumulation=1, compute_bytes=4)["tp"]
-    print(f"TP all-reduce bytes per step, per rank: counted {tp_bytes / 2**20:.2f} MiB, "
-          f"closed form {closed_form / 2**20:.2f} MiB = {formula}")
+    closed_form, formula = comm_bytes_per_step(
+        MODEL, dp=1, tp=args.world_size, pp=1, stage=0, batch_size=GLOBAL_BATCH, accumulation=1, compute_bytes=4
+    )["tp"]
+    print(
+        f"TP all-reduce bytes per step, per rank: counted {tp_bytes / 2**20:.2f} MiB, "
+        f"closed form {closed_form / 2**20:.2f} MiB = {formula}"
+    )
 
 
 if __name__ == "__main__":

@@ -54,8 +54,9 @@ def stage_timeline(p, m, schedule, batch=BATCH, block=BLOCK, n_embd=N_EMBD):
 
 
 def measure(p, m, schedule, batch, block, n_embd):
-    return results_of(run_ranks(p, stage_timeline, p, m, schedule, batch, block, n_embd, timeout=300,
-                                start_method="spawn"))[0]
+    return results_of(
+        run_ranks(p, stage_timeline, p, m, schedule, batch, block, n_embd, timeout=300, start_method="spawn")
+    )[0]
 
 
 def main():
@@ -66,8 +67,10 @@ def main():
     parser.add_argument("--out", default=os.path.join("out", "bench"), help="folder for the Gantt charts")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    print(f"batch {args.batch} x {args.block} tokens, {BLOCKS_PER_STAGE} blocks of width {args.n_embd} per stage, "
-          f"gloo, {os.cpu_count()} cores")
+    print(
+        f"batch {args.batch} x {args.block} tokens, {BLOCKS_PER_STAGE} blocks of width {args.n_embd} per stage, "
+        f"gloo, {os.cpu_count()} cores"
+    )
     print(f"{'p':>2} {'m':>3} {'rows':>5} {'formula':>8} {'GPipe':>7} {'1F1B':>7}   (GPipe - formula, 1F1B - formula)")
     for p in (2, 4):
         for m in (1, 2, 4, 8):
@@ -77,11 +80,18 @@ def main():
                 measured[schedule] = bubble_fraction(timelines)
                 if m == 8:
                     path = os.path.join(args.out, f"pipeline_{schedule}_p{p}_m{m}.png")
-                    plot_gantt(timelines, path, f"{schedule}, p={p}, m={m}: measured bubble "
-                               f"{measured[schedule]:.2f}, formula {(p - 1) / (m + p - 1):.2f}")
+                    plot_gantt(
+                        timelines,
+                        path,
+                        f"{schedule}, p={p}, m={m}: measured bubble "
+                        f"{measured[schedule]:.2f}, formula {(p - 1) / (m + p - 1):.2f}",
+                    )
             formula = (p - 1) / (m + p - 1)
-            print(f"{p:>2} {m:>3} {args.batch // m:>5} {formula:>8.3f} {measured['gpipe']:>7.3f} {measured['1f1b']:>7.3f}"
-                  f"   ({measured['gpipe'] - formula:+.3f}, {measured['1f1b'] - formula:+.3f})", flush=True)
+            print(
+                f"{p:>2} {m:>3} {args.batch // m:>5} {formula:>8.3f} {measured['gpipe']:>7.3f} {measured['1f1b']:>7.3f}"
+                f"   ({measured['gpipe'] - formula:+.3f}, {measured['1f1b'] - formula:+.3f})",
+                flush=True,
+            )
     print(f"Gantt charts for m = 8 in {args.out}")
 
 

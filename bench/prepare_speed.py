@@ -6,7 +6,8 @@ worker against every core, and the peak memory of each run.
 The corpus is synthetic English-like text (words drawn from a fixed list, in lines and
 paragraphs), written once to a temporary folder as JSON Lines documents of ~4 KB. Each
 preparation runs in a fresh process, so its peak resident memory is measured alone:
-"peak MB" is the main process's peak plus its largest worker's. gpt2 needs tiktoken's files (TIKTOKEN_CACHE_DIR offline).
+"peak MB" is the main process's peak plus its largest worker's. gpt2 needs tiktoken's files
+(TIKTOKEN_CACHE_DIR offline).
 """
 
 import argparse
@@ -18,11 +19,13 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORDS = ("the of and to in is was that for it with as his on be at by had not are but from or have an they "
-         "which one you were her all she there would their we him been has when who will more no if out so "
-         "said what up its about into than them can only other new some could time these two may then do "
-         "first any my now such like our over man me even most made after also did many before must through "
-         "back years where much your way well down should because each just those people how too little").split()
+WORDS = (
+    "the of and to in is was that for it with as his on be at by had not are but from or have an they "
+    "which one you were her all she there would their we him been has when who will more no if out so "
+    "said what up its about into than them can only other new some could time these two may then do "
+    "first any my now such like our over man me even most made after also did many before must through "
+    "back years where much your way well down should because each just those people how too little"
+).split()
 
 RUN = r"""
 import json, resource, sys, time
@@ -39,8 +42,9 @@ def write_corpus(path, megabytes):
     rng, written = random.Random(0), 0
     with open(path, "w") as f:
         while written < megabytes * 1e6:
-            lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 15))).capitalize() + "."
-                     for _ in range(40)]
+            lines = [
+                " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 15))).capitalize() + "." for _ in range(40)
+            ]
             line = json.dumps({"text": "\n".join(lines)}) + "\n"
             f.write(line)
             written += len(line)
@@ -57,20 +61,29 @@ def main():
         corpus = os.path.join(tmp, "corpus.jsonl")
         size = write_corpus(corpus, args.mb)
         print(f"{size / 1e6:.0f} MB of JSON Lines, {cores} cores")
-        print(f"{'tokenizer':<10} {'workers':>7} {'MB/s':>7} {'tokens':>12} {'seconds':>8} {'peak MB':>8} {'speed-up':>8}")
+        print(
+            f"{'tokenizer':<10} {'workers':>7} {'MB/s':>7} {'tokens':>12} {'seconds':>8} {'peak MB':>8} {'speed-up':>8}"
+        )
         for tokenizer in args.tokenizers.split(","):
             single = None
             for workers in (1, cores):
                 out = os.path.join(tmp, f"{tokenizer}-{workers}")
-                result = subprocess.run([sys.executable, "-c", RUN, corpus, tokenizer, str(workers), out], cwd=ROOT,
-                                        capture_output=True, text=True)
+                result = subprocess.run(
+                    [sys.executable, "-c", RUN, corpus, tokenizer, str(workers), out],
+                    cwd=ROOT,
+                    capture_output=True,
+                    text=True,
+                )
                 if result.returncode:
                     sys.exit(f"preparing with {tokenizer}, {workers} workers failed:\n{result.stderr[-2000:]}")
                 run = json.loads(result.stdout.strip().splitlines()[-1])
                 rate = size / 1e6 / run["seconds"]
                 single = single or rate
-                print(f"{tokenizer:<10} {workers:>7} {rate:>7.1f} {run['tokens']:>12,} {run['seconds']:>8.1f} "
-                      f"{run['peak_mb']:>8.0f} {rate / single:>7.2f}x", flush=True)
+                print(
+                    f"{tokenizer:<10} {workers:>7} {rate:>7.1f} {run['tokens']:>12,} {run['seconds']:>8.1f} "
+                    f"{run['peak_mb']:>8.0f} {rate / single:>7.2f}x",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

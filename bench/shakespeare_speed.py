@@ -58,8 +58,10 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         token_file = os.path.join(tmp, "tokens.bin")
         np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint16).tofile(token_file)
-        print(f"shakespeare preset step, {device}, {str(dtype).replace('torch.', '')}, "
-              f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+        print(
+            f"shakespeare preset step, {device}, {str(dtype).replace('torch.', '')}, "
+            f"{torch.get_num_threads()} threads, torch {torch.__version__}"
+        )
         print(f"{'mode':<10} {'tokens/s':>10} {'ms/iter':>9} {'warm-up s':>10}")
         for name, compiled in (("eager", False), ("compiled", True)):
             tokens_per_s, ms, warm = measure(compiled, args.steps, args.warmup, device, dtype, token_file)

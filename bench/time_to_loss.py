@@ -28,9 +28,22 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NANOGPT_COMMAND = ["train.py", "config/train_shakespeare_char.py", "--device=cpu", "--compile=False",
-                   "--eval_iters=20", "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4",
-                   "--n_head=4", "--n_embd=128", "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
+NANOGPT_COMMAND = [
+    "train.py",
+    "config/train_shakespeare_char.py",
+    "--device=cpu",
+    "--compile=False",
+    "--eval_iters=20",
+    "--log_interval=1",
+    "--block_size=64",
+    "--batch_size=12",
+    "--n_layer=4",
+    "--n_head=4",
+    "--n_embd=128",
+    "--max_iters=2000",
+    "--lr_decay_iters=2000",
+    "--dropout=0.0",
+]
 TOKENS_PER_ITER = 12 * 64  # both: batch 12 x block 64
 
 # what the two logs say: (step, val loss) at each evaluation, and the training rate
@@ -43,8 +56,14 @@ NANOGPT_RATE = re.compile(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms")
 def timed_lines(command, cwd):
     """Run command; return [(seconds since launch, line)] of its output, and its exit code."""
     start, lines = time.perf_counter(), []
-    with subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"}) as process:
+    with subprocess.Popen(
+        command,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    ) as process:
         for line in process.stdout:
             lines.append((time.perf_counter() - start, line.rstrip()))
     if process.returncode:
@@ -63,9 +82,15 @@ def summarize(lines, val_pattern, rate_of, target):
 
 def ours(extra, target):
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, os.path.join(ROOT, "train.py"), "--preset", "shakespeare",
-                   "--out_dir", os.path.join(tmp, "out"), "--data_dir", os.path.join(tmp, "data"),
-                   "--num_samples", "0", *extra]
+        # fmt: off
+        command = [
+            sys.executable,
+            os.path.join(ROOT, "train.py"),
+            "--preset", "shakespeare", "--out_dir", os.path.join(tmp, "out"),
+            "--data_dir", os.path.join(tmp, "data"), "--num_samples", "0",
+            *extra,
+        ]
+        # fmt: on
         lines = timed_lines(command, tmp)
 
     def rate(line):  # our log's rate; the lines that also evaluated are left out (their rate is lower)
@@ -87,15 +112,17 @@ def nanogpt(folder, target):
 
 def main():
     argv = sys.argv[1:]
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", type=float, default=1.886, help="val loss to reach (nanoGPT's final, by default)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--nanogpt", default="", help="a nanoGPT checkout with data/shakespeare_char prepared")
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if args.nanogpt and not os.path.exists(os.path.join(args.nanogpt, "data", "shakespeare_char", "train.bin")):
-        sys.exit(f"--nanogpt {args.nanogpt}: no data/shakespeare_char/train.bin there; "
-                 "run `python data/shakespeare_char/prepare.py` in it first")
+        sys.exit(
+            f"--nanogpt {args.nanogpt}: no data/shakespeare_char/train.bin there; "
+            "run `python data/shakespeare_char/prepare.py` in it first"
+        )
     runners = {"minipretrain": lambda: ours(extra, args.target)}
     if args.nanogpt:
         runners["nanoGPT"] = lambda: nanogpt(args.nanogpt, args.target)
@@ -104,20 +131,27 @@ def main():
         for name, run in runners.items():
             results[name].append(run())
             rate, step, seconds, final, wall = results[name][-1]
-            print(f"round {round_ + 1}/{args.rounds} {name}: {rate:,.0f} tokens/s, val <= {args.target} at step "
-                  f"{step} after {seconds if seconds is None else round(seconds, 1)} s, final val {final:.4f}, "
-                  f"{wall:.1f} s in all", flush=True)
-    print(f"\n{'run':<14} {'tokens/s':>9} {'reached at':>11} {'seconds':>8} {'final val':>10} {'wall s':>7}"
-          f"   (median of {args.rounds} rounds; target val loss {args.target})")
+            print(
+                f"round {round_ + 1}/{args.rounds} {name}: {rate:,.0f} tokens/s, val <= {args.target} at step "
+                f"{step} after {seconds if seconds is None else round(seconds, 1)} s, final val {final:.4f}, "
+                f"{wall:.1f} s in all",
+                flush=True,
+            )
+    print(
+        f"\n{'run':<14} {'tokens/s':>9} {'reached at':>11} {'seconds':>8} {'final val':>10} {'wall s':>7}"
+        f"   (median of {args.rounds} rounds; target val loss {args.target})"
+    )
     medians = {}
     for name, rows in results.items():
         columns = list(zip(*rows))
         reached = [s for s in columns[2] if s is not None]
         medians[name] = [statistics.median(columns[0]), statistics.median(reached) if reached else None]
         steps = [s for s in columns[1] if s is not None]
-        print(f"{name:<14} {medians[name][0]:>9,.0f} {statistics.median(steps) if steps else 'never':>11} "
-              f"{medians[name][1] if medians[name][1] is None else round(medians[name][1], 1):>8} "
-              f"{statistics.median(columns[3]):>10.4f} {statistics.median(columns[4]):>7.1f}")
+        print(
+            f"{name:<14} {medians[name][0]:>9,.0f} {statistics.median(steps) if steps else 'never':>11} "
+            f"{medians[name][1] if medians[name][1] is None else round(medians[name][1], 1):>8} "
+            f"{statistics.median(columns[3]):>10.4f} {statistics.median(columns[4]):>7.1f}"
+        )
     if "nanoGPT" in medians:
         (our_rate, our_seconds), (their_rate, their_seconds) = medians["minipretrain"], medians["nanoGPT"]
         print(f"tokens/s: {our_rate / their_rate:.2f}x nanoGPT's", end="")

@@ -28,100 +28,186 @@ class Exercise:
 
 
 EXERCISES = [
-    Exercise("next_batch", "data.py", ("TokenStream.next_batch",),
-             "the next sequential windows of this rank's share", (),
-             ("tests/test_data.py::test_token_stream_walks_without_gaps_or_overlap",
-              "tests/test_data.py::test_token_stream_shards_by_rank_and_resumes",
-              "tests/test_data.py::test_a_seeded_order_reads_the_same_windows_in_another_sequence")),
-    Exercise("init", "model.py", ("GPT._init_weights",),
-             "the width-scaled init, residual projections scaled by depth", (),
-             ("tests/test_model.py::test_init_std_follows_the_stated_rule",
-              "tests/test_model.py::test_initial_loss_is_uniform_guessing",
-              "tests/test_model.py::test_naive_init_uses_one_std_everywhere_and_starts_far_above_ln_v")),
-    Exercise("attention", "model.py", ("manual_causal_attention",),
-             "softmax(q k^T / sqrt(head size) + causal mask) v, scores in fp32, dropout on the weights", (),
-             ("tests/test_attention.py::test_equals_pytorch_attention_in_output_and_gradients",
-              "tests/test_attention.py::test_earlier_positions_never_see_the_future",
-              "tests/test_attention.py::test_the_first_position_reads_its_own_value",
-              "tests/test_attention.py::test_each_output_averages_the_values_it_sees",
-              "tests/test_attention.py::test_equal_keys_give_the_running_mean_of_the_values",
-              "tests/test_attention.py::test_scores_are_scaled_by_one_over_root_head_size",
-              "tests/test_attention.py::test_large_scores_neither_overflow_nor_lose_their_weights",
-              "tests/test_attention.py::test_bf16_inputs_give_bf16_outputs_from_fp32_scores",
-              "tests/test_attention.py::test_dropout_drops_weights_and_scales_the_kept_ones",
-              "tests/test_attention.py::test_dropout_draws_each_weight_independently",
-              "tests/test_attention.py::test_dropout_acts_on_the_weights_not_on_the_output")),
-    Exercise("clm_loss", "model.py", ("clm_loss",),
-             "the mean next-token cross-entropy, in fp32", (),
-             ("tests/test_model.py::test_clm_loss_is_the_mean_negative_log_likelihood_over_all_positions",
-              "tests/test_model.py::test_clm_loss_scores_a_perfect_predictor_zero",
-              "tests/test_model.py::test_clm_loss_of_uniform_logits_is_ln_v",
-              "tests/test_model.py::test_clm_loss_of_a_confidently_wrong_prediction_is_its_margin",
-              "tests/test_model.py::test_clm_loss_counts_every_position_whatever_its_target",
-              "tests/test_model.py::test_clm_loss_is_fp32_from_bf16_logits")),
-    Exercise("lr_at", "train.py", ("lr_at",),
-             "linear warmup, then cosine down to min_lr", (),
-             ("tests/test_train.py::test_lr_schedule_warmup_then_cosine",)),
-    Exercise("clip_gradients", "train.py", ("clip_gradients",),
-             "one factor for all gradients, from the global norm", (),
-             ("tests/test_train.py::test_clipping_bounds_the_global_norm",
-              "tests/test_train.py::test_clipping_leaves_gradients_within_bounds_alone",
-              "tests/test_train.py::test_clipping_uses_the_global_norm_it_is_given")),
-    Exercise("check_step", "monitor.py", ("HealthMonitor.check_step",),
-             "NaN, loss spike over the median, grad-norm z-score", (),
-             ("tests/test_monitor.py::test_spike_is_judged_against_the_recent_median",
-              "tests/test_monitor.py::test_spikes_and_warnings_stay_out_of_the_baselines",
-              "tests/test_monitor.py::test_non_finite_is_always_an_incident",
-              "tests/test_monitor.py::test_grad_norm_z_is_the_distance_from_the_healthy_mean_in_stds",
-              "tests/test_monitor.py::test_a_zero_threshold_turns_the_z_warning_off",
-              "tests/test_monitor.py::test_z_waits_for_the_baseline_and_survives_a_constant_one",
-              "tests/test_monitor.py::test_grad_norm_z_warns_and_marks_the_next_checkpoint_unhealthy")),
-    Exercise("dp_average", "parallel.py", ("DataParallel.finish",),
-             "wait for the all-reduces and write back the average", ("init", "clm_loss"),
-             ("tests/test_data_parallel.py::test_finish_leaves_the_group_average_on_every_step",
-              "tests/test_data_parallel.py::test_bucketed_and_naive_average_to_the_same_gradients")),
-    Exercise("tp_layers", "tensor_parallel.py",
-             ("CopyToTensorParallel.forward", "CopyToTensorParallel.backward", "ReduceFromTensorParallel.forward",
-              "ReduceFromTensorParallel.backward", "ColumnParallelLinear.forward", "RowParallelLinear.forward"),
-             "Megatron's f and g, and the column- and row-parallel Linear built on them", (),
-             ("tests/test_tensor_parallel.py::test_f_is_the_identity_forward_and_sums_the_gradients_backward",
-              "tests/test_tensor_parallel.py::test_g_sums_the_partial_results_forward_and_passes_the_gradient_back",
-              "tests/test_tensor_parallel.py::test_column_parallel_linear_computes_this_ranks_output_features",
-              "tests/test_tensor_parallel.py::test_row_parallel_linear_sums_partial_products_and_adds_its_bias_once",
-              "tests/test_tensor_parallel.py::test_column_then_row_equals_the_single_device_mlp",
-              "tests/test_tensor_parallel.py::test_column_then_row_communicates_one_all_reduce_each_way")),
-    Exercise("one_f_one_b", "pipeline.py", ("one_f_one_b",),
-             "one stage's operations under 1F1B", ("init", "clm_loss"),
-             ("tests/test_pipeline.py::test_one_f_one_b_is_warmup_steady_cooldown",
-              "tests/test_pipeline.py::test_one_f_one_b_runs_each_micro_batch_once_in_order",
-              "tests/test_pipeline.py::test_logical_bubble_is_the_textbook_formula",
-              "tests/test_pipeline.py::test_stored_activations_gpipe_m_1f1b_at_most_p",
-              "tests/test_pipeline.py::test_pipeline_equals_single_device[m=4-p=2-1f1b]",
-              "tests/test_pipeline.py::test_pipeline_equals_single_device[m=4-p=4-1f1b]")),
-    Exercise("flops_per_token", "cost.py", ("flops_per_token",),
-             "6 N plus attention's 12 L C T", (),
-             ("tests/test_cost.py::test_gpt2_small_costs_nanogpts_855_mflops_per_token",
-              "tests/test_cost.py::test_flops_per_token_counts_the_matmuls_of_forward_and_backward",
-              "tests/test_cost.py::test_gpt3_175b_on_300b_tokens_is_3_14e23_flops")),
-    Exercise("checkpoint", "train.py", ("checkpoint_state", "restore_checkpoint"),
-             "what a checkpoint holds, in single-device form, and the resume that puts each piece back",
-             ("init", "clm_loss", "next_batch", "lr_at", "clip_gradients", "check_step", "flops_per_token"),
-             ("tests/test_checkpoint_state.py::test_a_checkpoint_holds_every_piece_under_its_name",
-              "tests/test_checkpoint_state.py::test_restore_returns_the_step_and_the_schedule_continues_there",
-              "tests/test_checkpoint_state.py::test_restore_puts_back_the_weights",
-              "tests/test_checkpoint_state.py::test_restore_puts_back_adamws_moments",
-              "tests/test_checkpoint_state.py::test_restore_puts_back_the_data_position",
-              "tests/test_checkpoint_state.py::test_restore_puts_back_every_random_generator",
-              "tests/test_checkpoint_state.py::test_restore_puts_back_the_monitors_baselines",
-              "tests/test_checkpoint_state.py::test_restore_puts_back_the_runbooks_state",
-              "tests/test_checkpoint_state.py::test_restore_puts_back_the_loss_scaler",
-              "tests/test_checkpoint_state.py::test_a_checkpoint_saved_without_loss_scaling_resumes_under_fp16",
-              "tests/test_checkpoint_state.py::test_resume_without_a_piece_leaves_out_that_piece_only",
-              "tests/test_checkpoint_state.py::test_resuming_again_without_the_schedule_restarts_it_at_the_new_resume",
-              "tests/test_checkpoint_state.py::test_a_checkpoint_without_optimizer_state_resumes_under_reset_optimizer",
-              "tests/test_checkpoint_state.py::test_a_resumed_run_takes_bitwise_the_steps_the_saved_run_took",
-              "tests/test_checkpoint_state.py::test_two_pipeline_stages_save_the_single_device_form",
-              "tests/test_checkpoint_state.py::test_two_pipeline_stages_restore_their_parts")),
+    Exercise(
+        "next_batch",
+        "data.py",
+        ("TokenStream.next_batch",),
+        "the next sequential windows of this rank's share",
+        (),
+        (
+            "tests/test_data.py::test_token_stream_walks_without_gaps_or_overlap",
+            "tests/test_data.py::test_token_stream_shards_by_rank_and_resumes",
+            "tests/test_data.py::test_a_seeded_order_reads_the_same_windows_in_another_sequence",
+        ),
+    ),
+    Exercise(
+        "init",
+        "model.py",
+        ("GPT._init_weights",),
+        "the width-scaled init, residual projections scaled by depth",
+        (),
+        (
+            "tests/test_model.py::test_init_std_follows_the_stated_rule",
+            "tests/test_model.py::test_initial_loss_is_uniform_guessing",
+            "tests/test_model.py::test_naive_init_uses_one_std_everywhere_and_starts_far_above_ln_v",
+        ),
+    ),
+    Exercise(
+        "attention",
+        "model.py",
+        ("manual_causal_attention",),
+        "softmax(q k^T / sqrt(head size) + causal mask) v, scores in fp32, dropout on the weights",
+        (),
+        (
+            "tests/test_attention.py::test_equals_pytorch_attention_in_output_and_gradients",
+            "tests/test_attention.py::test_earlier_positions_never_see_the_future",
+            "tests/test_attention.py::test_the_first_position_reads_its_own_value",
+            "tests/test_attention.py::test_each_output_averages_the_values_it_sees",
+            "tests/test_attention.py::test_equal_keys_give_the_running_mean_of_the_values",
+            "tests/test_attention.py::test_scores_are_scaled_by_one_over_root_head_size",
+            "tests/test_attention.py::test_large_scores_neither_overflow_nor_lose_their_weights",
+            "tests/test_attention.py::test_bf16_inputs_give_bf16_outputs_from_fp32_scores",
+            "tests/test_attention.py::test_dropout_drops_weights_and_scales_the_kept_ones",
+            "tests/test_attention.py::test_dropout_draws_each_weight_independently",
+            "tests/test_attention.py::test_dropout_acts_on_the_weights_not_on_the_output",
+        ),
+    ),
+    Exercise(
+        "clm_loss",
+        "model.py",
+        ("clm_loss",),
+        "the mean next-token cross-entropy, in fp32",
+        (),
+        (
+            "tests/test_model.py::test_clm_loss_is_the_mean_negative_log_likelihood_over_all_positions",
+            "tests/test_model.py::test_clm_loss_scores_a_perfect_predictor_zero",
+            "tests/test_model.py::test_clm_loss_of_uniform_logits_is_ln_v",
+            "tests/test_model.py::test_clm_loss_of_a_confidently_wrong_prediction_is_its_margin",
+            "tests/test_model.py::test_clm_loss_counts_every_position_whatever_its_target",
+            "tests/test_model.py::test_clm_loss_is_fp32_from_bf16_logits",
+        ),
+    ),
+    Exercise(
+        "lr_at",
+        "train.py",
+        ("lr_at",),
+        "linear warmup, then cosine down to min_lr",
+        (),
+        ("tests/test_train.py::test_lr_schedule_warmup_then_cosine",),
+    ),
+    Exercise(
+        "clip_gradients",
+        "train.py",
+        ("clip_gradients",),
+        "one factor for all gradients, from the global norm",
+        (),
+        (
+            "tests/test_train.py::test_clipping_bounds_the_global_norm",
+            "tests/test_train.py::test_clipping_leaves_gradients_within_bounds_alone",
+            "tests/test_train.py::test_clipping_uses_the_global_norm_it_is_given",
+        ),
+    ),
+    Exercise(
+        "check_step",
+        "monitor.py",
+        ("HealthMonitor.check_step",),
+        "NaN, loss spike over the median, grad-norm z-score",
+        (),
+        (
+            "tests/test_monitor.py::test_spike_is_judged_against_the_recent_median",
+            "tests/test_monitor.py::test_spikes_and_warnings_stay_out_of_the_baselines",
+            "tests/test_monitor.py::test_non_finite_is_always_an_incident",
+            "tests/test_monitor.py::test_grad_norm_z_is_the_distance_from_the_healthy_mean_in_stds",
+            "tests/test_monitor.py::test_a_zero_threshold_turns_the_z_warning_off",
+            "tests/test_monitor.py::test_z_waits_for_the_baseline_and_survives_a_constant_one",
+            "tests/test_monitor.py::test_grad_norm_z_warns_and_marks_the_next_checkpoint_unhealthy",
+        ),
+    ),
+    Exercise(
+        "dp_average",
+        "parallel.py",
+        ("DataParallel.finish",),
+        "wait for the all-reduces and write back the average",
+        ("init", "clm_loss"),
+        (
+            "tests/test_data_parallel.py::test_finish_leaves_the_group_average_on_every_step",
+            "tests/test_data_parallel.py::test_bucketed_and_naive_average_to_the_same_gradients",
+        ),
+    ),
+    Exercise(
+        "tp_layers",
+        "tensor_parallel.py",
+        (
+            "CopyToTensorParallel.forward",
+            "CopyToTensorParallel.backward",
+            "ReduceFromTensorParallel.forward",
+            "ReduceFromTensorParallel.backward",
+            "ColumnParallelLinear.forward",
+            "RowParallelLinear.forward",
+        ),
+        "Megatron's f and g, and the column- and row-parallel Linear built on them",
+        (),
+        (
+            "tests/test_tensor_parallel.py::test_f_is_the_identity_forward_and_sums_the_gradients_backward",
+            "tests/test_tensor_parallel.py::test_g_sums_the_partial_results_forward_and_passes_the_gradient_back",
+            "tests/test_tensor_parallel.py::test_column_parallel_linear_computes_this_ranks_output_features",
+            "tests/test_tensor_parallel.py::test_row_parallel_linear_sums_partial_products_and_adds_its_bias_once",
+            "tests/test_tensor_parallel.py::test_column_then_row_equals_the_single_device_mlp",
+            "tests/test_tensor_parallel.py::test_column_then_row_communicates_one_all_reduce_each_way",
+        ),
+    ),
+    Exercise(
+        "one_f_one_b",
+        "pipeline.py",
+        ("one_f_one_b",),
+        "one stage's operations under 1F1B",
+        ("init", "clm_loss"),
+        (
+            "tests/test_pipeline.py::test_one_f_one_b_is_warmup_steady_cooldown",
+            "tests/test_pipeline.py::test_one_f_one_b_runs_each_micro_batch_once_in_order",
+            "tests/test_pipeline.py::test_logical_bubble_is_the_textbook_formula",
+            "tests/test_pipeline.py::test_stored_activations_gpipe_m_1f1b_at_most_p",
+            "tests/test_pipeline.py::test_pipeline_equals_single_device[m=4-p=2-1f1b]",
+            "tests/test_pipeline.py::test_pipeline_equals_single_device[m=4-p=4-1f1b]",
+        ),
+    ),
+    Exercise(
+        "flops_per_token",
+        "cost.py",
+        ("flops_per_token",),
+        "6 N plus attention's 12 L C T",
+        (),
+        (
+            "tests/test_cost.py::test_gpt2_small_costs_nanogpts_855_mflops_per_token",
+            "tests/test_cost.py::test_flops_per_token_counts_the_matmuls_of_forward_and_backward",
+            "tests/test_cost.py::test_gpt3_175b_on_300b_tokens_is_3_14e23_flops",
+        ),
+    ),
+    Exercise(
+        "checkpoint",
+        "train.py",
+        ("checkpoint_state", "restore_checkpoint"),
+        "what a checkpoint holds, in single-device form, and the resume that puts each piece back",
+        ("init", "clm_loss", "next_batch", "lr_at", "clip_gradients", "check_step", "flops_per_token"),
+        (
+            "tests/test_checkpoint_state.py::test_a_checkpoint_holds_every_piece_under_its_name",
+            "tests/test_checkpoint_state.py::test_restore_returns_the_step_and_the_schedule_continues_there",
+            "tests/test_checkpoint_state.py::test_restore_puts_back_the_weights",
+            "tests/test_checkpoint_state.py::test_restore_puts_back_adamws_moments",
+            "tests/test_checkpoint_state.py::test_restore_puts_back_the_data_position",
+            "tests/test_checkpoint_state.py::test_restore_puts_back_every_random_generator",
+            "tests/test_checkpoint_state.py::test_restore_puts_back_the_monitors_baselines",
+            "tests/test_checkpoint_state.py::test_restore_puts_back_the_runbooks_state",
+            "tests/test_checkpoint_state.py::test_restore_puts_back_the_loss_scaler",
+            "tests/test_checkpoint_state.py::test_a_checkpoint_saved_without_loss_scaling_resumes_under_fp16",
+            "tests/test_checkpoint_state.py::test_resume_without_a_piece_leaves_out_that_piece_only",
+            "tests/test_checkpoint_state.py::test_resuming_again_without_the_schedule_restarts_it_at_the_new_resume",
+            "tests/test_checkpoint_state.py::test_a_checkpoint_without_optimizer_state_resumes_under_reset_optimizer",
+            "tests/test_checkpoint_state.py::test_a_resumed_run_takes_bitwise_the_steps_the_saved_run_took",
+            "tests/test_checkpoint_state.py::test_two_pipeline_stages_save_the_single_device_form",
+            "tests/test_checkpoint_state.py::test_two_pipeline_stages_restore_their_parts",
+        ),
+    ),
 ]
 BY_NAME = {e.name: e for e in EXERCISES}
 
@@ -133,8 +219,9 @@ def in_needs_order(exercises):
     while pending:
         ready = next((e for e in pending if all(n in placed or n not in BY_NAME for n in e.needs)), None)
         if ready is None:
-            raise ValueError(f"exercises {', '.join(e.name for e in pending)} need each other: break the cycle "
-                             "in catalog.py")
+            raise ValueError(
+                f"exercises {', '.join(e.name for e in pending)} need each other: break the cycle in catalog.py"
+            )
         order.append(ready)
         placed.add(ready.name)
         pending.remove(ready)
@@ -178,18 +265,24 @@ def body(source, exercise, where, path=None):
         wanted = marker(exercise, where, side)
         at = [i for i, line in enumerate(lines) if line.strip() == wanted]
         if not at:
-            raise MarkerError(f"{path}: exercise {exercise.name}: the line `{wanted}` is missing; restore it "
-                              f"in {where}, at the {'start' if side == 'begin' else 'end'} of the body you write, "
-                              "indented like the body")
+            raise MarkerError(
+                f"{path}: exercise {exercise.name}: the line `{wanted}` is missing; restore it "
+                f"in {where}, at the {'start' if side == 'begin' else 'end'} of the body you write, "
+                "indented like the body"
+            )
         if len(at) > 1:
-            raise MarkerError(f"{path}: exercise {exercise.name}: the line `{wanted}` appears "
-                              f"{len(at)} times (lines {', '.join(str(i + 1) for i in at)}); keep only the one "
-                              f"in {where}")
+            raise MarkerError(
+                f"{path}: exercise {exercise.name}: the line `{wanted}` appears "
+                f"{len(at)} times (lines {', '.join(str(i + 1) for i in at)}); keep only the one "
+                f"in {where}"
+            )
         found[side] = at[0]
     if found["end"] < found["begin"]:
-        raise MarkerError(f"{path}: exercise {exercise.name}: `{marker(exercise, where, 'end')}` (line "
-                          f"{found['end'] + 1}) comes before `{marker(exercise, where, 'begin')}` (line "
-                          f"{found['begin'] + 1}); the body of {where} goes between them")
+        raise MarkerError(
+            f"{path}: exercise {exercise.name}: `{marker(exercise, where, 'end')}` (line "
+            f"{found['end'] + 1}) comes before `{marker(exercise, where, 'begin')}` (line "
+            f"{found['begin'] + 1}); the body of {where} goes between them"
+        )
     return lines[: found["begin"] + 1], lines[found["begin"] + 1 : found["end"]], lines[found["end"] :]
 
 
@@ -245,11 +338,14 @@ def read_mutant(exercise, path):
     if len(lines) > 1 and lines[1].startswith("# in: "):
         where, start = lines[1].removeprefix("# in: ").strip(), 2
     if where not in exercise.where:
-        raise ValueError(f"{path}: `# in: {where}`: exercise {exercise.name} has the bodies "
-                         f"{', '.join(exercise.where)}")
+        raise ValueError(
+            f"{path}: `# in: {where}`: exercise {exercise.name} has the bodies {', '.join(exercise.where)}"
+        )
     if len(exercise.where) > 1 and start == 1:
-        raise ValueError(f"{path}: exercise {exercise.name} has several bodies: name the one this replaces on "
-                         f"the second line, `# in: WHERE`, one of {', '.join(exercise.where)}")
+        raise ValueError(
+            f"{path}: exercise {exercise.name} has several bodies: name the one this replaces on "
+            f"the second line, `# in: WHERE`, one of {', '.join(exercise.where)}"
+        )
     return Mutant(exercise.name, path, lines[0].removeprefix("# wrong: ").strip(), where, tuple(lines[start:]))
 
 

@@ -44,8 +44,10 @@ def check(exercise, copy, mutants):
     reference = reference_bodies(ROOT, exercise)
     status, detail = grade(copy, exercise, first_failure_only=True)
     if status != "passed":
-        raise SystemExit(f"error: the reference body of {exercise.name} is graded {status}: {detail}. "
-                         "A grader that fails the right answer proves nothing about wrong ones: fix it first.")
+        raise SystemExit(
+            f"error: the reference body of {exercise.name} is graded {status}: {detail}. "
+            "A grader that fails the right answer proves nothing about wrong ones: fix it first."
+        )
     results = []
     for mutant in mutants_of(exercise, mutants):
         write_bodies(copy, exercise, {mutant.where: mutant.lines})
@@ -59,10 +61,14 @@ def check(exercise, copy, mutants):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("names", nargs="*", help=f"exercises whose mutants to check (default: all): "
-                                                 f"{', '.join(BY_NAME)}")
-    parser.add_argument("--mutants", default=MUTANTS, help="the folder of wrong bodies, one subfolder per exercise "
-                                                           "(default: exercises/mutants)")
+    parser.add_argument(
+        "names", nargs="*", help=f"exercises whose mutants to check (default: all): {', '.join(BY_NAME)}"
+    )
+    parser.add_argument(
+        "--mutants",
+        default=MUTANTS,
+        help="the folder of wrong bodies, one subfolder per exercise (default: exercises/mutants)",
+    )
     args = parser.parse_args(argv)
     if not os.path.isdir(args.mutants):
         raise SystemExit(f"error: --mutants {args.mutants} is not a folder")

@@ -33,8 +33,11 @@ def stubbed_bodies(root, exercise):
     """The exercise's bodies that are still the stub, by where they are."""
     with open(os.path.join(root, exercise.file)) as f:
         source = f.read()
-    return [where for where in exercise.where
-            if any(stub_line(exercise.name) in line for line in body(source, exercise, where)[1])]
+    return [
+        where
+        for where in exercise.where
+        if any(stub_line(exercise.name) in line for line in body(source, exercise, where)[1])
+    ]
 
 
 def in_words(name):
@@ -63,8 +66,17 @@ def run_tests(root, tests, timeout, first_failure_only=False):
     element, None when passed), and pytest's output."""
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.xml")
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
-                   *(["-x"] if first_failure_only else []), *tests]
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={report}",
+            *(["-x"] if first_failure_only else []),
+            *tests,
+        ]
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")  # an edited body must never meet a stale .pyc
         result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=timeout, env=env)
         cases = ET.parse(report).getroot().iter("testcase") if os.path.exists(report) else []
@@ -112,8 +124,10 @@ def grade(root, exercise, timeout=900, first_failure_only=False):
         wait = f" [{sum(map(len, waiting.values()))} more wait {on}]" if waiting else ""
         return "failed", f"{in_words(name)}: {what_failed(report, exercise)}{more}{wait}"
     if waiting:
-        return "waiting", f"{on}: {len(outcomes) - sum(map(len, waiting.values()))} test(s) passed, the others " \
-                          f"run that body too"
+        return (
+            "waiting",
+            f"{on}: {len(outcomes) - sum(map(len, waiting.values()))} test(s) passed, the others run that body too",
+        )
     return "passed", f"{len(outcomes)} test(s)"
 
 

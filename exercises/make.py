@@ -24,8 +24,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def project_files(root, untracked=False):
     """The files git tracks (the project, not its runs, data or caches); with untracked, also the files
     git would track if added (a teacher's new tests and mutants), never the ignored ones."""
-    listed = subprocess.run(["git", "ls-files", "--cached", *(["--others", "--exclude-standard"] if untracked else [])],
-                            cwd=root, capture_output=True, text=True)
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", *(["--others", "--exclude-standard"] if untracked else [])],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
     if listed.returncode != 0:
         raise SystemExit(f"error: {root} is not a git checkout; make.py copies the files git tracks there")
     return [f for f in listed.stdout.splitlines() if os.path.isfile(os.path.join(root, f))]

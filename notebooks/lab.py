@@ -72,7 +72,9 @@ def run(name, *flags, fresh=True, ranks=1):
         status, value = outcome[0]
         log, error = value if status == "ok" else ("", f"rank 0 {status}: {value}")
         error = error or next((f"rank {r} {s}: {v}" for r, (s, v) in outcome.items() if s != "ok"), "")
-    return TrainedRun(out_dir, read_jsonl(f"{out_dir}/metrics.jsonl"), read_jsonl(f"{out_dir}/incidents.jsonl"), log, error)
+    return TrainedRun(
+        out_dir, read_jsonl(f"{out_dir}/metrics.jsonl"), read_jsonl(f"{out_dir}/incidents.jsonl"), log, error
+    )
 
 
 def _train_quietly(argv):
@@ -96,8 +98,9 @@ def _train_quietly(argv):
 VERDICT_MIME = "application/vnd.minipretrain.verdict+json"  # what tests/test_notebooks.py reads back
 
 
-def measured(claim, textbook, shown, values, control, rule, threshold, direction=None, one_seed="", unit="seeds",
-             fmt="{:.3g}"):
+def measured(
+    claim, textbook, shown, values, control, rule, threshold, direction=None, one_seed="", unit="seeds", fmt="{:.3g}"
+):
     """A claim put to an experiment.
     values:    the judged number from each independent run (one per seed), e.g. an effect size;
     control:   the same number from the arm where the claim should *not* hold (a list, one per seed,
@@ -118,40 +121,66 @@ def measured(claim, textbook, shown, values, control, rule, threshold, direction
     holds = "yes" if rule(value) else "partly" if direction is not None and direction(value) else "no"
     measured_text = fmt.format(value) + (f" ± {fmt.format(spread)}" if spread is not None else "")
     seeds = f"{len(values)} {unit}" if len(values) > 1 else f"1 run: {one_seed}"
-    return {"claim": claim, "textbook": textbook, "kind": "measured", "holds": holds,
-            "measured": f"{measured_text} ({seeds}): {shown}", "value": value, "seeds": len(values),
-            "spread": spread, "control": control_value, "control_fails": not rule(control_value),
-            "control_shown": fmt.format(control_value), "threshold": threshold}
+    return {
+        "claim": claim,
+        "textbook": textbook,
+        "kind": "measured",
+        "holds": holds,
+        "measured": f"{measured_text} ({seeds}): {shown}",
+        "value": value,
+        "seeds": len(values),
+        "spread": spread,
+        "control": control_value,
+        "control_fails": not rule(control_value),
+        "control_shown": fmt.format(control_value),
+        "threshold": threshold,
+    }
 
 
 def computed(claim, textbook, shown, holds, partly=False):
     """A claim checked by arithmetic or the cost model: holds is computed from its numbers (never typed
     in); partly=True where the direction is right and the size is not."""
-    return {"claim": claim, "textbook": textbook, "kind": "computed", "measured": shown,
-            "holds": "yes" if holds else "partly" if partly else "no"}
+    return {
+        "claim": claim,
+        "textbook": textbook,
+        "kind": "computed",
+        "measured": shown,
+        "holds": "yes" if holds else "partly" if partly else "no",
+    }
 
 
 def mechanism(claim, textbook, shown, holds):
     """A claim about what the code does, shown by running it (it could only fail through a bug)."""
-    return {"claim": claim, "textbook": textbook, "kind": "mechanism", "measured": shown,
-            "holds": "yes" if holds else "no"}
+    return {
+        "claim": claim,
+        "textbook": textbook,
+        "kind": "mechanism",
+        "measured": shown,
+        "holds": "yes" if holds else "no",
+    }
 
 
 def verdict(rows):
     """Show the notebook's verdict: a Markdown table, kept machine-readable beside it so the notebook
     test can fail on a claim that does not hold, and a last line counting the claims by kind."""
-    header = ("| claim | the textbook says | kind | found here (measured: mean ± std across seeds) | control arm | "
-              "threshold | holds? |")
+    header = (
+        "| claim | the textbook says | kind | found here (measured: mean ± std across seeds) | control arm | "
+        "threshold | holds? |"
+    )
     table = [header, "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         holds = r["holds"] if r["holds"] == "yes" else f"**{r['holds']}**"
-        table.append(f"| {r['claim']} | {r['textbook']} | {r['kind']} | {r['measured']} | {r.get('control_shown', '')} | "
-                     f"{r.get('threshold', '')} | {holds} |")
+        table.append(
+            f"| {r['claim']} | {r['textbook']} | {r['kind']} | {r['measured']} | {r.get('control_shown', '')} | "
+            f"{r.get('threshold', '')} | {holds} |"
+        )
     kinds = {k: [r for r in rows if r["kind"] == k] for k in ("measured", "computed", "mechanism")}
     reproduced = sum(r["holds"] == "yes" for r in kinds["measured"])
     partly = sum(r["holds"] == "partly" for r in kinds["measured"])
-    summary = (f"**{len(rows)} claims: {reproduced} reproduced by measurement"
-               + (f", {partly} partly" if partly else "")
-               + f", {len(kinds['measured']) - reproduced - partly} not reproduced; "
-               f"{len(kinds['computed'])} computed; {len(kinds['mechanism'])} mechanism.**")
+    summary = (
+        f"**{len(rows)} claims: {reproduced} reproduced by measurement"
+        + (f", {partly} partly" if partly else "")
+        + f", {len(kinds['measured']) - reproduced - partly} not reproduced; "
+        f"{len(kinds['computed'])} computed; {len(kinds['mechanism'])} mechanism.**"
+    )
     display({"text/markdown": "\n".join(table) + "\n\n" + summary, VERDICT_MIME: json.dumps(rows)}, raw=True)

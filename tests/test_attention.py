@@ -31,8 +31,10 @@ def assert_close(got, want, what, atol=1e-5, rtol=1e-4):
     if excess.max() > 0:
         index = tuple(int(i) for i in torch.unravel_index(excess.argmax(), excess.shape))
         off = int((excess > 0).sum())
-        raise AssertionError(f"{what}: at index {index} expected {want[index]:.6g}, got {got[index]:.6g} "
-                             f"({off} of {excess.numel()} entries off by more than {atol:g} + {rtol:g} |expected|)")
+        raise AssertionError(
+            f"{what}: at index {index} expected {want[index]:.6g}, got {got[index]:.6g} "
+            f"({off} of {excess.numel()} entries off by more than {atol:g} + {rtol:g} |expected|)"
+        )
 
 
 def weights_by_hand(q, k):
@@ -50,8 +52,12 @@ def identity_values(B, H, T):
     return torch.eye(T).expand(B, H, T, T).contiguous()
 
 
-SHAPES = [pytest.param(1, 1, 1, 4, id="T=1"), pytest.param(1, 2, 7, 8, id="T=7,heads=2"),
-          pytest.param(3, 4, 16, 16, id="batch=3,heads=4,T=16"), pytest.param(2, 3, 5, 32, id="head_size=32,T=5")]
+SHAPES = [
+    pytest.param(1, 1, 1, 4, id="T=1"),
+    pytest.param(1, 2, 7, 8, id="T=7,heads=2"),
+    pytest.param(3, 4, 16, 16, id="batch=3,heads=4,T=16"),
+    pytest.param(2, 3, 5, 32, id="head_size=32,T=5"),
+]
 
 
 @pytest.mark.parametrize("B, H, T, head_size", SHAPES)
@@ -79,9 +85,13 @@ def test_earlier_positions_never_see_the_future(cut):
     new_k[..., cut + 1 :, :] = 10 * torch.randn(new_k[..., cut + 1 :, :].shape)  # loud keys: they would dominate
     new_v[..., cut + 1 :, :] = 10 * torch.randn(new_v[..., cut + 1 :, :].shape)
     after = manual_causal_attention(q, new_k, new_v, 0.0)
-    assert_close(after[..., : cut + 1, :], before[..., : cut + 1, :],
-                 f"changing keys and values after position {cut} leaves the outputs at positions 0..{cut} unchanged",
-                 atol=1e-6, rtol=0)
+    assert_close(
+        after[..., : cut + 1, :],
+        before[..., : cut + 1, :],
+        f"changing keys and values after position {cut} leaves the outputs at positions 0..{cut} unchanged",
+        atol=1e-6,
+        rtol=0,
+    )
 
 
 @pytest.mark.parametrize("T", [1, 6])
@@ -89,8 +99,9 @@ def test_the_first_position_reads_its_own_value(T):
     """Position 0 sees only itself: its one weight is 1, so its output is v[0] exactly."""
     q, k, v = random_qkv(2, 3, T, 8)
     y = manual_causal_attention(q, k, v, 0.0)
-    assert y.shape == v.shape, f"the output has the shape of v (B, H, T, head size): expected {tuple(v.shape)}, " \
-                               f"got {tuple(y.shape)}"
+    assert y.shape == v.shape, (
+        f"the output has the shape of v (B, H, T, head size): expected {tuple(v.shape)}, got {tuple(y.shape)}"
+    )
     assert_close(y[..., 0, :], v[..., 0, :], "position 0 sees only itself: its output is v[0]", atol=1e-6, rtol=0)
 
 
@@ -102,8 +113,9 @@ def test_each_output_averages_the_values_it_sees(T):
     B, H = 2, 2
     q, k, _ = random_qkv(B, H, T, T, seed=T)
     weights = manual_causal_attention(q, k, identity_values(B, H, T), 0.0)  # (B, H, T, T): row t = query t
-    assert weights.shape == (B, H, T, T), f"the output has the shape of v: expected {(B, H, T, T)}, " \
-                                          f"got {tuple(weights.shape)}"
+    assert weights.shape == (B, H, T, T), (
+        f"the output has the shape of v: expected {(B, H, T, T)}, got {tuple(weights.shape)}"
+    )
     lowest = weights.min().item()
     assert lowest >= 0, f"attention weights are non-negative (a softmax): the smallest is {lowest:.6g}"
     future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)  # key s after query t
@@ -130,9 +142,11 @@ def test_equal_keys_give_the_running_mean_of_the_values(score):
     assert_close(y, running_mean, f"with equal keys ({scores}) the output at position t is the mean of v[0..t]")
 
 
-@pytest.mark.parametrize("H, head_size", [(1, 4), (3, 16), (2, 64)], ids=["heads=1,head_size=4",
-                                                                            "heads=3,head_size=16",
-                                                                            "heads=2,head_size=64"])
+@pytest.mark.parametrize(
+    "H, head_size",
+    [(1, 4), (3, 16), (2, 64)],
+    ids=["heads=1,head_size=4", "heads=3,head_size=16", "heads=2,head_size=64"],
+)
 def test_scores_are_scaled_by_one_over_root_head_size(H, head_size):
     """Two positions: query 1 weighs key 1 by sigmoid((q1 . k1 - q1 . k0) / sqrt(head size)), closed form.
     Read out with v[0] = 0, v[1] = 1: the output at position 1 is that weight. The scale is the head's size,
@@ -144,9 +158,12 @@ def test_scores_are_scaled_by_one_over_root_head_size(H, head_size):
     y = manual_causal_attention(q, k, v, 0.0)
     q1 = q[..., 1, :]
     want = torch.sigmoid(((q1 * k[..., 1, :]).sum(-1) - (q1 * k[..., 0, :]).sum(-1)) / math.sqrt(head_size))
-    assert_close(y[..., 1, :], want.unsqueeze(-1).expand(B, H, head_size),
-                 f"query 1's weight on key 1 is sigmoid((q1 . k1 - q1 . k0) / sqrt({head_size})) with {H} heads "
-                 f"of size {head_size} (C = {H * head_size})")
+    assert_close(
+        y[..., 1, :],
+        want.unsqueeze(-1).expand(B, H, head_size),
+        f"query 1's weight on key 1 is sigmoid((q1 . k1 - q1 . k0) / sqrt({head_size})) with {H} heads "
+        f"of size {head_size} (C = {H * head_size})",
+    )
 
 
 def sharp_qkv(common, dtype):
@@ -165,8 +182,12 @@ def test_large_scores_neither_overflow_nor_lose_their_weights():
     """Scores near 128: exp(128) overflows fp32, but the softmax only depends on the scores' differences."""
     q, k, v = sharp_qkv(32, torch.float32)
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    assert_close(manual_causal_attention(q, k, v, 0.0), want, "with scores near 128 the output equals "
-                 "F.scaled_dot_product_attention(q, k, v, is_causal=True)", atol=1e-4)
+    assert_close(
+        manual_causal_attention(q, k, v, 0.0),
+        want,
+        "with scores near 128 the output equals F.scaled_dot_product_attention(q, k, v, is_causal=True)",
+        atol=1e-4,
+    )
 
 
 @pytest.mark.parametrize("common", [0, 32], ids=["scores_near_0", "scores_near_128"])
@@ -178,8 +199,13 @@ def test_bf16_inputs_give_bf16_outputs_from_fp32_scores(common):
     y = manual_causal_attention(q, k, v, 0.0)
     assert y.dtype == torch.bfloat16, f"bf16 inputs give a bf16 output: expected torch.bfloat16, got {y.dtype}"
     want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
-    assert_close(y.float(), want, "with bf16 inputs the output is fp32 attention of the same values, rounded "
-                 "(scores and softmax in fp32)", atol=0.05, rtol=0)
+    assert_close(
+        y.float(),
+        want,
+        "with bf16 inputs the output is fp32 attention of the same values, rounded (scores and softmax in fp32)",
+        atol=0.05,
+        rtol=0,
+    )
 
 
 def dropped_weights(p, draws, B=4, H=4, T=8):
@@ -189,8 +215,10 @@ def dropped_weights(p, draws, B=4, H=4, T=8):
     copies = [t.repeat(draws, 1, 1, 1) for t in (q, k, identity_values(B, H, T))]  # (draws B, H, T, T)
     torch.manual_seed(0)
     dropped = manual_causal_attention(*copies, p)
-    assert dropped.shape == copies[2].shape, f"the output has the shape of v (B, H, T, head size): expected " \
-                                             f"{tuple(copies[2].shape)}, got {tuple(dropped.shape)}"
+    assert dropped.shape == copies[2].shape, (
+        f"the output has the shape of v (B, H, T, head size): expected "
+        f"{tuple(copies[2].shape)}, got {tuple(dropped.shape)}"
+    )
     return weights_by_hand(q, k), dropped.view(draws, B, H, T, T)
 
 
@@ -200,15 +228,22 @@ def test_dropout_drops_weights_and_scales_the_kept_ones():
     p, draws = 0.25, 200
     weights, dropped = dropped_weights(p, draws)
     kept = dropped.double() != 0
-    assert_close(torch.where(kept, dropped.double(), weights / (1 - p)), weights.expand_as(dropped) / (1 - p),
-                 f"a kept weight w becomes w / (1 - p) = w / {1 - p}", atol=1e-6, rtol=1e-4)
+    assert_close(
+        torch.where(kept, dropped.double(), weights / (1 - p)),
+        weights.expand_as(dropped) / (1 - p),
+        f"a kept weight w becomes w / (1 - p) = w / {1 - p}",
+        atol=1e-6,
+        rtol=1e-4,
+    )
     visible = torch.ones(weights.shape[-1], weights.shape[-1], dtype=torch.bool).tril()
     share_dropped = 1 - kept[..., visible].double().mean().item()
-    assert abs(share_dropped - p) < 0.02, f"each weight is dropped with probability p = {p}: expected a share " \
-                                          f"near {p} dropped, got {share_dropped:.3f}"
+    assert abs(share_dropped - p) < 0.02, (
+        f"each weight is dropped with probability p = {p}: expected a share near {p} dropped, got {share_dropped:.3f}"
+    )
     row_sum = dropped.double().sum(-1).mean().item()
-    assert row_sum == pytest.approx(1, abs=0.01), f"dropout keeps the weights unbiased: averaged over {draws} " \
-                                                  f"draws a row of weights sums to 1, got {row_sum:.4f}"
+    assert row_sum == pytest.approx(1, abs=0.01), (
+        f"dropout keeps the weights unbiased: averaged over {draws} draws a row of weights sums to 1, got {row_sum:.4f}"
+    )
 
 
 def test_dropout_draws_each_weight_independently():
@@ -222,8 +257,10 @@ def test_dropout_draws_each_weight_independently():
     for axis, name in ((0, "batch rows"), (2, "heads")):
         first, second = kept.narrow(axis, 0, kept.shape[axis] - 1), kept.narrow(axis, 1, kept.shape[axis] - 1)
         agree = (first == second)[..., visible].double().mean().item()
-        assert abs(agree - chance) < 0.03, f"the same weight in two {name} is dropped or kept alike with " \
-                                           f"probability p^2 + (1 - p)^2 = {chance}: got {agree:.3f}"
+        assert abs(agree - chance) < 0.03, (
+            f"the same weight in two {name} is dropped or kept alike with "
+            f"probability p^2 + (1 - p)^2 = {chance}: got {agree:.3f}"
+        )
 
 
 def test_dropout_acts_on_the_weights_not_on_the_output():
@@ -235,10 +272,17 @@ def test_dropout_acts_on_the_weights_not_on_the_output():
     torch.manual_seed(0)
     y = manual_causal_attention(q, k, u.expand(B, H, T, head_size).contiguous(), 0.5)
     multiple = y[..., :1] / u[0]  # (B, H, T, 1): each row's multiple of u
-    assert_close(y, multiple * u, "with every value row equal to u, each output row is a multiple of u: the "
-                 "weights are dropped, not the output", atol=1e-5, rtol=1e-5)
-    assert (multiple != 1).any(), "with dropout_p = 0.5 some weights are dropped: the rows' multiples of u " \
-                                  "(their weights' sums) were all 1, nothing was dropped"
+    assert_close(
+        y,
+        multiple * u,
+        "with every value row equal to u, each output row is a multiple of u: the weights are dropped, not the output",
+        atol=1e-5,
+        rtol=1e-5,
+    )
+    assert (multiple != 1).any(), (
+        "with dropout_p = 0.5 some weights are dropped: the rows' multiples of u "
+        "(their weights' sums) were all 1, nothing was dropped"
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -317,9 +361,16 @@ def test_train_py_runs_with_manual_attention_and_resumes_with_either_kernel(smal
     """--attention manual trains; the kernel is not part of the run's identity (both compute the same
     function of the same weights), so the run continues under sdpa."""
     out = tmp_path / "run"
-    args = [str(a) for a in ["--source", small_corpus, "--data_dir", tmp_path / "data", "--out_dir", out,
-                             "--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "16",
-                             "--batch_size", "4", "--eval_iters", "1", "--num_samples", "0"]]
+    # fmt: off
+    args = [
+        str(a)
+        for a in [
+            "--source", small_corpus, "--data_dir", tmp_path / "data", "--out_dir", out, "--n_layer", "2",
+            "--n_head", "2", "--n_embd", "32", "--block_size", "16", "--batch_size", "4", "--eval_iters", "1",
+            "--num_samples", "0",
+        ]
+    ]
+    # fmt: on
     train.main([*args, "--max_iters", "2", "--attention", "manual"])
     assert (out / "ckpt" / "step_0000002" / "state.pt").exists()
     train.main([*args, "--max_iters", "4", "--attention", "sdpa"])

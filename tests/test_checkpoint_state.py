@@ -22,10 +22,14 @@ SAVED_AT, STEPS_AFTER = 4, 4  # steps before the checkpoint, and steps taken aga
 BATCH = 2  # rows a step reads
 # dropout draws from torch's generator at every step; fp16 keeps a loss scaler (with a growth tracker) to save;
 # eval_interval 2 and a window of 4 give the monitor val losses and baselines before the checkpoint
-TINY = ["--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "16", "--batch_size", str(BATCH),
-        "--lanes", "4", "--dropout", "0.1", "--device", "cpu", "--dtype", "float16", "--max_iters", "20",
-        "--warmup_iters", "4", "--learning_rate", "3e-3", "--eval_interval", "2", "--eval_iters", "1",
-        "--monitor_window", "4"]
+# fmt: off
+TINY = [
+    "--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "16", "--batch_size", str(BATCH),
+    "--lanes", "4", "--dropout", "0.1", "--device", "cpu", "--dtype", "float16", "--max_iters", "20",
+    "--warmup_iters", "4", "--learning_rate", "3e-3", "--eval_interval", "2", "--eval_iters", "1",
+    "--monitor_window", "4",
+]
+# fmt: on
 # what an earlier incident left: a lowered LR, re-warming from step 3 (the runbook's state to carry)
 AFTER_AN_INCIDENT = Recovery(incidents=1, lr_scale=0.5, last_incident_step=3, rewarm_from=3)
 PIECES = ("model", "optimizer", "scaler", "step", "data", "rng", "monitor", "recovery", "config", "meta")
@@ -50,8 +54,7 @@ def corpus(tmp_path_factory):
 
 def new_run(corpus, *extra, out="out"):
     """A fresh tiny Run in corpus/out, as train.py's set_up builds it (which seeds torch's generator)."""
-    argv = ["--source", corpus / "corpus.txt", "--data_dir", corpus / "data", "--out_dir", corpus / out, *TINY,
-            *extra]
+    argv = ["--source", corpus / "corpus.txt", "--data_dir", corpus / "data", "--out_dir", corpus / out, *TINY, *extra]
     preset, _, configs = parse_args([str(a) for a in argv])
     return train.set_up(preset, configs)
 
@@ -69,11 +72,17 @@ def take_steps(run, first, n):
             record["val_loss"] = evaluate(run.model, run.val_stream, run.eval_batches, run.grid)
             run.monitor.check_eval(record["val_loss"])
         lr = step_lr(run, step)
-        loss, grad_norm = train.optimizer_step(run.model, run.optimizer, run.scaler, run.train_stream.next_batch,
-                                               lr, run.configs.train)
+        loss, grad_norm = train.optimizer_step(
+            run.model, run.optimizer, run.scaler, run.train_stream.next_batch, lr, run.configs.train
+        )
         grad_norm_z, fired = run.monitor.check_step(loss.item(), grad_norm.item())
-        record.update(loss=loss.item(), lr=lr, grad_norm=grad_norm.item(), grad_norm_z=grad_norm_z,
-                      fired=[name for name, _ in fired])
+        record.update(
+            loss=loss.item(),
+            lr=lr,
+            grad_norm=grad_norm.item(),
+            grad_norm_z=grad_norm_z,
+            fired=[name for name, _ in fired],
+        )
         records.append(record)
     return records
 
@@ -87,9 +96,11 @@ def written_and_read(state):
     try:
         return torch.load(buffer, weights_only=True)
     except Exception as e:
-        pytest.fail("a checkpoint holds tensors and plain containers only (dicts, lists, numbers, strings), which "
-                    f"torch.load(weights_only=True) reads back; this one does not load: {type(e).__name__}: "
-                    f"{str(e).splitlines()[0][:300]}")
+        pytest.fail(
+            "a checkpoint holds tensors and plain containers only (dicts, lists, numbers, strings), which "
+            f"torch.load(weights_only=True) reads back; this one does not load: {type(e).__name__}: "
+            f"{str(e).splitlines()[0][:300]}"
+        )
 
 
 def weights(run):
@@ -98,8 +109,11 @@ def weights(run):
 
 def moments(run):
     """{parameter name: {exp_avg, exp_avg_sq, step}} of AdamW, copied."""
-    return {name: {key: value.clone() for key, value in run.optimizer.state[p].items()}
-            for name, p, _ in run.model.local_parameters() if p in run.optimizer.state}
+    return {
+        name: {key: value.clone() for key, value in run.optimizer.state[p].items()}
+        for name, p, _ in run.model.local_parameters()
+        if p in run.optimizer.state
+    }
 
 
 def draw_from_every_generator():
@@ -114,9 +128,15 @@ def saved(corpus):
     run = new_run(corpus)
     run.recovery = copy.deepcopy(AFTER_AN_INCIDENT)
     take_steps(run, 0, SAVED_AT)
-    had = dict(weights=weights(run), moments=moments(run), position=run.train_stream.position,
-               lr=step_lr(run, SAVED_AT), monitor=copy.deepcopy(run.monitor.state_dict()),
-               recovery=copy.deepcopy(run.recovery), scaler=run.scaler.state_dict())
+    had = dict(
+        weights=weights(run),
+        moments=moments(run),
+        position=run.train_stream.position,
+        lr=step_lr(run, SAVED_AT),
+        monitor=copy.deepcopy(run.monitor.state_dict()),
+        recovery=copy.deepcopy(run.recovery),
+        scaler=run.scaler.state_dict(),
+    )
     state = written_and_read(checkpoint_state(run, SAVED_AT))
     had["draws"] = draw_from_every_generator()
     records = take_steps(run, SAVED_AT, STEPS_AFTER)
@@ -137,8 +157,10 @@ def check_same_tensors(got, want, what):
             check_same_tensors(g, w, f"{what} of {name}")
             continue
         assert g.shape == w.shape, f"{what}: {name} has shape {tuple(g.shape)}, expected {tuple(w.shape)}"
-        assert torch.equal(g, w), f"{what}: {name} differs from the saved run's by up to " \
-                                  f"{(g.double() - w.double()).abs().max().item():.3g} (expected equal)"
+        assert torch.equal(g, w), (
+            f"{what}: {name} differs from the saved run's by up to "
+            f"{(g.double() - w.double()).abs().max().item():.3g} (expected equal)"
+        )
 
 
 # ----------------------------------------------------------------------------
@@ -151,20 +173,31 @@ def test_a_checkpoint_holds_every_piece_under_its_name(saved):
     assert isinstance(state, dict), f"checkpoint_state returns a dict of pieces, got {type(state).__name__}"
     missing = [piece for piece in PIECES if piece not in state]
     assert not missing, f"a checkpoint holds {', '.join(PIECES)}: expected them all, missing {', '.join(missing)}"
-    assert state["step"] == SAVED_AT, f"the checkpoint's step is the step it was saved at (where the run " \
-                                      f"continues): expected {SAVED_AT}, got {state['step']}"
-    assert state["data"] == {"position": SAVED_AT * BATCH}, \
-        f"the data position is the training stream's state_dict after {SAVED_AT} steps of {BATCH} rows: " \
+    assert state["step"] == SAVED_AT, (
+        f"the checkpoint's step is the step it was saved at (where the run "
+        f"continues): expected {SAVED_AT}, got {state['step']}"
+    )
+    assert state["data"] == {"position": SAVED_AT * BATCH}, (
+        f"the data position is the training stream's state_dict after {SAVED_AT} steps of {BATCH} rows: "
         f"expected {{'position': {SAVED_AT * BATCH}}}, got {state['data']}"
-    assert state["config"] == run.identity, f"the checkpoint's config is the run's identity (run.json), which " \
-                                            f"a resume checks the model's shape against: got {state['config']}"
-    assert state["meta"] == run.meta, f"the checkpoint's meta is the token files' meta.json: expected " \
-                                      f"{run.meta}, got {state['meta']}"
+    )
+    assert state["config"] == run.identity, (
+        f"the checkpoint's config is the run's identity (run.json), which "
+        f"a resume checks the model's shape against: got {state['config']}"
+    )
+    assert state["meta"] == run.meta, (
+        f"the checkpoint's meta is the token files' meta.json: expected {run.meta}, got {state['meta']}"
+    )
     names = {name for name, _, _ in run.model.local_parameters()}
-    assert names <= set(state["model"]), f"the weights are the single-device state dict: expected every " \
-                                         f"parameter's name, missing {sorted(names - set(state['model']))}"
-    check_same_tensors({name: state["model"][name] for name in names}, saved["had"]["weights"],
-                       "the checkpoint's weights are those at the moment it was saved")
+    assert names <= set(state["model"]), (
+        f"the weights are the single-device state dict: expected every "
+        f"parameter's name, missing {sorted(names - set(state['model']))}"
+    )
+    check_same_tensors(
+        {name: state["model"][name] for name in names},
+        saved["had"]["weights"],
+        "the checkpoint's weights are those at the moment it was saved",
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -173,11 +206,14 @@ def test_a_checkpoint_holds_every_piece_under_its_name(saved):
 
 def test_restore_returns_the_step_and_the_schedule_continues_there(corpus, saved):
     run, step = resumed(corpus, saved)
-    assert step == SAVED_AT, f"restore_checkpoint returns the checkpoint's step, where the run continues: " \
-                             f"expected {SAVED_AT}, got {step}"
+    assert step == SAVED_AT, (
+        f"restore_checkpoint returns the checkpoint's step, where the run continues: expected {SAVED_AT}, got {step}"
+    )
     got, want = step_lr(run, SAVED_AT), saved["had"]["lr"]
-    assert got == want, f"the LR of step {SAVED_AT} after the resume is the saved run's (the schedule is not " \
-                        f"restarted): expected {want}, got {got}"
+    assert got == want, (
+        f"the LR of step {SAVED_AT} after the resume is the saved run's (the schedule is not "
+        f"restarted): expected {want}, got {got}"
+    )
 
 
 def test_restore_puts_back_the_weights(corpus, saved):
@@ -187,48 +223,58 @@ def test_restore_puts_back_the_weights(corpus, saved):
 
 def test_restore_puts_back_adamws_moments(corpus, saved):
     run, _ = resumed(corpus, saved)
-    check_same_tensors(moments(run), saved["had"]["moments"], "AdamW's state (exp_avg, exp_avg_sq, step) after "
-                                                              "the resume")
+    check_same_tensors(
+        moments(run), saved["had"]["moments"], "AdamW's state (exp_avg, exp_avg_sq, step) after the resume"
+    )
 
 
 def test_restore_puts_back_the_data_position(corpus, saved):
     run, _ = resumed(corpus, saved)
     want = saved["had"]["position"]
-    assert run.train_stream.position == want, f"the training stream's position after the resume (rows read so " \
-                                              f"far): expected {want}, got {run.train_stream.position}"
+    assert run.train_stream.position == want, (
+        f"the training stream's position after the resume (rows read so "
+        f"far): expected {want}, got {run.train_stream.position}"
+    )
 
 
 def test_restore_puts_back_every_random_generator(corpus, saved):
     resumed(corpus, saved)
     got, want = draw_from_every_generator(), saved["had"]["draws"]
     for generator in want:
-        assert got[generator] == want[generator], f"after the resume, {generator} draws what the saved run drew " \
-                                                  f"next: expected {want[generator]}, got {got[generator]}"
+        assert got[generator] == want[generator], (
+            f"after the resume, {generator} draws what the saved run drew "
+            f"next: expected {want[generator]}, got {got[generator]}"
+        )
 
 
 def test_restore_puts_back_the_monitors_baselines(corpus, saved):
     run, _ = resumed(corpus, saved)
     got, want = run.monitor.state_dict(), saved["had"]["monitor"]
     for key in want:
-        assert got[key] == want[key], f"the health monitor's {key} after the resume (its baselines decide what " \
-                                      f"a spike is): expected {want[key]}, got {got[key]}"
+        assert got[key] == want[key], (
+            f"the health monitor's {key} after the resume (its baselines decide what "
+            f"a spike is): expected {want[key]}, got {got[key]}"
+        )
 
 
 def test_restore_puts_back_the_runbooks_state(corpus, saved):
     run, _ = resumed(corpus, saved)
     want = saved["had"]["recovery"]
-    assert isinstance(run.recovery, Recovery), f"run.recovery is a Recovery after the resume, got " \
-                                               f"{type(run.recovery).__name__}"
-    assert run.recovery == want, f"the runbook's state after the resume (incidents, LR scale, re-warm): " \
-                                 f"expected {want}, got {run.recovery}"
+    assert isinstance(run.recovery, Recovery), (
+        f"run.recovery is a Recovery after the resume, got {type(run.recovery).__name__}"
+    )
+    assert run.recovery == want, (
+        f"the runbook's state after the resume (incidents, LR scale, re-warm): expected {want}, got {run.recovery}"
+    )
 
 
 def test_restore_puts_back_the_loss_scaler(corpus, saved):
     run, _ = resumed(corpus, saved)
     got, want = run.scaler.state_dict(), saved["had"]["scaler"]
     for key in want:  # the scale, and the steps since it last grew (_growth_tracker)
-        assert got.get(key) == want[key], f"the fp16 loss scaler's {key} after the resume: expected {want[key]}, " \
-                                          f"got {got.get(key)}"
+        assert got.get(key) == want[key], (
+            f"the fp16 loss scaler's {key} after the resume: expected {want[key]}, got {got.get(key)}"
+        )
 
 
 def test_a_checkpoint_saved_without_loss_scaling_resumes_under_fp16(corpus, saved):
@@ -240,12 +286,18 @@ def test_a_checkpoint_saved_without_loss_scaling_resumes_under_fp16(corpus, save
     try:
         step = restore_checkpoint(run, state)
     except Exception as e:
-        pytest.fail(f"a checkpoint whose scaler state is empty (saved without fp16 loss scaling) resumes under "
-                    f"fp16: expected no error, got {type(e).__name__}: {str(e).splitlines()[0][:300]}")
-    assert step == SAVED_AT, f"a checkpoint saved without loss scaling, resumed under fp16: the step is the " \
-                             f"checkpoint's: expected {SAVED_AT}, got {step}"
-    assert run.scaler.state_dict() == fresh, f"a checkpoint saved without loss scaling leaves the fp16 scaler as " \
-                                             f"it starts: expected {fresh}, got {run.scaler.state_dict()}"
+        pytest.fail(
+            f"a checkpoint whose scaler state is empty (saved without fp16 loss scaling) resumes under "
+            f"fp16: expected no error, got {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        )
+    assert step == SAVED_AT, (
+        f"a checkpoint saved without loss scaling, resumed under fp16: the step is the "
+        f"checkpoint's: expected {SAVED_AT}, got {step}"
+    )
+    assert run.scaler.state_dict() == fresh, (
+        f"a checkpoint saved without loss scaling leaves the fp16 scaler as "
+        f"it starts: expected {fresh}, got {run.scaler.state_dict()}"
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -257,19 +309,27 @@ def test_resume_without_a_piece_leaves_out_that_piece_only(corpus, saved, piece)
     run, step = resumed(corpus, saved, forget=(piece,))
     had = saved["had"]
     position = 0 if piece == "data_position" else had["position"]
-    assert run.train_stream.position == position, f"--resume_without {piece}: the data position (rows read) " \
-                                                  f"after the resume: expected {position}, got " \
-                                                  f"{run.train_stream.position}"
+    assert run.train_stream.position == position, (
+        f"--resume_without {piece}: the data position (rows read) "
+        f"after the resume: expected {position}, got "
+        f"{run.train_stream.position}"
+    )
     schedule_from = step if piece == "schedule" else had["recovery"].schedule_from
-    assert run.recovery.schedule_from == schedule_from, f"--resume_without {piece}: the step the LR schedule " \
-                                                        f"counts from: expected {schedule_from}, got " \
-                                                        f"{run.recovery.schedule_from}"
+    assert run.recovery.schedule_from == schedule_from, (
+        f"--resume_without {piece}: the step the LR schedule "
+        f"counts from: expected {schedule_from}, got "
+        f"{run.recovery.schedule_from}"
+    )
     recovery = dict(vars(had["recovery"]), schedule_from=schedule_from)
-    assert vars(run.recovery) == recovery, f"--resume_without {piece}: the rest of the runbook's state is the " \
-                                           f"checkpoint's: expected {recovery}, got {vars(run.recovery)}"
+    assert vars(run.recovery) == recovery, (
+        f"--resume_without {piece}: the rest of the runbook's state is the "
+        f"checkpoint's: expected {recovery}, got {vars(run.recovery)}"
+    )
     if piece == "optimizer":
-        assert not moments(run), f"--resume_without optimizer: AdamW starts from zero moments (no state), got " \
-                                 f"state for {sorted(moments(run))}"
+        assert not moments(run), (
+            f"--resume_without optimizer: AdamW starts from zero moments (no state), got "
+            f"state for {sorted(moments(run))}"
+        )
     else:
         check_same_tensors(moments(run), had["moments"], f"--resume_without {piece}: AdamW's state")
     check_same_tensors(weights(run), had["weights"], f"--resume_without {piece}: the weights")
@@ -286,9 +346,10 @@ def test_resuming_again_without_the_schedule_restarts_it_at_the_new_resume(corpu
         again = new_run(corpus)
         restore_checkpoint(again, copy.deepcopy(state), forget=forget)
         how = "without the schedule" if forget else "in full"
-        assert again.recovery.schedule_from == want, \
-            f"a run resumed without its schedule at step {first}, checkpointed at step {first + 2} and resumed " \
+        assert again.recovery.schedule_from == want, (
+            f"a run resumed without its schedule at step {first}, checkpointed at step {first + 2} and resumed "
             f"{how}: the step its LR schedule counts from: expected {want}, got {again.recovery.schedule_from}"
+        )
 
 
 def test_a_checkpoint_without_optimizer_state_resumes_under_reset_optimizer(corpus, saved):
@@ -296,14 +357,19 @@ def test_a_checkpoint_without_optimizer_state_resumes_under_reset_optimizer(corp
     run = new_run(corpus, "--reset_optimizer")
     state = {piece: value for piece, value in copy.deepcopy(saved["state"]).items() if piece != "optimizer"}
     step = restore_checkpoint(run, state)
-    assert step == SAVED_AT, f"a checkpoint without optimizer state, under --reset_optimizer: the step is the " \
-                             f"checkpoint's: expected {SAVED_AT}, got {step}"
-    assert not moments(run), f"a checkpoint without optimizer state: AdamW starts from zero moments (no state), " \
-                             f"got state for {sorted(moments(run))}"
+    assert step == SAVED_AT, (
+        f"a checkpoint without optimizer state, under --reset_optimizer: the step is the "
+        f"checkpoint's: expected {SAVED_AT}, got {step}"
+    )
+    assert not moments(run), (
+        f"a checkpoint without optimizer state: AdamW starts from zero moments (no state), "
+        f"got state for {sorted(moments(run))}"
+    )
     check_same_tensors(weights(run), saved["had"]["weights"], "a checkpoint without optimizer state: the weights")
-    assert run.train_stream.position == saved["had"]["position"], \
-        f"a checkpoint without optimizer state: the data position: expected {saved['had']['position']}, got " \
+    assert run.train_stream.position == saved["had"]["position"], (
+        f"a checkpoint without optimizer state: the data position: expected {saved['had']['position']}, got "
         f"{run.train_stream.position}"
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -319,10 +385,13 @@ def test_a_resumed_run_takes_bitwise_the_steps_the_saved_run_took(corpus, saved,
     records = take_steps(run, step, STEPS_AFTER)
     for want, got in zip(saved["records"], records):
         for key in want:
-            assert got.get(key) == want[key], f"step {want['step']} after restoring into {into}: the {key} is the " \
-                                              f"saved run's, bitwise: expected {want[key]}, got {got.get(key)}"
-    check_same_tensors(weights(run), saved["final_weights"],
-                       f"the weights {STEPS_AFTER} steps after restoring into {into}")
+            assert got.get(key) == want[key], (
+                f"step {want['step']} after restoring into {into}: the {key} is the "
+                f"saved run's, bitwise: expected {want[key]}, got {got.get(key)}"
+            )
+    check_same_tensors(
+        weights(run), saved["final_weights"], f"the weights {STEPS_AFTER} steps after restoring into {into}"
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -363,8 +432,11 @@ def _save_and_restore_on_rank(corpus):
             model={name: list(t.shape) for name, t in state["model"].items()},
             moments={int(i): {key: list(v.shape) for key, v in m.items()} for i, m in optimizer_state.items()},
             weights_after={name: far(p, had_weights[name]) for name, p in weights(run).items()},
-            moments_after={f"{name} {key}": far(now.get(name, {}).get(key, torch.empty(0)), value)
-                           for name, m in had_moments.items() for key, value in m.items()},
+            moments_after={
+                f"{name} {key}": far(now.get(name, {}).get(key, torch.empty(0)), value)
+                for name, m in had_moments.items()
+                for key, value in m.items()
+            },
         )
     finally:
         destroy_distributed()
@@ -385,23 +457,31 @@ def test_two_pipeline_stages_save_the_single_device_form(corpus, two_stages):
     order = [name for group in train.parameter_groups(whole.named_parameters()) for name, _ in group]
     for rank, (_, got) in two_stages.items():
         for name in want:
-            assert got["model"].get(name) == want[name], f"stage {rank} of 2: the checkpoint holds every stage's " \
-                                                         f"{name}, as one device has it: expected shape " \
-                                                         f"{want[name]}, got {got['model'].get(name)}"
+            assert got["model"].get(name) == want[name], (
+                f"stage {rank} of 2: the checkpoint holds every stage's "
+                f"{name}, as one device has it: expected shape "
+                f"{want[name]}, got {got['model'].get(name)}"
+            )
         for i, name in enumerate(order):
             shapes = got["moments"].get(i, {})
             for key in ("exp_avg", "exp_avg_sq"):
                 expected = want[name]
-                assert shapes.get(key) == expected, f"stage {rank} of 2: AdamW's state {i} is {name}'s, as one " \
-                                                    f"device numbers them: expected {key} of shape {expected}, " \
-                                                    f"got {shapes.get(key)}"
+                assert shapes.get(key) == expected, (
+                    f"stage {rank} of 2: AdamW's state {i} is {name}'s, as one "
+                    f"device numbers them: expected {key} of shape {expected}, "
+                    f"got {shapes.get(key)}"
+                )
 
 
 def test_two_pipeline_stages_restore_their_parts(two_stages):
     for rank, (_, got) in two_stages.items():
-        assert got["restored"] is None, f"stage {rank} of 2: restoring the checkpoint takes this stage's part of " \
-                                        f"the single-device state: expected no error, got {got['restored']}"
+        assert got["restored"] is None, (
+            f"stage {rank} of 2: restoring the checkpoint takes this stage's part of "
+            f"the single-device state: expected no error, got {got['restored']}"
+        )
         for what in ("weights_after", "moments_after"):
             wrong = {name: problem for name, problem in got[what].items() if problem is not None}
-            assert not wrong, f"stage {rank} of 2: after the restore, its {what.split('_')[0]} are its part of " \
-                              f"the checkpoint's, as at the save: expected equal, got {wrong}"
+            assert not wrong, (
+                f"stage {rank} of 2: after the restore, its {what.split('_')[0]} are its part of "
+                f"the checkpoint's, as at the save: expected equal, got {wrong}"
+            )

@@ -14,11 +14,15 @@ from monitor import SavedActivations
 SMALL = GPTConfig(block_size=8, vocab_size=101, n_layer=4, n_head=4, n_embd=32)  # V = 101: padded to a multiple of tp
 
 
-@pytest.mark.parametrize("layout, model_config, dtype, schedule", [
-    ((2, 2, 2), SMALL, torch.float32, "1f1b"),
-    ((1, 2, 4), GPTConfig(**{**vars(SMALL), "bias": True, "norm": "layernorm"}), torch.bfloat16, "gpipe"),
-    ((2, 4, 1), SMALL, torch.float32, "1f1b"),
-], ids=["dp2xtp2xpp2-fp32", "tp2xpp4-bias-bf16", "dp2xtp4"])  # pp4: inner stages talk both ways
+@pytest.mark.parametrize(
+    "layout, model_config, dtype, schedule",
+    [
+        ((2, 2, 2), SMALL, torch.float32, "1f1b"),
+        ((1, 2, 4), GPTConfig(**{**vars(SMALL), "bias": True, "norm": "layernorm"}), torch.bfloat16, "gpipe"),
+        ((2, 4, 1), SMALL, torch.float32, "1f1b"),
+    ],
+    ids=["dp2xtp2xpp2-fp32", "tp2xpp4-bias-bf16", "dp2xtp4"],
+)  # pp4: inner stages talk both ways
 def test_counted_bytes_equal_the_closed_form_on_every_rank(layout, model_config, dtype, schedule):
     """One step of 2 accumulation micro-steps on 8 ranks: every rank's count, in each dimension,
     is the closed form for its stage; so is the number of parameters it holds."""

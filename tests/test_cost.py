@@ -16,13 +16,18 @@ def account(*argv):
     return cost.account(cost.parse_args(list(argv)))
 
 
-SHAPES = [pytest.param(dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=100), id="small"),
-          pytest.param(dict(n_layer=3, n_head=4, n_embd=64, block_size=8, vocab_size=256, bias=True, norm="layernorm"),
-                       id="bias-layernorm"),
-          pytest.param(dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, norm_position="post"),
-                       id="post-ln"),
-          pytest.param(dict(n_layer=1, n_head=3, n_embd=24, block_size=1, vocab_size=50), id="T=1"),
-          pytest.param(dict(n_layer=3, n_head=1, n_embd=8, block_size=40, vocab_size=30), id="T>C")]
+SHAPES = [
+    pytest.param(dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=100), id="small"),
+    pytest.param(
+        dict(n_layer=3, n_head=4, n_embd=64, block_size=8, vocab_size=256, bias=True, norm="layernorm"),
+        id="bias-layernorm",
+    ),
+    pytest.param(
+        dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, norm_position="post"), id="post-ln"
+    ),
+    pytest.param(dict(n_layer=1, n_head=3, n_embd=24, block_size=1, vocab_size=50), id="T=1"),
+    pytest.param(dict(n_layer=3, n_head=1, n_embd=8, block_size=40, vocab_size=30), id="T>C"),
+]
 
 
 @pytest.mark.parametrize("kwargs", SHAPES)
@@ -30,8 +35,9 @@ def test_parameters_follow_the_model(kwargs, monkeypatch):
     monkeypatch.setattr(GPT, "_init_weights", lambda self, module: None)  # the count needs no particular values
     mc = GPTConfig(**kwargs)
     N = GPT(mc).num_params()
-    assert cost.parameters_on_rank(mc) == N, f"the closed form counts the model's parameters: expected {N}, " \
-                                             f"got {cost.parameters_on_rank(mc)}"
+    assert cost.parameters_on_rank(mc) == N, (
+        f"the closed form counts the model's parameters: expected {N}, got {cost.parameters_on_rank(mc)}"
+    )
 
 
 def attention_by_matmuls(q, k, v, dropout_p):
@@ -60,26 +66,30 @@ def test_flops_per_token_counts_the_matmuls_of_forward_and_backward(kwargs, monk
     vectors = sum(p.numel() for p in gpt.parameters() if p.dim() == 1)  # norm weights and biases
     want, got = matmuls + 6 * vectors, cost.flops_per_token(mc)
     L, C, T = mc.n_layer, mc.n_embd, mc.block_size
-    assert got == want, f"FLOPs per token of {kwargs}: the matmuls of forward and backward count {matmuls:.0f} " \
-                        f"(of which attention's 12 L C T = {12 * L * C * T}), plus 6 x {vectors} norm and bias " \
-                        f"parameters: expected {want:.0f}, got {got}"
+    assert got == want, (
+        f"FLOPs per token of {kwargs}: the matmuls of forward and backward count {matmuls:.0f} "
+        f"(of which attention's 12 L C T = {12 * L * C * T}), plus 6 x {vectors} norm and bias "
+        f"parameters: expected {want:.0f}, got {got}"
+    )
 
 
 def test_gpt2_small_costs_nanogpts_855_mflops_per_token():
     """GPT-2 small (124,439,808 parameters, nanoGPT's 123.65M without the 1024 x 768 positions) at T = 1024:
     6 x 123,653,376 + 12 x 12 layers x 768 x 1024 = 855,166,464 FLOPs per token, nanoGPT's estimate_mfu."""
-    gpt2 = GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257, bias=True,
-                     norm="layernorm")
+    gpt2 = GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257, bias=True, norm="layernorm")
     want = 6 * 123_653_376 + 12 * 12 * 768 * 1024
     got = cost.flops_per_token(gpt2)
-    assert got == want, f"GPT-2 small: 6 N = {6 * 123_653_376} plus attention 12 L C T = {12 * 12 * 768 * 1024}: " \
-                        f"expected {want}, got {got}"
+    assert got == want, (
+        f"GPT-2 small: 6 N = {6 * 123_653_376} plus attention 12 L C T = {12 * 12 * 768 * 1024}: "
+        f"expected {want}, got {got}"
+    )
 
 
 def test_gpt3_175b_on_300b_tokens_is_3_14e23_flops():
     flops = account("--model", "175B", "--tokens", "300B", "--gpu", "A100", "--gpus", "1024").train_flops
-    assert flops == pytest.approx(3.14e23, rel=0.05), \
+    assert flops == pytest.approx(3.14e23, rel=0.05), (
         f"GPT-3 175B on 300B tokens, the paper's 3.14e23 FLOPs within 5%: expected 3.14e23, got {flops:.3g}"
+    )
 
 
 @pytest.mark.parametrize("model, published", [("70B", 1_720_320), ("7B", 184_320)])
@@ -103,8 +113,10 @@ def test_state_is_cut_by_tp_times_pp():
         # the first stage also holds the embedding and the positions: a little more than its share
         assert whole / (tp * pp) <= cost.memory_per_gpu(mc, tp, pp, 1, 1).state <= 1.2 * whole / (tp * pp)
     # full recomputation keeps only each layer's input
-    assert cost.memory_per_gpu(mc, 8, 1, 1, 1, recompute=True).activations < \
-        cost.memory_per_gpu(mc, 8, 1, 1, 1).activations / 5
+    assert (
+        cost.memory_per_gpu(mc, 8, 1, 1, 1, recompute=True).activations
+        < cost.memory_per_gpu(mc, 8, 1, 1, 1).activations / 5
+    )
 
 
 def test_the_planner_ranks_layouts_that_fit_first_and_keeps_tp_in_a_node():
@@ -130,8 +142,14 @@ def test_70b_does_not_fit_on_one_node_and_says_what_it_needs():
 
 
 def test_json_has_the_fields_machines_read():
-    result = run_script([ROOT / "cost.py", "--model", "70B", "--tokens", "2T", "--gpu", "A100", "--gpus", "2048",
-                         "--mfu", "0.4", "--json"], cwd=ROOT)
+    # fmt: off
+    result = run_script(
+        [
+            ROOT / "cost.py",
+            "--model", "70B", "--tokens", "2T", "--gpu", "A100", "--gpus", "2048", "--mfu", "0.4", "--json", ],
+        cwd=ROOT,
+    )
+    # fmt: on
     assert result.returncode == 0, result.stderr
     r = json.loads(result.stdout)
     for key in ("params", "train_flops", "gpu_hours", "wall_days", "cost_usd", "layouts"):
@@ -150,15 +168,18 @@ def test_chinchilla_is_the_default_budget():
     assert r.tokens_per_param == pytest.approx(20)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--model", "8B"], "--model '8B': choose one of"),
-    (["--model", "7B", "--gpu", "B200"], "--gpu 'B200': choose one of"),
-    (["--model", "tiny", "--gpus", "7"], "--gpus 7: no layout dp x tp x pp = 7"),  # 4 heads, 4 layers, 16 rows
-    (["--model", "7B", "--tokens=-2T"], "--tokens -2T: must be positive"),
-    (["--model", "7B", "--tokens", "lots"], "--tokens 'lots': give a number"),
-    (["--model", "7B", "--mfu", "1.5"], "--mfu 1.5: a share of the peak"),
-    (["--n_layer", "4"], "--n_head, --n_embd missing"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "8B"], "--model '8B': choose one of"),
+        (["--model", "7B", "--gpu", "B200"], "--gpu 'B200': choose one of"),
+        (["--model", "tiny", "--gpus", "7"], "--gpus 7: no layout dp x tp x pp = 7"),  # 4 heads, 4 layers, 16 rows
+        (["--model", "7B", "--tokens=-2T"], "--tokens -2T: must be positive"),
+        (["--model", "7B", "--tokens", "lots"], "--tokens 'lots': give a number"),
+        (["--model", "7B", "--mfu", "1.5"], "--mfu 1.5: a share of the peak"),
+        (["--n_layer", "4"], "--n_head, --n_embd missing"),
+    ],
+)
 def test_bad_input_is_named(argv, message):
     result = run_script([ROOT / "cost.py", *argv], cwd=ROOT)
     assert result.returncode != 0 and message in result.stderr, result.stderr
@@ -179,8 +200,9 @@ def test_young_daly_interval_minimizes_the_time_lost():
 
 def test_account_lines_count_6nd():
     mc = GPTConfig(block_size=64, vocab_size=256, n_layer=2, n_head=2, n_embd=32)
-    lines = cost.account_lines(mc, 1, 1, 4, 1, max_iters=100, tokens_per_step=256, activation_bytes=4,
-                               step_seconds=0.01)
+    lines = cost.account_lines(
+        mc, 1, 1, 4, 1, max_iters=100, tokens_per_step=256, activation_bytes=4, step_seconds=0.01
+    )
     flops = cost.flops_per_token(mc) * 100 * 256
     assert f"{flops:.3g} FLOPs" in lines[1] and f"6 N D = {6 * GPT(mc).num_params() * 25600:.3g}" in lines[1]
     assert "~0.0 min for 100 steps" in lines[3]
@@ -205,9 +227,11 @@ def test_a_ring_all_reduce_costs_2_n_minus_1_over_n_of_the_message():
 
 def test_odd_shapes_are_answered_not_crashed():
     """A shape whose only cuts put TP across nodes, and one that no cut of up to 4096 devices fits."""
-    wide = run_script([ROOT / "cost.py", "--n_layer", "2", "--n_head", "64", "--n_embd", "57344", "--gpus", "32"],
-                      cwd=ROOT)
+    wide = run_script(
+        [ROOT / "cost.py", "--n_layer", "2", "--n_head", "64", "--n_embd", "57344", "--gpus", "32"], cwd=ROOT
+    )
     assert wide.returncode == 0, wide.stderr
-    huge = run_script([ROOT / "cost.py", "--n_layer", "1", "--n_head", "1", "--n_embd", "200000", "--gpus", "8"],
-                      cwd=ROOT)
+    huge = run_script(
+        [ROOT / "cost.py", "--n_layer", "1", "--n_head", "1", "--n_embd", "200000", "--gpus", "8"], cwd=ROOT
+    )
     assert huge.returncode == 0 and "no cut of up to 4,096 devices fits it" in huge.stdout, huge.stdout + huge.stderr

@@ -154,21 +154,27 @@ def write_tokens(path, n):
 
 
 def check_shapes(x, y, B, T):
-    assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor), \
+    assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor), (
         f"next_batch returns two torch tensors (x, y): got {type(x).__name__} and {type(y).__name__}"
-    assert tuple(x.shape) == tuple(y.shape) == (B, T), \
+    )
+    assert tuple(x.shape) == tuple(y.shape) == (B, T), (
         f"next_batch returns x and y of shape (B, T) = {(B, T)}: got {tuple(x.shape)} and {tuple(y.shape)}"
-    assert x.dtype == y.dtype == torch.int64, \
+    )
+    assert x.dtype == y.dtype == torch.int64, (
         f"x and y are int64 (embedding indices and cross-entropy targets): got {x.dtype} and {y.dtype}"
+    )
 
 
-@pytest.mark.parametrize("B, T, lanes, n_windows, order_seed", [
-    pytest.param(3, 8, 1, 24, 0, id="B=3, T=8, lanes=1"),
-    pytest.param(3, 8, 4, 26, 0, id="B=3, T=8, lanes=4, 2 windows sit out"),
-    pytest.param(2, 5, 3, 12, 0, id="B=2, T=5, lanes=3"),
-    pytest.param(2, 5, 3, 12, 5, id="B=2, T=5, lanes=3, order_seed=5"),
-    pytest.param(1, 1, 1, 5, 0, id="B=1, T=1"),
-])
+@pytest.mark.parametrize(
+    "B, T, lanes, n_windows, order_seed",
+    [
+        pytest.param(3, 8, 1, 24, 0, id="B=3, T=8, lanes=1"),
+        pytest.param(3, 8, 4, 26, 0, id="B=3, T=8, lanes=4, 2 windows sit out"),
+        pytest.param(2, 5, 3, 12, 0, id="B=2, T=5, lanes=3"),
+        pytest.param(2, 5, 3, 12, 5, id="B=2, T=5, lanes=3, order_seed=5"),
+        pytest.param(1, 1, 1, 5, 0, id="B=1, T=1"),
+    ],
+)
 def test_token_stream_walks_without_gaps_or_overlap(tmp_path, B, T, lanes, n_windows, order_seed):
     """Row r of the walk is window stream.window(r) (lanes, then the seeded order), tokens [w*T, w*T + T]:
     x its first T, y its last T."""
@@ -184,22 +190,27 @@ def test_token_stream_walks_without_gaps_or_overlap(tmp_path, B, T, lanes, n_win
             w = stream.window(r)
             where = f"row {r} of the walk (batch {batch}, row {b}) is window self.window({r}) = {w}"
             want_x, want_y = tokens[w * T : w * T + T].tolist(), tokens[w * T + 1 : w * T + T + 1].tolist()
-            assert x[b].tolist() == want_x, f"{where}: x holds tokens {w * T}..{w * T + T - 1}: " \
-                                            f"expected {want_x}, got {x[b].tolist()}"
-            assert y[b].tolist() == want_y, f"{where}: y is x shifted by one, the next tokens: " \
-                                            f"expected {want_y}, got {y[b].tolist()}"
+            assert x[b].tolist() == want_x, (
+                f"{where}: x holds tokens {w * T}..{w * T + T - 1}: expected {want_x}, got {x[b].tolist()}"
+            )
+            assert y[b].tolist() == want_y, (
+                f"{where}: y is x shifted by one, the next tokens: expected {want_y}, got {y[b].tolist()}"
+            )
         xs.append(x)
         ys.append(y)
     x, y = torch.cat(xs), torch.cat(ys)  # (rows, T)
     predicted = sorted(y.flatten().tolist())
-    assert predicted == tokens[1 : rows * T + 1].tolist(), \
+    assert predicted == tokens[1 : rows * T + 1].tolist(), (
         f"one epoch predicts each of tokens 1..{rows * T} exactly once: got {predicted[:12]}..."
-    assert stream.position == rows, \
+    )
+    assert stream.position == rows, (
         f"position counts the rows read: after {rows // B} batches of {B}, expected {rows}, got {stream.position}"
+    )
     again, _ = stream.next_batch()
-    assert torch.equal(again, x[:B]), \
-        f"after one epoch of {rows} rows the walk starts over: expected {x[:B, 0].tolist()} as the rows' first " \
+    assert torch.equal(again, x[:B]), (
+        f"after one epoch of {rows} rows the walk starts over: expected {x[:B, 0].tolist()} as the rows' first "
         f"tokens, got {again[:, 0].tolist()}"
+    )
 
 
 @pytest.mark.parametrize("world_size", [2, 3], ids=["world=2", "world=3"])
@@ -216,21 +227,24 @@ def test_token_stream_shards_by_rank_and_resumes(tmp_path, world_size):
             xr, yr = stream.next_batch()
             check_shapes(xr, yr, B, T)
             want = x[r * B : r * B + B]
-            assert torch.equal(xr, want) and torch.equal(yr, y[r * B : r * B + B]), \
-                f"at step {step}, rank {r} of {world_size} reads rows {r * B}..{r * B + B - 1} of the global batch " \
-                f"of {world_size * B}: expected rows starting at tokens {want[:, 0].tolist()}, " \
+            assert torch.equal(xr, want) and torch.equal(yr, y[r * B : r * B + B]), (
+                f"at step {step}, rank {r} of {world_size} reads rows {r * B}..{r * B + B - 1} of the global batch "
+                f"of {world_size * B}: expected rows starting at tokens {want[:, 0].tolist()}, "
                 f"got {xr[:, 0].tolist()}"
+            )
     for r, stream in enumerate(ranks):
-        assert stream.position == steps * world_size * B, \
-            f"position counts the rows the whole group has read: after {steps} steps of {world_size} ranks x {B} " \
+        assert stream.position == steps * world_size * B, (
+            f"position counts the rows the whole group has read: after {steps} steps of {world_size} ranks x {B} "
             f"rows, expected {steps * world_size * B} on rank {r}, got {stream.position}"
+        )
     resumed = [TokenStream(path, "uint16", B, T, rank=r, world_size=world_size, lanes=8) for r in range(world_size)]
     for stream in resumed:
         stream.load_state_dict(single.state_dict())
     want, got = single.next_batch()[0], torch.cat([stream.next_batch()[0] for stream in resumed])
-    assert torch.equal(got, want), \
-        f"ranks resumed from one process's position read its next global batch: expected rows starting at " \
+    assert torch.equal(got, want), (
+        f"ranks resumed from one process's position read its next global batch: expected rows starting at "
         f"tokens {want[:, 0].tolist()}, got {got[:, 0].tolist()}"
+    )
 
 
 def test_a_seeded_order_reads_the_same_windows_in_another_sequence(tmp_path):
@@ -244,12 +258,14 @@ def test_a_seeded_order_reads_the_same_windows_in_another_sequence(tmp_path):
 
     plain, shuffled = epoch(0), epoch(7)
     every_window = list(range(0, T * n_windows, T))
-    assert sorted(shuffled) == sorted(plain) == every_window, \
-        f"with or without order_seed an epoch reads each window once: expected the starts {every_window}, got " \
+    assert sorted(shuffled) == sorted(plain) == every_window, (
+        f"with or without order_seed an epoch reads each window once: expected the starts {every_window}, got "
         f"{sorted(plain)} and, with order_seed=7, {sorted(shuffled)}"
+    )
     assert shuffled != plain, f"order_seed=7 reads the windows in another order than the lanes: got {shuffled}"
-    assert epoch(7) == shuffled and epoch(8) != shuffled, \
+    assert epoch(7) == shuffled and epoch(8) != shuffled, (
         "the order is fixed by the seed (order_seed=7 twice gives one order) and changes with it (order_seed=8)"
+    )
     ranks = [TokenStream(path, "uint16", B // 2, T, rank=r, world_size=2, lanes=4, order_seed=7) for r in range(2)]
     sharded = [row[0].item() for _ in range(n_windows // B) for s in ranks for row in s.next_batch()[0]]
     assert sharded == shuffled, f"two ranks still split the same global batches: expected {shuffled}, got {sharded}"
@@ -283,8 +299,10 @@ def test_json_lines_corpus_gives_back_its_documents_in_order(tmp_path, name):
     path = tmp_path / name
     path.write_bytes(gzip.compress(lines.encode()) if name.endswith(".gz") else lines.encode())
     out = tmp_path / "prepared"
-    result = run_script([ROOT / "data.py", "--source", path, "--text_field", "body", "--tokenizer", "gpt2",
-                         "--out_dir", out], cwd=tmp_path)
+    result = run_script(
+        [ROOT / "data.py", "--source", path, "--text_field", "body", "--tokenizer", "gpt2", "--out_dir", out],
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     meta = json.loads((out / "meta.json").read_text())
     tokens = np.concatenate([np.fromfile(out / f"{split}.bin", dtype=meta["dtype"]) for split in ("train", "val")])
@@ -297,7 +315,9 @@ def test_json_lines_corpus_gives_back_its_documents_in_order(tmp_path, name):
 def test_json_lines_without_the_text_field_is_named(tmp_path):
     path = tmp_path / "corpus.jsonl"
     path.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"body": "no text field"}) + "\n")
-    with pytest.raises(ValueError, match=r"corpus.jsonl, line 2: no text under --text_field 'text' \(its fields: body\)"):
+    with pytest.raises(
+        ValueError, match=r"corpus.jsonl, line 2: no text under --text_field 'text' \(its fields: body\)"
+    ):
         prepare(DataConfig(source=str(path)), str(tmp_path / "out"))
     path.write_text("{not json\n")
     with pytest.raises(ValueError, match="corpus.jsonl, line 1: not JSON"):
@@ -310,11 +330,18 @@ def test_sharded_parallel_prepare_writes_the_same_bytes(tmp_path):
 
     write_word_corpus(tmp_path / "corpus.txt", 20000)
     outputs = {}
-    for name, workers, shard_chars in (("one shard", 1, 1 << 24), ("shards, 1 worker", 1, 1 << 16),
-                                       ("shards, 2 workers", 2, 1 << 16)):
+    for name, workers, shard_chars in (
+        ("one shard", 1, 1 << 24),
+        ("shards, 1 worker", 1, 1 << 16),
+        ("shards, 2 workers", 2, 1 << 16),
+    ):
         out = tmp_path / name
-        prepare(DataConfig(source=str(tmp_path / "corpus.txt"), workers=workers), str(out), chunk_chars=1 << 14,
-                shard_chars=shard_chars)
+        prepare(
+            DataConfig(source=str(tmp_path / "corpus.txt"), workers=workers),
+            str(out),
+            chunk_chars=1 << 14,
+            shard_chars=shard_chars,
+        )
         outputs[name] = [(out / f).read_bytes() for f in ("train.bin", "val.bin")]
         assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]  # no shards left behind
     assert outputs["one shard"] == outputs["shards, 1 worker"] == outputs["shards, 2 workers"]

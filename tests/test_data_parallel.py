@@ -1,4 +1,5 @@
-"""Training under data, tensor and pipeline parallelism with real gloo processes: any layout takes the single-process step."""
+"""Training under data, tensor and pipeline parallelism with real gloo processes: any layout takes the
+single-process step."""
 
 import json
 import shutil
@@ -11,30 +12,46 @@ import cost
 import train
 from conftest import ROOT, write_word_corpus, run_script
 from local_ranks import run_ranks
-from config import TrainConfig, parse_args
+from config import parse_args
 from model import GPT, GPTConfig
-from parallel import ParallelConfig, ProcessGrid
+from parallel import ProcessGrid
 
 # fp32 pinned: the layouts agree to rounding in fp32; under bf16 (the default on CPUs that have it) they
 # would differ by bf16's rounding of differently split matmuls
-MODEL = ["--dtype", "float32", "--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--max_iters", "20",
-         "--warmup_iters", "5", "--learning_rate", "3e-3", "--log_interval", "1", "--eval_interval", "10",
-         "--eval_iters", "2", "--ckpt_interval", "5", "--max_new_tokens", "10", "--num_samples", "1",
-         "--dist_timeout", "30"]
+# fmt: off
+MODEL = [
+    "--dtype", "float32", "--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32",
+    "--max_iters", "20", "--warmup_iters", "5", "--learning_rate", "3e-3", "--log_interval", "1",
+    "--eval_interval", "10", "--eval_iters", "2", "--ckpt_interval", "5", "--max_new_tokens", "10",
+    "--num_samples", "1", "--dist_timeout", "30",
+]
+# fmt: on
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("dp")
     write_word_corpus(root / "corpus.txt", 3000)
-    train.main(["--source", str(root / "corpus.txt"), "--data_dir", str(root / "data"), "--out_dir",
-                str(root / "warmup"), "--max_iters", "1", "--n_layer", "1", "--n_embd", "16", "--n_head", "1"])
+    # fmt: off
+    train.main(
+        [
+            "--source", str(root / "corpus.txt"), "--data_dir", str(root / "data"),
+            "--out_dir", str(root / "warmup"), "--max_iters", "1", "--n_layer", "1", "--n_embd", "16",
+            "--n_head", "1",
+        ]
+    )
+    # fmt: on
     return root  # data prepared once, so ranks never race to prepare it
 
 
 def args(corpus, out, *extra):
-    return ["--source", str(corpus / "corpus.txt"), "--data_dir", str(corpus / "data"), "--out_dir", str(out),
-            *MODEL, *map(str, extra)]
+    # fmt: off
+    return [
+        "--source", str(corpus / "corpus.txt"), "--data_dir", str(corpus / "data"), "--out_dir", str(out),
+        *MODEL,
+        *map(str, extra),
+    ]
+    # fmt: on
 
 
 def metrics(out):
@@ -94,8 +111,19 @@ def single(corpus):
         (8, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "gpipe"]),
         (8, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "1f1b"]),
     ],
-    ids=["dp2", "dp4", "dp2-accumulation", "dp2-naive", "tp2", "dp2xtp2", "pp2-gpipe", "dp2xpp2-1f1b",
-         "tp2xpp2-gpipe", "dp2xtp2xpp2-gpipe", "dp2xtp2xpp2-1f1b"],
+    ids=[
+        "dp2",
+        "dp4",
+        "dp2-accumulation",
+        "dp2-naive",
+        "tp2",
+        "dp2xtp2",
+        "pp2-gpipe",
+        "dp2xpp2-1f1b",
+        "tp2xpp2-gpipe",
+        "dp2xtp2xpp2-gpipe",
+        "dp2xtp2xpp2-1f1b",
+    ],
 )
 def test_layout_matches_single_process(corpus, single, world_size, extra):
     """Same seed, same global batch: every layout takes the single process's steps (fp32 tolerance)."""
@@ -106,9 +134,15 @@ def test_layout_matches_single_process(corpus, single, world_size, extra):
     # every step logs its communication, each dimension on its busiest rank, as the closed form says
     _, _, configs = parse_args(argv)
     layout, cfg = configs.parallel, configs.train
-    closed_form = cost.busiest_stage_comm_bytes(configs.model, dp=layout.dp, tp=layout.tp, pp=layout.pp,
-                                                batch_size=cfg.batch_size, accumulation=cfg.gradient_accumulation_steps,
-                                                compute_bytes=4)
+    closed_form = cost.busiest_stage_comm_bytes(
+        configs.model,
+        dp=layout.dp,
+        tp=layout.tp,
+        pp=layout.pp,
+        batch_size=cfg.batch_size,
+        accumulation=cfg.gradient_accumulation_steps,
+        compute_bytes=4,
+    )
     for record in metrics(out)[:-1]:  # the last holds the final val loss only
         assert {d: record[f"comm_bytes_{d}"] for d in closed_form} == {d: b for d, (b, _) in closed_form.items()}
 
@@ -127,16 +161,24 @@ def test_bucketed_and_naive_average_to_the_same_gradients():
     (grads0, views0), (grads1, _) = outcome[0][1], outcome[1][1]
     for number, (bucketed, naive, *again) in enumerate(grads0):
         close = torch.allclose(torch.tensor(bucketed), torch.tensor(naive), rtol=1e-5, atol=1e-7)
-        assert close, f"parameter {number}: bucketed and naive DP average to the same gradient: expected (naive) " \
-                      f"{first_values(naive)}..., got (bucketed) {first_values(bucketed)}..."
+        assert close, (
+            f"parameter {number}: bucketed and naive DP average to the same gradient: expected (naive) "
+            f"{first_values(naive)}..., got (bucketed) {first_values(bucketed)}..."
+        )
         for zeroing, repeat in zip(("dp.zero_buckets()", "set_to_none"), again):
-            assert repeat == bucketed, f"parameter {number}: the same backward after {zeroing} gives the same " \
-                                       f"average: expected {first_values(bucketed)}..., got {first_values(repeat)}..."
+            assert repeat == bucketed, (
+                f"parameter {number}: the same backward after {zeroing} gives the same "
+                f"average: expected {first_values(bucketed)}..., got {first_values(repeat)}..."
+            )
     for number, (a, b) in enumerate(zip(grads0, grads1)):
-        assert a[0] == b[0], f"parameter {number}: both ranks hold the same average: rank 0 {first_values(a[0])}" \
-                             f"..., rank 1 {first_values(b[0])}..."
-    assert views0 == [True] * 3, f"after finish() every gradient is still a view into its bucket (after no " \
-                                 f"zeroing, dp.zero_buckets(), set_to_none): expected [True, True, True], got {views0}"
+        assert a[0] == b[0], (
+            f"parameter {number}: both ranks hold the same average: rank 0 {first_values(a[0])}"
+            f"..., rank 1 {first_values(b[0])}..."
+        )
+    assert views0 == [True] * 3, (
+        f"after finish() every gradient is still a view into its bucket (after no "
+        f"zeroing, dp.zero_buckets(), set_to_none): expected [True, True, True], got {views0}"
+    )
 
 
 def _one_backward_both_modes():
@@ -162,8 +204,12 @@ def _one_backward_both_modes():
             grads.setdefault(mode, []).append([p.grad.flatten().tolist() for p in model.parameters()])
             if mode == "bucketed":
                 flat_of = {p: dp.flats[i] for p, i in dp.bucket_of.items()}
-                views.append(all(p.grad.untyped_storage().data_ptr() == flat_of[p].untyped_storage().data_ptr()
-                                 for p in model.parameters()))
+                views.append(
+                    all(
+                        p.grad.untyped_storage().data_ptr() == flat_of[p].untyped_storage().data_ptr()
+                        for p in model.parameters()
+                    )
+                )
     destroy_distributed()
     first, *again = grads["bucketed"]  # per parameter: (bucketed, naive, bucketed after each zeroing)
     return [(b, n, *rest) for b, n, *rest in zip(first, grads["naive"][0], *again)], views
@@ -225,10 +271,15 @@ def _dp_average_over_steps(steps):
                 for name, p in twin.named_parameters():
                     if p.grad is not None:
                         want[name] += p.grad / grid.dp
-            got = {name: (torch.zeros_like(p) if p.grad is None else p.grad).tolist()
-                   for name, p in net.named_parameters()}
-            results[setup, step] = dict(got=got, want={name: g.tolist() for name, g in want.items()},
-                                        sent_in_backward=sent_in_backward, sent_in_step=sent_in_step)
+            got = {
+                name: (torch.zeros_like(p) if p.grad is None else p.grad).tolist() for name, p in net.named_parameters()
+            }
+            results[setup, step] = dict(
+                got=got,
+                want={name: g.tolist() for name, g in want.items()},
+                sent_in_backward=sent_in_backward,
+                sent_in_step=sent_in_step,
+            )
     destroy_distributed()
     return results
 
@@ -251,25 +302,33 @@ def test_finish_leaves_the_group_average_on_every_step():
             for name, want in r["want"].items():
                 got = torch.tensor(r["got"][name])
                 close = torch.allclose(got, torch.tensor(want), rtol=1e-5, atol=1e-7)
-                assert close, f"{setup}, step {step}, rank {rank}: {name}'s gradient is the average over the " \
-                              f"DP group's 2 ranks: expected {first_values(want)}..., got {first_values(got)}..."
+                assert close, (
+                    f"{setup}, step {step}, rank {rank}: {name}'s gradient is the average over the "
+                    f"DP group's 2 ranks: expected {first_values(want)}..., got {first_values(got)}..."
+                )
             if setup.startswith("bucketed"):
-                assert r["sent_in_step"] == 4 * numel, \
-                    f"{setup}, step {step}: each fp32 gradient is sent once per step: expected {4 * numel} bytes, " \
+                assert r["sent_in_step"] == 4 * numel, (
+                    f"{setup}, step {step}: each fp32 gradient is sent once per step: expected {4 * numel} bytes, "
                     f"got {r['sent_in_step']}"
+                )
             else:
-                assert 4 * with_grad <= r["sent_in_step"] <= 4 * numel, \
-                    f"{setup}, step {step}: each fp32 gradient's all-reduce is counted (comm_count.counted), once: " \
-                    f"expected {4 * with_grad} bytes ({4 * numel} if the unused layer's zeros are sent too), " \
+                assert 4 * with_grad <= r["sent_in_step"] <= 4 * numel, (
+                    f"{setup}, step {step}: each fp32 gradient's all-reduce is counted (comm_count.counted), once: "
+                    f"expected {4 * with_grad} bytes ({4 * numel} if the unused layer's zeros are sent too), "
                     f"got {r['sent_in_step']}"
+                )
         first = results["bucketed", 0]["sent_in_backward"]
-        assert 0 < first < 4 * numel, f"rank {rank}: the complete bucket is sent during backward, the one " \
-                                      f"with the unused layer in finish(): expected between 0 and {4 * numel} " \
-                                      f"bytes during the first backward, got {first}"
+        assert 0 < first < 4 * numel, (
+            f"rank {rank}: the complete bucket is sent during backward, the one "
+            f"with the unused layer in finish(): expected between 0 and {4 * numel} "
+            f"bytes during the first backward, got {first}"
+        )
         for step in range(1, steps):
             again = results["bucketed", step]["sent_in_backward"]
-            assert again == first, f"rank {rank}, step {step}: the hooks send the complete buckets during " \
-                                   f"backward on every step, as on the first: expected {first} bytes, got {again}"
+            assert again == first, (
+                f"rank {rank}, step {step}: the hooks send the complete buckets during "
+                f"backward on every step, as on the first: expected {first} bytes, got {again}"
+            )
 
 
 def _grid_coordinates():
@@ -277,8 +336,16 @@ def _grid_coordinates():
 
     launch = init_distributed(30)
     grid = ProcessGrid(2, 2, 2, launch.rank, launch.world_size)
-    result = (grid.dp_rank, grid.pp_rank, grid.tp_rank, grid.dp_ranks, grid.pp_ranks, grid.tp_ranks,
-              grid.pp_prev, grid.pp_next)
+    result = (
+        grid.dp_rank,
+        grid.pp_rank,
+        grid.tp_rank,
+        grid.dp_ranks,
+        grid.pp_ranks,
+        grid.tp_ranks,
+        grid.pp_prev,
+        grid.pp_next,
+    )
     destroy_distributed()
     return result
 
@@ -304,8 +371,9 @@ def test_a_dying_rank_stops_the_others_with_a_clear_error_then_resumes_exactly(c
     clean = corpus / "dp2-clean"
     train_ranks(2, args(corpus, clean, "--dp", 2, "--batch_size", 4))
     out = corpus / "dp2-killed"
-    outcome = run_ranks(2, train.main, args(corpus, out, "--dp", 2, "--batch_size", 4, "--inject", "crash@13"),
-                        timeout=90)
+    outcome = run_ranks(
+        2, train.main, args(corpus, out, "--dp", 2, "--batch_size", 4, "--inject", "crash@13"), timeout=90
+    )
     assert outcome[1] == ("missing", -9)  # the last rank was SIGKILLed
     status, message = outcome[0]
     assert status == "exit" and "rank 0 lost contact with the other ranks" in message, outcome
@@ -315,8 +383,9 @@ def test_a_dying_rank_stops_the_others_with_a_clear_error_then_resumes_exactly(c
 
     # the same dp=2 checkpoint continues on one process with the same global batch
     relayout = corpus / "dp2-to-dp1"
-    outcome = run_ranks(2, train.main, args(corpus, relayout, "--dp", 2, "--batch_size", 4, "--inject", "crash@13"),
-                        timeout=90)
+    outcome = run_ranks(
+        2, train.main, args(corpus, relayout, "--dp", 2, "--batch_size", 4, "--inject", "crash@13"), timeout=90
+    )
     assert outcome[1][0] == "missing"
     train.main(args(corpus, relayout, "--batch_size", 8))
     assert_same_run(relayout, clean)
@@ -326,23 +395,36 @@ def test_a_3d_run_killed_mid_way_resumes_on_other_layouts(corpus, single):
     """A dp2 x tp2 x pp2 run loses a rank at step 13; its single-device checkpoint of step 10 continues
     on one process and as tp2 x pp2, each with the losses of the uninterrupted run."""
     killed = corpus / "3d-killed"
-    outcome = run_ranks(8, train.main, args(corpus, killed, "--dp", 2, "--tp", 2, "--pp", 2, "--batch_size", 4,
-                                            "--micro_batches", 2, "--inject", "crash@13"), timeout=120)
+    # fmt: off
+    outcome = run_ranks(
+        8,
+        train.main,
+        args(
+            corpus,
+            killed,
+            "--dp", 2, "--tp", 2, "--pp", 2, "--batch_size", 4, "--micro_batches", 2, "--inject", "crash@13",
+        ),
+        timeout=120,
+    )
+    # fmt: on
     assert outcome[7] == ("missing", -9), outcome  # the last rank was SIGKILLed
     assert all(outcome[rank][0] == "exit" for rank in range(7)), outcome  # the others stop with an error
     shutil.copytree(killed, corpus / "3d-to-1x2x2")
     train.main(args(corpus, killed, "--batch_size", 8))
     assert_same_run(killed, single)
-    train_ranks(4, args(corpus, corpus / "3d-to-1x2x2", "--dp", 1, "--tp", 2, "--pp", 2, "--batch_size", 8,
-                        "--micro_batches", 2))
+    train_ranks(
+        4,
+        args(corpus, corpus / "3d-to-1x2x2", "--dp", 1, "--tp", 2, "--pp", 2, "--batch_size", 8, "--micro_batches", 2),
+    )
     assert_same_run(corpus / "3d-to-1x2x2", single)
 
 
 def test_torchrun_end_to_end(corpus, single):
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     out = corpus / "torchrun"
-    result = run_script([*launcher, ROOT / "train.py", *args(corpus, out, "--dp", 2, "--batch_size", 4)],
-                        cwd=corpus, timeout=300)
+    result = run_script(
+        [*launcher, ROOT / "train.py", *args(corpus, out, "--dp", 2, "--batch_size", 4)], cwd=corpus, timeout=300
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[:3000]
     assert "ProcessGrid(rank 0/2: dp 0/2" in result.stdout and result.stdout.count("final check: val loss") == 1
     assert_same_run(out, single)
@@ -351,8 +433,9 @@ def test_torchrun_end_to_end(corpus, single):
 def test_spawned_ranks_take_the_same_steps(corpus, single):
     """The start method of macOS and Windows: fresh interpreters instead of forks of this one."""
     out = corpus / "dp2-spawn"
-    outcome = run_ranks(2, train.main, args(corpus, out, "--dp", 2, "--batch_size", 4), timeout=180,
-                        start_method="spawn")
+    outcome = run_ranks(
+        2, train.main, args(corpus, out, "--dp", 2, "--batch_size", 4), timeout=180, start_method="spawn"
+    )
     assert all(status == "ok" for status, _ in outcome.values()), outcome
     assert_same_run(out, single)
 
@@ -382,8 +465,9 @@ def test_a_rank_that_cannot_see_rank_0s_files_stops_every_rank(tmp_path):
     """Two machines without a shared file system: rank 0 wrote run.json, rank 1 (elsewhere) cannot see it."""
     written = tmp_path / "run.json"
     written.write_text("{}")
-    outcome = run_ranks(2, _check_visibility, {0: [str(written)], 1: [str(tmp_path / "elsewhere" / "run.json")]},
-                        timeout=60)
+    outcome = run_ranks(
+        2, _check_visibility, {0: [str(written)], 1: [str(tmp_path / "elsewhere" / "run.json")]}, timeout=60
+    )
     for status, message in outcome.values():  # every rank stops, with the same advice
         assert status == "error" and "rank 1 cannot see" in message and "which rank 0 wrote" in message, outcome
         assert "a file system that every machine mounts" in message

@@ -17,7 +17,6 @@ from model import GPTConfig
 from run_folder import is_finished
 
 
-
 class UnigramModel(nn.Module):
     """Predicts the same distribution at every position: byte 'a' with probability 1/2, each of the
     other 255 bytes with 1/510. So the loss of an 'a' is ln 2 and of any other byte ln 510."""
@@ -44,18 +43,22 @@ def test_accuracy_is_computed_as_by_hand(tmp_path):
     #   " b": 2 other = 12.469, 6.234 per token; " bb": 18.703; " bbb": 24.938
     # acc (lowest sum) picks " b", which is wrong; acc_norm (lowest mean) picks the a's, right.
     # Example 2: " aa" costs 7.621 (2.540 per token), below " b" both ways: both right.
-    path = write_examples(tmp_path / "hand.jsonl", [
-        ("x", ["aaaaaaaaaa", "b", "bb", "bbb"], 0),
-        ("x", ["b", "aa", "bbbb", "bbbbbbbbbbbb"], 1),
-    ])
+    path = write_examples(
+        tmp_path / "hand.jsonl",
+        [
+            ("x", ["aaaaaaaaaa", "b", "bb", "bbb"], 0),
+            ("x", ["b", "aa", "bbbb", "bbbbbbbbbbbb"], 1),
+        ],
+    )
     examples = evaluation.read_examples(path)
     rows, starts = evaluation.render(*examples[0][:2], ByteTokenizer(), block_size=64)
     summed, mean = evaluation.ending_losses(UnigramModel(), rows, starts, torch.device("cpu"))
     fp32 = dict(rtol=1e-5, atol=1e-4)  # a loss is a log-sum-exp over 256 fp32 logits
     torch.testing.assert_close(summed, torch.tensor([other + 10 * a, 2 * other, 3 * other, 4 * other]), **fp32)
     torch.testing.assert_close(mean, torch.tensor([(other + 10 * a) / 11, other, other, other]), **fp32)
-    scores = evaluation.benchmark_scores(UnigramModel(), ByteTokenizer(), examples, torch.device("cpu"),
-                                         contextlib.nullcontext())
+    scores = evaluation.benchmark_scores(
+        UnigramModel(), ByteTokenizer(), examples, torch.device("cpu"), contextlib.nullcontext()
+    )
     assert scores == {"acc": 0.5, "acc_norm": 1.0, "chance": 0.25, "examples": 2}
 
 
@@ -84,13 +87,20 @@ def test_download_is_checked_by_sha256(tmp_path, monkeypatch):
         evaluation.read_benchmark(bcfg)  # the fixture is not the real validation file
     assert list((tmp_path / "hs").iterdir()) == []  # and is not kept
     with pytest.raises(ValueError, match="could not download hellaswag .*--benchmark_url file:///"):
-        evaluation.read_benchmark(BenchmarkConfig(benchmark="hellaswag", benchmark_url=(tmp_path / "no").as_uri(),
-                                                  benchmark_dir=str(tmp_path / "hs")))
+        evaluation.read_benchmark(
+            BenchmarkConfig(
+                benchmark="hellaswag", benchmark_url=(tmp_path / "no").as_uri(), benchmark_dir=str(tmp_path / "hs")
+            )
+        )
     # a file with the expected hash is kept, and read from disk from then on
     monkeypatch.setitem(evaluation.HELLASWAG, "sha256", file_sha256(FIXTURE))
     assert len(evaluation.read_benchmark(bcfg)) == 8
-    offline = BenchmarkConfig(benchmark="hellaswag", benchmark_url=(tmp_path / "gone").as_uri(),
-                              benchmark_dir=str(tmp_path / "hs"), benchmark_examples=3)
+    offline = BenchmarkConfig(
+        benchmark="hellaswag",
+        benchmark_url=(tmp_path / "gone").as_uri(),
+        benchmark_dir=str(tmp_path / "hs"),
+        benchmark_examples=3,
+    )
     assert len(evaluation.read_benchmark(offline)) == 3
 
 
@@ -101,9 +111,13 @@ def test_a_model_trained_on_the_right_endings_picks_them_and_eval_only_agrees(tm
     examples = evaluation.read_examples(FIXTURE)
     corpus = tmp_path / "right.txt"
     corpus.write_text("".join(f"{context} {endings[label]}\n" for context, endings, label in examples) * 40)
-    flags = ["--source", corpus, "--max_iters", "250", "--eval_interval", "125", "--ckpt_interval", "125",
-             "--num_samples", "0", "--benchmark", FIXTURE, "--out_dir", tmp_path / "run",
-             "--data_dir", tmp_path / "data"]
+    # fmt: off
+    flags = [
+        "--source", corpus, "--max_iters", "250", "--eval_interval", "125", "--ckpt_interval", "125",
+        "--num_samples", "0", "--benchmark", FIXTURE, "--out_dir", tmp_path / "run",
+        "--data_dir", tmp_path / "data",
+    ]
+    # fmt: on
     trained = run_script(["train.py", *flags], cwd=ROOT)
     assert trained.returncode == 0, trained.stderr
     assert "on 8 HellaSwag-format examples (guessing scores 0.2500)" in trained.stdout
@@ -123,8 +137,12 @@ def test_an_eval_only_record_does_not_finish_a_run(tmp_path):
     """A run that died after its last checkpoint but before its final check is not finished, and
     --eval_only's record at that step must not make it look finished (its plot and samples would never come)."""
     metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text(json.dumps({"step": 9, "loss": 2.0}) + "\n" +
-                       json.dumps({"step": 10, "val_loss": 2.0, "eval_only": True}) + "\n")
+    metrics.write_text(
+        json.dumps({"step": 9, "loss": 2.0})
+        + "\n"
+        + json.dumps({"step": 10, "val_loss": 2.0, "eval_only": True})
+        + "\n"
+    )
     assert not is_finished(str(metrics), 10, 10)
     with metrics.open("a") as f:
         f.write(json.dumps({"step": 10, "val_loss": 2.0}) + "\n")  # the run's own final check

@@ -79,11 +79,17 @@ def test_a_wrong_body_fails_even_while_another_stub_is_pending(tmp_path):
 
 def test_a_failure_says_the_property_with_expected_and_actual(tmp_path):
     out = student_copy(tmp_path, "lr_at")
-    write_bodies(out, BY_NAME["lr_at"], {"lr_at": [
-        "if step < cfg.warmup_iters:\n",
-        "    return cfg.learning_rate * (step + 1) / cfg.warmup_iters\n",
-        "return cfg.learning_rate\n",  # no decay at all
-    ]})
+    write_bodies(
+        out,
+        BY_NAME["lr_at"],
+        {
+            "lr_at": [
+                "if step < cfg.warmup_iters:\n",
+                "    return cfg.learning_rate * (step + 1) / cfg.warmup_iters\n",
+                "return cfg.learning_rate\n",  # no decay at all
+            ]
+        },
+    )
     result = grade(out, "lr_at")
     assert result.returncode == 1 and status_of(result, "lr_at") == "failed", result.stdout
     assert "expected" in result.stdout and "got" in result.stdout, result.stdout
@@ -109,11 +115,11 @@ def test_check_graders_reports_a_wrong_body_that_passes(tmp_path):
     a real mistake in the same folder is caught."""
     folder = tmp_path / "mutants" / "lr_at"
     folder.mkdir(parents=True)
-    (folder / "the_reference.py").write_text("# wrong: nothing (the reference)\n"
-                                             + "".join(reference_bodies(ROOT, BY_NAME["lr_at"])["lr_at"]))
+    (folder / "the_reference.py").write_text(
+        "# wrong: nothing (the reference)\n" + "".join(reference_bodies(ROOT, BY_NAME["lr_at"])["lr_at"])
+    )
     (folder / "no_decay.py").write_text("# wrong: the LR never decays\nreturn cfg.learning_rate\n")
-    result = run_script([ROOT / "exercises" / "check_graders.py", "--mutants", tmp_path / "mutants", "lr_at"],
-                        cwd=ROOT)
+    result = run_script([ROOT / "exercises" / "check_graders.py", "--mutants", tmp_path / "mutants", "lr_at"], cwd=ROOT)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "NOT CAUGHT (passed)" in result.stdout and "the_reference.py" in result.stdout, result.stdout
     assert "caught       " in result.stdout and "1/2 mutants caught" in result.stdout, result.stdout

@@ -17,19 +17,23 @@ def first_loss(model, cfg, batch=8):
     return F.cross_entropy(logits.float().flatten(0, 1), y.flatten()).item()
 
 
-@pytest.mark.parametrize("overrides", [
-    pytest.param({}, id="pre-LN, rmsnorm"),
-    pytest.param(dict(n_embd=256, n_head=8), id="n_embd=256"),
-    pytest.param(dict(vocab_size=50304, n_embd=128), id="vocab=50304"),
-    pytest.param(dict(norm="layernorm", norm_position="post"), id="post-LN, layernorm"),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param({}, id="pre-LN, rmsnorm"),
+        pytest.param(dict(n_embd=256, n_head=8), id="n_embd=256"),
+        pytest.param(dict(vocab_size=50304, n_embd=128), id="vocab=50304"),
+        pytest.param(dict(norm="layernorm", norm_position="post"), id="post-LN, layernorm"),
+    ],
+)
 def test_initial_loss_is_uniform_guessing(overrides):
     """A fresh model's loss is ~ln V: the scaled init makes its first predictions near-uniform."""
     torch.manual_seed(0)
     cfg = GPTConfig(**{**SMALL, **overrides})
     loss, uniform = first_loss(GPT(cfg), cfg), math.log(cfg.vocab_size)
-    assert abs(loss - uniform) < 0.1, \
+    assert abs(loss - uniform) < 0.1, (
         f"a fresh model guesses near-uniformly: its first loss is within 0.1 of ln V = {uniform:.3f}, got {loss:.3f}"
+    )
 
 
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
@@ -47,11 +51,16 @@ def test_causality(norm_position):
         assert not torch.allclose(new_logits[:, t + 1 :], logits[:, t + 1 :])
 
 
-@pytest.mark.parametrize("overrides", [
-    pytest.param(dict(n_layer=6, n_embd=512, vocab_size=4096), id="L=6, C=512"),
-    pytest.param(dict(n_layer=2, n_embd=256, vocab_size=2048, bias=True, norm="layernorm", norm_position="post"),
-                 id="L=2, C=256, biases, layernorm"),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param(dict(n_layer=6, n_embd=512, vocab_size=4096), id="L=6, C=512"),
+        pytest.param(
+            dict(n_layer=2, n_embd=256, vocab_size=2048, bias=True, norm="layernorm", norm_position="post"),
+            id="L=2, C=256, biases, layernorm",
+        ),
+    ],
+)
 def test_init_std_follows_the_stated_rule(overrides):
     torch.manual_seed(0)
     cfg = GPTConfig(**{**dict(block_size=256, n_head=8), **overrides})
@@ -69,18 +78,21 @@ def test_init_std_follows_the_stated_rule(overrides):
     seen = set()
     for name, p in model.named_parameters():
         if name.endswith(".bias"):
-            assert torch.equal(p, torch.zeros_like(p)), \
+            assert torch.equal(p, torch.zeros_like(p)), (
                 f"biases start at 0: expected every value of {name} 0, got values up to {p.abs().max().item():.3g}"
+            )
         elif p.dim() == 1:
-            assert torch.equal(p, torch.ones_like(p)), \
-                f"norm weights start at 1 (the init leaves them alone): {name} has mean {p.mean().item():.3g}, " \
+            assert torch.equal(p, torch.ones_like(p)), (
+                f"norm weights start at 1 (the init leaves them alone): {name} has mean {p.mean().item():.3g}, "
                 f"std {p.std().item():.3g}"
+            )
         else:
             rule = next(k for k in expected if name.endswith(k))
             seen.add(rule)
             std, words = expected[rule]
-            assert p.std().item() == pytest.approx(std, rel=0.03), \
+            assert p.std().item() == pytest.approx(std, rel=0.03), (
                 f"{name} has the std of {words} = {std:.5f}: got {p.std().item():.5f}"
+            )
             assert abs(p.mean().item()) < 0.05 * std, f"{name} is centred on 0: got mean {p.mean().item():.3g}"
     assert seen == set(expected), f"every kind of matrix is there: missing {set(expected) - seen}"
     assert model.lm_head.weight is model.wte.weight, "the head is the tied embedding: one matrix, not two"
@@ -91,22 +103,26 @@ def test_naive_init_uses_one_std_everywhere_and_starts_far_above_ln_v():
     cfg = GPTConfig(**{**SMALL, "n_embd": 128}, bias=True, naive_init_std=0.02)
     for name, p in GPT(cfg).named_parameters():
         if name.endswith(".bias"):
-            assert torch.equal(p, torch.zeros_like(p)), \
-                f"the naive init zeroes biases too: expected every value of {name} 0, got values up to " \
+            assert torch.equal(p, torch.zeros_like(p)), (
+                f"the naive init zeroes biases too: expected every value of {name} 0, got values up to "
                 f"{p.abs().max().item():.3g}"
+            )
         elif p.dim() == 1:
-            assert torch.equal(p, torch.ones_like(p)), \
-                f"the naive init leaves norm weights at 1: expected every value of {name} 1, got mean " \
+            assert torch.equal(p, torch.ones_like(p)), (
+                f"the naive init leaves norm weights at 1: expected every value of {name} 1, got mean "
                 f"{p.mean().item():.3g}, std {p.std().item():.3g}"
+            )
         else:
-            assert p.std().item() == pytest.approx(0.02, rel=0.05), \
-                f"--naive_init_std 0.02 gives every matrix and embedding std 0.02, residual projections too (no " \
+            assert p.std().item() == pytest.approx(0.02, rel=0.05), (
+                f"--naive_init_std 0.02 gives every matrix and embedding std 0.02, residual projections too (no "
                 f"depth scaling): {name} has std {p.std().item():.5f}"
+            )
     cfg = GPTConfig(**SMALL, naive_init_std=1.0)
     loss, uniform = first_loss(GPT(cfg), cfg), math.log(cfg.vocab_size)
-    assert loss > 3 * uniform, \
-        f"naive_init_std 1.0 is confidently wrong from the first step: expected a first loss above 3 ln V = " \
+    assert loss > 3 * uniform, (
+        f"naive_init_std 1.0 is confidently wrong from the first step: expected a first loss above 3 ln V = "
         f"{3 * uniform:.2f}, got {loss:.2f}"
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -123,11 +139,14 @@ def loss_and_gradient(logits, targets):
     return loss, logits.grad
 
 
-@pytest.mark.parametrize("B, T, V", [
-    pytest.param(1, 1, 7, id="B=1, T=1"),
-    pytest.param(3, 7, 13, id="B=3, T=7"),
-    pytest.param(2, 5, 256, id="B=2, T=5, V=256"),
-])
+@pytest.mark.parametrize(
+    "B, T, V",
+    [
+        pytest.param(1, 1, 7, id="B=1, T=1"),
+        pytest.param(3, 7, 13, id="B=3, T=7"),
+        pytest.param(2, 5, 256, id="B=2, T=5, V=256"),
+    ],
+)
 def test_clm_loss_is_the_mean_negative_log_likelihood_over_all_positions(B, T, V):
     """-log softmax(logits[b, t])[targets[b, t]], averaged over all B*T positions; its gradient in closed form."""
     torch.manual_seed(0)
@@ -136,14 +155,19 @@ def test_clm_loss_is_the_mean_negative_log_likelihood_over_all_positions(B, T, V
     log_p = z - z.exp().sum(-1, keepdim=True).log()  # (B, T, V): log-softmax over the vocabulary
     nll = -log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T): each position's loss
     loss, grad = loss_and_gradient(logits, targets)
-    assert loss.item() == pytest.approx(nll.mean().item(), rel=1e-5), \
-        f"the loss is the mean over all B*T = {B * T} positions of -log softmax(logits[b, t])[targets[b, t]]: " \
+    assert loss.item() == pytest.approx(nll.mean().item(), rel=1e-5), (
+        f"the loss is the mean over all B*T = {B * T} positions of -log softmax(logits[b, t])[targets[b, t]]: "
         f"expected {nll.mean().item():.6f}, got {loss.item():.6f} (their sum is {nll.sum().item():.6f})"
+    )
     want = (log_p.exp() - F.one_hot(targets, V)) / (B * T)  # d mean / d logits = (softmax - one_hot) / (B*T)
-    assert grad is not None and torch.allclose(grad.double(), want, atol=1e-6), \
-        "the loss's gradient with respect to the logits is (softmax - one_hot(targets)) / (B*T): " + \
-        ("got none: the loss is cut off from the logits" if grad is None else
-         f"largest difference {(grad.double() - want).abs().max().item():.2e}")
+    assert grad is not None and torch.allclose(grad.double(), want, atol=1e-6), (
+        "the loss's gradient with respect to the logits is (softmax - one_hot(targets)) / (B*T): "
+        + (
+            "got none: the loss is cut off from the logits"
+            if grad is None
+            else f"largest difference {(grad.double() - want).abs().max().item():.2e}"
+        )
+    )
 
 
 def test_clm_loss_scores_a_perfect_predictor_zero():
@@ -153,9 +177,10 @@ def test_clm_loss_scores_a_perfect_predictor_zero():
     targets = torch.randint(V, (B, T))
     logits = 30.0 * F.one_hot(targets, V).float()  # (B, T, V): all the mass on targets[b, t] at position t
     loss = clm_loss(logits, targets).item()
-    assert loss == pytest.approx(0.0, abs=1e-6), \
-        f"logits that put all the mass on targets[b, t] at position t score 0 (y is already shifted: shift " \
+    assert loss == pytest.approx(0.0, abs=1e-6), (
+        f"logits that put all the mass on targets[b, t] at position t score 0 (y is already shifted: shift "
         f"nothing again): got {loss:.3f}"
+    )
 
 
 @pytest.mark.parametrize("level", [0.0, 1000.0], ids=["logits=0", "logits=1000 (no overflow)"])
@@ -163,9 +188,10 @@ def test_clm_loss_of_uniform_logits_is_ln_v(level):
     B, T, V = 2, 3, 50
     targets = torch.randint(V, (B, T))
     loss = clm_loss(torch.full((B, T, V), level), targets).item()
-    assert loss == pytest.approx(math.log(V), rel=1e-6), \
-        f"equal logits ({level:g}) are a uniform guess and score ln V = {math.log(V):.6f} whatever their level " \
+    assert loss == pytest.approx(math.log(V), rel=1e-6), (
+        f"equal logits ({level:g}) are a uniform guess and score ln V = {math.log(V):.6f} whatever their level "
         f"(the log-softmax subtracts the largest logit first): got {loss}"
+    )
 
 
 def test_clm_loss_of_a_confidently_wrong_prediction_is_its_margin():
@@ -177,13 +203,15 @@ def test_clm_loss_of_a_confidently_wrong_prediction_is_its_margin():
     logits = margin * F.one_hot((targets + 1) % V, V).float()  # (B, T, V): every position sure of another token
     want = margin + math.log1p((V - 1) * math.exp(-margin))  # log(e^m + V - 1), written without overflow
     loss = clm_loss(logits, targets).item()
-    assert loss == pytest.approx(want, rel=1e-6), \
-        f"a prediction {margin:g} logits sure of the wrong token costs log(e^{margin:g} + V - 1) = {want:.6f}, a " \
+    assert loss == pytest.approx(want, rel=1e-6), (
+        f"a prediction {margin:g} logits sure of the wrong token costs log(e^{margin:g} + V - 1) = {want:.6f}, a "
         f"finite loss (log_softmax, not the log of a softmax whose smallest probabilities underflow to 0): got {loss}"
+    )
 
 
-@pytest.mark.parametrize("token", [0, 1, 50256, 50303],
-                         ids=["target 0", "target 1", "target 50256 (<|endoftext|>)", "target V-1"])
+@pytest.mark.parametrize(
+    "token", [0, 1, 50256, 50303], ids=["target 0", "target 1", "target 50256 (<|endoftext|>)", "target V-1"]
+)
 def test_clm_loss_counts_every_position_whatever_its_target(token):
     """No token id is set aside as padding: the document separator and token 0 are predicted like any other."""
     torch.manual_seed(0)
@@ -193,10 +221,11 @@ def test_clm_loss_counts_every_position_whatever_its_target(token):
     log_p = logits.double().log_softmax(-1)  # (B, T, V)
     nll = -log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T): each position's loss
     loss = clm_loss(logits, targets).item()
-    assert loss == pytest.approx(nll.mean().item(), rel=1e-5), \
-        f"the loss is the mean over all B*T = {B * T} positions, the one whose target is token {token} included: " \
-        f"expected {nll.mean().item():.6f}, got {loss:.6f} (the mean without that position: " \
+    assert loss == pytest.approx(nll.mean().item(), rel=1e-5), (
+        f"the loss is the mean over all B*T = {B * T} positions, the one whose target is token {token} included: "
+        f"expected {nll.mean().item():.6f}, got {loss:.6f} (the mean without that position: "
         f"{nll.flatten()[1:].mean().item():.6f})"
+    )
 
 
 def test_clm_loss_is_fp32_from_bf16_logits():
@@ -207,9 +236,10 @@ def test_clm_loss_is_fp32_from_bf16_logits():
     loss = clm_loss(logits, targets)
     assert loss.dtype == torch.float32, f"the loss is fp32 whatever the logits' dtype: got {loss.dtype}"
     want = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).item()
-    assert loss.item() == pytest.approx(want, rel=1e-5), \
-        f"the loss is computed in fp32 from the bf16 logits (not in bf16 and then converted): expected {want:.6f}, " \
+    assert loss.item() == pytest.approx(want, rel=1e-5), (
+        f"the loss is computed in fp32 from the bf16 logits (not in bf16 and then converted): expected {want:.6f}, "
         f"got {loss.item():.6f}"
+    )
 
 
 def test_config_errors_name_the_values():

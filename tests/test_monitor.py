@@ -16,8 +16,9 @@ def after_healthy_steps(losses, grad_norms, triggers=("nonfinite", "spike"), **o
     monitor = HealthMonitor(**{**SETTINGS, **overrides}, triggers=list(triggers))
     for step, (loss, grad_norm) in enumerate(zip(losses, grad_norms)):
         _, fired = monitor.check_step(loss, grad_norm)
-        assert fired == [], \
+        assert fired == [], (
             f"a steady run fires nothing: step {step} (loss {loss}, grad norm {grad_norm}): expected [], got {fired}"
+        )
     return monitor
 
 
@@ -53,15 +54,17 @@ def test_spike_is_judged_against_the_recent_median(window, losses, grad_norms):
         judged = copy.deepcopy(monitor)
         _, fired = judged.check_step(loss, statistics.fmean(grad_norms))
         is_spike = loss > SETTINGS["spike_factor"] * median
-        assert ("spike" in fired_names(fired)) == is_spike, \
-            f"loss {loss:.4f} against {SETTINGS['spike_factor']} x the median {median:.4f} of the healthy losses " \
-            f"{losses[-window:]} is {'a spike' if is_spike else 'no spike'}: expected " \
+        assert ("spike" in fired_names(fired)) == is_spike, (
+            f"loss {loss:.4f} against {SETTINGS['spike_factor']} x the median {median:.4f} of the healthy losses "
+            f"{losses[-window:]} is {'a spike' if is_spike else 'no spike'}: expected "
             f"{['spike'] if is_spike else []}, got {fired_names(fired)}"
+        )
         if is_spike:
             values = dict(fired)["spike"]
-            assert values["baseline"] == pytest.approx(median), \
-                f"the spike reports its baseline, the median of the healthy losses before it: expected {median}, " \
+            assert values["baseline"] == pytest.approx(median), (
+                f"the spike reports its baseline, the median of the healthy losses before it: expected {median}, "
                 f"got {values['baseline']}"
+            )
             assert judged.is_incident(fired), f"spike is a trigger here: expected an incident, got {fired}"
 
 
@@ -71,25 +74,33 @@ def test_spikes_and_warnings_stay_out_of_the_baselines():
     monitor = warmed()
     for repeat in range(6):
         _, fired = monitor.check_step(2.5, 1.0)
-        assert fired_names(fired) == ["spike"], \
-            f"spike number {repeat + 1} in a row (loss 2.5 over the healthy median 1.01): expected ['spike'], " \
+        assert fired_names(fired) == ["spike"], (
+            f"spike number {repeat + 1} in a row (loss 2.5 over the healthy median 1.01): expected ['spike'], "
             f"got {fired_names(fired)}; a spike is no healthy step and stays out of the median"
+        )
     monitor = warmed()
     for repeat in range(4):
         z, fired = monitor.check_step(1.0, 5.0)
-        assert fired_names(fired) == ["grad_z"], \
-            f"warning number {repeat + 1} in a row (grad norm 5.0, healthy mean 1.025, std 0.025, z = 159): " \
+        assert fired_names(fired) == ["grad_z"], (
+            f"warning number {repeat + 1} in a row (grad norm 5.0, healthy mean 1.025, std 0.025, z = 159): "
             f"expected ['grad_z'], got {fired_names(fired)} with z = {z}"
+        )
     monitor = warmed()
     monitor.check_step(float("nan"), float("nan"))
     z, fired = monitor.check_step(1.01, 1.025)
-    assert fired == [] and z == pytest.approx(0, abs=1e-6), \
-        f"a normal step after a NaN one is judged against the healthy steps only: expected z = 0 and nothing " \
+    assert fired == [] and z == pytest.approx(0, abs=1e-6), (
+        f"a normal step after a NaN one is judged against the healthy steps only: expected z = 0 and nothing "
         f"fired, got z = {z} and {fired_names(fired)}"
+    )
 
 
-NON_FINITE = [(float("nan"), 1.0), (float("inf"), 1.0), (1.0, float("nan")), (1.0, float("inf")),
-              (float("nan"), float("nan"))]
+NON_FINITE = [
+    (float("nan"), 1.0),
+    (float("inf"), 1.0),
+    (1.0, float("nan")),
+    (1.0, float("inf")),
+    (float("nan"), float("nan")),
+]
 NON_FINITE_IDS = ["loss=nan", "loss=inf", "grad_norm=nan", "grad_norm=inf", "both=nan"]
 
 
@@ -99,11 +110,13 @@ def test_non_finite_is_always_an_incident(loss, grad_norm, history):
     """NaN or inf in the loss or the grad norm is an incident even when no trigger is named, from the first step."""
     monitor = warmed(triggers=[]) if history == "warmed" else HealthMonitor(**SETTINGS, triggers=[])
     _, fired = monitor.check_step(loss, grad_norm)
-    assert fired_names(fired)[:1] == ["nonfinite"] and monitor.is_incident(fired), \
-        f"loss {loss}, grad norm {grad_norm} ({history}): expected the incident 'nonfinite' first, got " \
+    assert fired_names(fired)[:1] == ["nonfinite"] and monitor.is_incident(fired), (
+        f"loss {loss}, grad norm {grad_norm} ({history}): expected the incident 'nonfinite' first, got "
         f"{fired_names(fired)}"
-    assert "spike" not in fired_names(fired), \
+    )
+    assert "spike" not in fired_names(fired), (
         f"a non-finite loss is not also judged as a spike: expected no 'spike', got {fired_names(fired)}"
+    )
 
 
 @pytest.mark.parametrize("grad_norm", [1.0, 1.1, 1.3, 0.2], ids=["at-mean", "z=3", "z=11", "falling"])
@@ -116,26 +129,29 @@ def test_grad_norm_z_is_the_distance_from_the_healthy_mean_in_stds(grad_norm):
     monitor = HealthMonitor(**SETTINGS, triggers=["nonfinite", "spike"])
     for loss, norm in zip(losses, history):
         monitor.check_step(loss, norm)
-    recent = history[-SETTINGS["window"]:]
+    recent = history[-SETTINGS["window"] :]
     mean = statistics.fmean(recent)
     population, sample = (grad_norm - mean) / statistics.pstdev(recent), (grad_norm - mean) / statistics.stdev(recent)
     z, fired = monitor.check_step(1.0, grad_norm)
-    assert z == pytest.approx(population) or z == pytest.approx(sample), \
-        f"grad norm {grad_norm} against the last {SETTINGS['window']} healthy grad norms (mean {mean}): expected " \
+    assert z == pytest.approx(population) or z == pytest.approx(sample), (
+        f"grad norm {grad_norm} against the last {SETTINGS['window']} healthy grad norms (mean {mean}): expected "
         f"z = {population:.4f} (population std) or {sample:.4f} (sample std), got {z}"
+    )
     warns = z > SETTINGS["grad_z_threshold"]
-    assert ("grad_z" in fired_names(fired)) == warns, \
-        f"z = {z:.3f} against the threshold {SETTINGS['grad_z_threshold']}: expected " \
+    assert ("grad_z" in fired_names(fired)) == warns, (
+        f"z = {z:.3f} against the threshold {SETTINGS['grad_z_threshold']}: expected "
         f"{['grad_z'] if warns else []}, got {fired_names(fired)}"
+    )
 
 
 def test_a_zero_threshold_turns_the_z_warning_off():
     """grad_z_threshold 0 means the detector is off (config.py): z is still measured, nothing warns."""
     monitor = after_healthy_steps(STEADY_LOSSES, STEADY_GRAD_NORMS, grad_z_threshold=0.0)
     z, fired = monitor.check_step(STEADY_LOSSES[-1], 10 * max(STEADY_GRAD_NORMS))
-    assert z > 0 and fired == [], \
-        f"with grad_z_threshold 0 the warning is off: expected z > 0 and nothing fired, got z = {z} and " \
+    assert z > 0 and fired == [], (
+        f"with grad_z_threshold 0 the warning is off: expected z > 0 and nothing fired, got z = {z} and "
         f"{fired_names(fired)}"
+    )
     healthy = monitor.take_healthy_mark()
     assert healthy, f"a step that fired nothing leaves the next checkpoint healthy: expected True, got {healthy}"
 
@@ -146,22 +162,27 @@ def test_z_waits_for_the_baseline_and_survives_a_constant_one():
     monitor = HealthMonitor(**SETTINGS, triggers=["nonfinite", "spike"])
     # losses 3.0 and 5.0 are above 2 x the median of the one and three losses before them: not judged yet
     for step, (loss, grad_norm) in enumerate([(1.0, 1.0), (3.0, 4.0), (1.5, 1.0), (5.0, 8.0)]):
-        assert not monitor.baseline_ready(), f"after {step} steps the baselines hold fewer than " \
-                                             f"{SETTINGS['window'] // 2} losses: expected {step}, got " \
-                                             f"{len(monitor.losses)}"
+        assert not monitor.baseline_ready(), (
+            f"after {step} steps the baselines hold fewer than "
+            f"{SETTINGS['window'] // 2} losses: expected {step}, got "
+            f"{len(monitor.losses)}"
+        )
         z, fired = monitor.check_step(loss, grad_norm)
-        assert (z, fired) == (0.0, []), \
-            f"step {step} (loss {loss}, grad norm {grad_norm}), before the baseline holds " \
-            f"{SETTINGS['window'] // 2} healthy steps, neither spike nor z is judged: expected z = 0 and nothing " \
+        assert (z, fired) == (0.0, []), (
+            f"step {step} (loss {loss}, grad norm {grad_norm}), before the baseline holds "
+            f"{SETTINGS['window'] // 2} healthy steps, neither spike nor z is judged: expected z = 0 and nothing "
             f"fired, got z = {z} and {fired_names(fired)}"
+        )
     constant = after_healthy_steps([1.0] * 5, [2.0] * 5)
     z, fired = copy.deepcopy(constant).check_step(1.0, 2.0)
-    assert (z, fired) == (0.0, []), \
+    assert (z, fired) == (0.0, []), (
         f"grad norm 2.0 after five of 2.0 (std 0): expected z = 0 and nothing fired, got z = {z}, {fired_names(fired)}"
+    )
     z, fired = constant.check_step(1.0, 2.5)
-    assert z > SETTINGS["grad_z_threshold"] and fired_names(fired) == ["grad_z"], \
-        f"grad norm 2.5 after five of 2.0 (std 0) is far out: expected z above {SETTINGS['grad_z_threshold']} " \
+    assert z > SETTINGS["grad_z_threshold"] and fired_names(fired) == ["grad_z"], (
+        f"grad norm 2.5 after five of 2.0 (std 0) is far out: expected z above {SETTINGS['grad_z_threshold']} "
         f"and ['grad_z'], got z = {z} and {fired_names(fired)}"
+    )
 
 
 def test_grad_norm_z_warns_and_marks_the_next_checkpoint_unhealthy():
@@ -169,9 +190,10 @@ def test_grad_norm_z_warns_and_marks_the_next_checkpoint_unhealthy():
     monitor = warmed()
     assert monitor.take_healthy_mark(), "after healthy steps the checkpoint is healthy: expected True, got False"
     z, fired = monitor.check_step(1.0, 5.0)
-    assert z > 6 and fired_names(fired) == ["grad_z"] and not monitor.is_incident(fired), \
-        f"grad norm 5.0 (z = 159) with triggers nonfinite, spike: expected the warning ['grad_z'], not an " \
+    assert z > 6 and fired_names(fired) == ["grad_z"] and not monitor.is_incident(fired), (
+        f"grad norm 5.0 (z = 159) with triggers nonfinite, spike: expected the warning ['grad_z'], not an "
         f"incident, got z = {z}, {fired_names(fired)}, incident {monitor.is_incident(fired)}"
+    )
     healthy = monitor.take_healthy_mark()
     assert not healthy, f"the checkpoint after a warning is not a rollback target: expected False, got {healthy}"
     healthy = monitor.take_healthy_mark()
@@ -184,9 +206,10 @@ def test_grad_norm_z_warns_and_marks_the_next_checkpoint_unhealthy():
 
     spike_warns = warmed(triggers=["grad_z"])
     _, fired = spike_warns.check_step(2.5, 5.0)  # a spike (a warning here) and a grad-norm rise (an incident)
-    assert fired_names(fired) == ["grad_z", "spike"] and spike_warns.is_incident(fired), \
-        f"triggers grad_z only, loss 2.5 and grad norm 5.0: expected the incident first, ['grad_z', 'spike'], " \
+    assert fired_names(fired) == ["grad_z", "spike"] and spike_warns.is_incident(fired), (
+        f"triggers grad_z only, loss 2.5 and grad norm 5.0: expected the incident first, ['grad_z', 'spike'], "
         f"got {fired_names(fired)}, incident {spike_warns.is_incident(fired)}"
+    )
     assert not spike_warns.take_healthy_mark(), "the spike warned: expected the next checkpoint unhealthy"
 
 

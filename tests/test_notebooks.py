@@ -31,87 +31,140 @@ from train import cpu_has_native_bf16  # noqa: E402  (02's speed row: its verdic
 NOT_YES = {
     # ---- 01
     # 2 bytes per GPT-2 token: a trillion tokens take terabytes, not "tens to hundreds of GB"
-    ("01_from_corpus_to_base_model", "The token file of trillions of tokens is tens to hundreds of GB"):
-        ("no", lambda measured: "2 bytes per token" in measured and "1T tokens = 2,000 GB" in measured),
+    ("01_from_corpus_to_base_model", "The token file of trillions of tokens is tens to hundreds of GB"): (
+        "no",
+        lambda measured: "2 bytes per token" in measured and "1T tokens = 2,000 GB" in measured,
+    ),
     # pre-norm RMSNorm and clipping contain a std 1.0 init: its val loss falls over the first 10 steps (ratio < 1),
     # every loss finite; what it costs is a start far above ln V (the next row, which holds)
-    ("01_from_corpus_to_base_model", "A wrong init (std 1.0) diverges from the first steps"):
-        ("no", lambda measured: 0.5 < float(measured.split()[0]) < 0.95 and "(3 seeds)" in measured
-         and "finite: True" in measured),
+    ("01_from_corpus_to_base_model", "A wrong init (std 1.0) diverges from the first steps"): (
+        "no",
+        lambda measured: (
+            0.5 < float(measured.split()[0]) < 0.95 and "(3 seeds)" in measured and "finite: True" in measured
+        ),
+    ),
     # ---- 02
     # every seed without warmup ends behind its warmup twin, but the mean gap (~0.09) is below 3 x the std of the
     # paired gaps (~0.06): the direction holds, the size is not beyond the seed noise
-    ("02_four_defenses", "Without warmup a high peak LR ends behind"):
-        ("partly", lambda measured: float(measured.split()[0]) > 0 and "(4 seeds)" in measured),
+    ("02_four_defenses", "Without warmup a high peak LR ends behind"): (
+        "partly",
+        lambda measured: float(measured.split()[0]) > 0 and "(4 seeds)" in measured,
+    ),
     # 16 Post-LN layers, no warmup, LR 3e-2: the loss falls in the first steps as fast as Pre-LN's and never climbs
     # above its start (no collapse); RMSNorm, clipping and AdamW soften it. It only trails later (the next row holds)
-    ("02_four_defenses", "Post-LN at depth without warmup collapses within the first steps"):
-        ("no", lambda measured: float(measured.split()[0]) < 0 and "(4 seeds)" in measured
-         and "no non-finite loss" in measured),
+    ("02_four_defenses", "Post-LN at depth without warmup collapses within the first steps"): (
+        "no",
+        lambda measured: (
+            float(measured.split()[0]) < 0 and "(4 seeds)" in measured and "no non-finite loss" in measured
+        ),
+    ),
     # bf16 autocast casts only the matmuls: the residual stream, RMSNorm, attention (fp32 on CPU) and the loss stay
     # fp32, and autocast's cache adds bf16 weight copies, so one forward pass saves ~0.87x the fp32 bytes, not half
-    ("02_four_defenses", "bf16 autocast halves the memory saved for backward"):
-        ("partly", lambda measured: 0.75 < float(measured.split()[0]) < 0.95 and "1 run:" in measured),
+    ("02_four_defenses", "bf16 autocast halves the memory saved for backward"): (
+        "partly",
+        lambda measured: 0.75 < float(measured.split()[0]) < 0.95 and "1 run:" in measured,
+    ),
     # weights, gradients and AdamW state stay fp32 (16 bytes a parameter, counted off the objects): a whole step,
     # state + saved activations, shrinks to ~0.93x, not half
-    ("02_four_defenses", "bf16 autocast halves a training step's memory (model state + what backward keeps)"):
-        ("partly", lambda measured: 0.8 < float(measured.split("x")[0]) < 0.95 and "state 1.00x" in measured),
+    ("02_four_defenses", "bf16 autocast halves a training step's memory (model state + what backward keeps)"): (
+        "partly",
+        lambda measured: 0.8 < float(measured.split("x")[0]) < 0.95 and "state 1.00x" in measured,
+    ),
     # without AMX or AVX512-BF16, bf16 is emulated: a step is slower than in fp32, not twice as fast
-    **({("02_four_defenses", "bf16 autocast nearly doubles the speed of a step on this CPU"):
-        ("no", lambda measured: float(measured.split("x")[0]) < 1.1 and "(5 timing rounds)" in measured)}
-       if not cpu_has_native_bf16() else {}),
+    **(
+        {
+            ("02_four_defenses", "bf16 autocast nearly doubles the speed of a step on this CPU"): (
+                "no",
+                lambda measured: float(measured.split("x")[0]) < 1.1 and "(5 timing rounds)" in measured,
+            )
+        }
+        if not cpu_has_native_bf16()
+        else {}
+    ),
     # ---- 03
     # a 4-layer model trained on one garbage batch is back under 1.2x its pre-batch loss one step later: a spike,
     # not the derailment the chapter warns of (that needs a larger model/LR or more bad data)
-    ("03_spikes_and_the_runbook", "One bad batch derails training"):
-        ("no", lambda measured: float(measured.split()[0]) <= 5 and "(3 seeds)" in measured),
+    ("03_spikes_and_the_runbook", "One bad batch derails training"): (
+        "no",
+        lambda measured: float(measured.split()[0]) <= 5 and "(3 seeds)" in measured,
+    ),
     # the grad_z alarm (z > 8) led the loss spike in 1 of 5 seeds; the same alarm fires by accident at a sane LR
     # (once per 300-step clean-corpus run): no better than chance. A rolling z-score adapts to a steady climb
-    ("03_spikes_and_the_runbook", "The grad norm grows before the loss spikes (LR too high)"):
-        ("no", lambda measured: float(measured.split()[0]) <= 0.4 and re.search(r"in [0-2] of 5 seeds", measured)
-         and "clean seed" in measured),
+    ("03_spikes_and_the_runbook", "The grad norm grows before the loss spikes (LR too high)"): (
+        "no",
+        lambda measured: (
+            float(measured.split()[0]) <= 0.4
+            and re.search(r"in [0-2] of 5 seeds", measured)
+            and "clean seed" in measured
+        ),
+    ),
     # in an LR blow-up val and train loss climb together; val_rise (val up while train falls) never leads the spike
-    ("03_spikes_and_the_runbook", "The val loss turns up before the train loss (LR too high)"):
-        ("no", lambda measured: float(measured.split()[0]) <= 0.2 and "(5 seeds)" in measured),
+    ("03_spikes_and_the_runbook", "The val loss turns up before the train loss (LR too high)"): (
+        "no",
+        lambda measured: float(measured.split()[0]) <= 0.2 and "(5 seeds)" in measured,
+    ),
     # rewarm climbs back towards the LR that failed: it got through 2 of 3 seeds (lower_lr 3 of 3), further than
     # any run without a second rung
-    ("03_spikes_and_the_runbook", "Re-warming (a longer warmup) gets past an LR-caused repeat"):
-        ("partly", lambda measured: 0.5 <= float(measured.split()[0]) < 0.99 and "(3 seeds)" in measured),
+    ("03_spikes_and_the_runbook", "Re-warming (a longer warmup) gets past an LR-caused repeat"): (
+        "partly",
+        lambda measured: 0.5 <= float(measured.split()[0]) < 0.99 and "(3 seeds)" in measured,
+    ),
     # ---- 04
     # not the chapter's claim (it says a second warmup breaks the rhythm, a row that holds): a small run far from
     # convergence, restarting the schedule mid-run keeps the LR high and ends *lower*, by ~0.04 in every seed;
     # the cost shows when the resume lands in the anneal (the "resumed late" row, which holds)
-    ("04_resume_needs_three_things", "... and costs final val loss (resumed mid-run)"):
-        ("no", lambda measured: -0.1 < float(measured.split()[0]) < -0.01 and "(3 seeds)" in measured),
+    ("04_resume_needs_three_things", "... and costs final val loss (resumed mid-run)"): (
+        "no",
+        lambda measured: -0.1 < float(measured.split()[0]) < -0.01 and "(3 seeds)" in measured,
+    ),
     # AdamW's moments are rebuilt within ~100 steps: a weights-only resume costs ~0% of a retrain (-0.008 +- 0.006,
     # as close to the full resume as the A/A arm), not "nearly" all
-    ("04_resume_needs_three_things", "A weights-only checkpoint costs nearly a retrain"):
-        ("no", lambda measured: abs(float(measured.split()[0])) < 0.05 and "(3 seeds)" in measured),
+    ("04_resume_needs_three_things", "A weights-only checkpoint costs nearly a retrain"): (
+        "no",
+        lambda measured: abs(float(measured.split()[0])) < 0.05 and "(3 seeds)" in measured,
+    ),
     # ---- 05
     # a side question, not the chapter's claim (it gives warmup + cosine as a stability defense): 400 steps leave the
     # tiny model far from its floor, so at the default peak the LR held high ends *lower* than the cosine in every
     # seed, by 0.03-0.1 (> 3 seed std); at a 10x peak the decay ends lower in every seed, but within the seeds' spread
-    ("05_four_intuitions", "Decaying the LR (cosine) ends lower than holding the peak"):
-        ("no", lambda measured: -0.1 < float(measured.split()[0]) < -0.03 and "(3 seeds)" in measured
-         and "ends lower in 0 of 3 seeds" in measured),
-    ("05_four_intuitions", "Decaying the LR ends lower at a peak LR ten times higher"):
-        ("partly", lambda measured: 0.02 < float(measured.split()[0]) < 0.15 and "(3 seeds)" in measured
-         and "ends lower in 3 of 3 seeds" in measured),
+    ("05_four_intuitions", "Decaying the LR (cosine) ends lower than holding the peak"): (
+        "no",
+        lambda measured: (
+            -0.1 < float(measured.split()[0]) < -0.03
+            and "(3 seeds)" in measured
+            and "ends lower in 0 of 3 seeds" in measured
+        ),
+    ),
+    ("05_four_intuitions", "Decaying the LR ends lower at a peak LR ten times higher"): (
+        "partly",
+        lambda measured: (
+            0.02 < float(measured.split()[0]) < 0.15
+            and "(3 seeds)" in measured
+            and "ends lower in 3 of 3 seeds" in measured
+        ),
+    ),
     # equal windows of 10 evals: the order gap over steps 10-100 is 0.6-2.8x that over steps 310-400 (mean ~1.6),
     # no more than the 1.4x of a gap between two val sets; 400 steps end still on the way down, not converged
-    ("05_four_intuitions", "The data order changes the early curve far more than the end"):
-        ("no", lambda measured: 0.8 < float(measured.split()[0]) < 2 and "(3 order pairs)" in measured),
+    ("05_four_intuitions", "The data order changes the early curve far more than the end"): (
+        "no",
+        lambda measured: 0.8 < float(measured.split()[0]) < 2 and "(3 order pairs)" in measured,
+    ),
     # ---- 06
     # ---- 07
     # the planner puts the best sensible cut of 70B on 1,024 H100 32% above the worst: just beyond the chapter's 20-30%
-    ("07_cost", "The cut matters by two to three tenths"):
-        ("partly", lambda measured: 30 < float(measured.split("%")[0]) < 50
-         and "dp32 tp4 pp8 against dp4 tp8 pp32" in measured),
+    ("07_cost", "The cut matters by two to three tenths"): (
+        "partly",
+        lambda measured: 30 < float(measured.split("%")[0]) < 50 and "dp32 tp4 pp8 against dp4 tp8 pp32" in measured,
+    ),
     # the chapter ties tens of millions of GPU-hours to ~100B tokens: there even 405B takes ~0.19M H100-hours (a week
     # on 1,024 H100s), and a thousand GPUs for three months are ~2M; tens of millions take trillions of tokens
-    ("07_cost", "Training on ~100B tokens takes tens of millions of GPU-hours, a thousand GPUs for months"):
-        ("no", lambda measured: all(float(x) < 1 for x in re.findall(r"model ([\d.]+)M GPU-hours", measured))
-         and len(re.findall(r"model ([\d.]+)M GPU-hours", measured)) == 2),
+    ("07_cost", "Training on ~100B tokens takes tens of millions of GPU-hours, a thousand GPUs for months"): (
+        "no",
+        lambda measured: (
+            all(float(x) < 1 for x in re.findall(r"model ([\d.]+)M GPU-hours", measured))
+            and len(re.findall(r"model ([\d.]+)M GPU-hours", measured)) == 2
+        ),
+    ),
 }
 
 
@@ -139,7 +192,9 @@ def check_rows(path, rows):
     for row in rows:
         assert not row_problems(row), f"{path.name}: {row['claim']!r}: {row_problems(row)}"
         expected, check = NOT_YES.get((path.stem, row["claim"]), ("yes", None))
-        assert row["holds"] == expected, f"{path.name}: {row['claim']!r} holds {row['holds']!r}: measured {row['measured']}"
+        assert row["holds"] == expected, (
+            f"{path.name}: {row['claim']!r} holds {row['holds']!r}: measured {row['measured']}"
+        )
         assert check is None or check(row["measured"]), f"{path.name}: {row}"
 
 
@@ -149,8 +204,9 @@ def execute(path, timeout=900):
     from nbclient import NotebookClient
 
     notebook = nbformat.read(path, as_version=4)
-    NotebookClient(notebook, timeout=timeout, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(
+        notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    ).execute()
     return notebook
 
 
@@ -164,8 +220,10 @@ def verdicts(cells):
 
 def strip(notebook):
     """Outputs kept, noise dropped: no execution counts, timings or per-machine metadata."""
-    notebook.metadata = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-                         "language_info": {"name": "python"}}
+    notebook.metadata = {
+        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    }
     for cell in notebook.cells:
         cell.metadata = {}
         if cell.cell_type == "code":
@@ -177,8 +235,11 @@ def strip(notebook):
 
 
 @pytest.mark.notebooks
-@pytest.mark.parametrize("path", [pytest.param(p, marks=needs_gpt2) if p.stem.startswith("01") else p
-                                  for p in NOTEBOOKS], ids=[p.stem for p in NOTEBOOKS])
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, marks=needs_gpt2) if p.stem.startswith("01") else p for p in NOTEBOOKS],
+    ids=[p.stem for p in NOTEBOOKS],
+)
 def test_notebook_runs_and_its_verdicts_hold(path):
     rows = verdicts(execute(path).cells)
     assert rows, f"{path.name} ends without a verdict table"

@@ -6,17 +6,23 @@ import re
 from conftest import HELLASWAG_FIXTURE as FIXTURE, ROOT, needs_gpt2, run_script, write_word_corpus
 
 
-
 @needs_gpt2
 def test_gpt2_small_preset_runs_two_steps_on_cpu(tmp_path):
     """The whole preset (124M parameters, block 1024, GPT-2 BPE, the benchmark at the end) for two
     steps of one sequence: it starts near ln 50257, and the peak memory it prints stays under 6 GiB."""
     corpus = write_word_corpus(tmp_path / "words.txt", 4000)  # ~40k gpt2 tokens: 3 val rows of 1025
-    result = run_script(["train.py", "--preset", "gpt2-small", "--device", "cpu", "--max_iters", "2",
-                         "--batch_size", "1", "--gradient_accumulation_steps", "1", "--compile", "false",
-                         "--num_samples", "1", "--max_new_tokens", "8", "--eval_iters", "1",
-                         "--benchmark", FIXTURE, "--source", corpus, "--data_dir", tmp_path / "data",
-                         "--out_dir", tmp_path / "run"], cwd=ROOT)
+    # fmt: off
+    result = run_script(
+        [
+            "train.py",
+            "--preset", "gpt2-small", "--device", "cpu", "--max_iters", "2", "--batch_size", "1",
+            "--gradient_accumulation_steps", "1", "--compile", "false", "--num_samples", "1",
+            "--max_new_tokens", "8", "--eval_iters", "1", "--benchmark", FIXTURE, "--source", corpus,
+            "--data_dir", tmp_path / "data", "--out_dir", tmp_path / "run",
+        ],
+        cwd=ROOT,
+    )
+    # fmt: on
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
     assert "cost: parameters: 124.37M" in result.stdout and "ln 50257 = 10.8249" in result.stdout
     first_loss = float(re.search(r"step     0 \| loss (\S+)", result.stdout).group(1))
@@ -29,8 +35,11 @@ def test_gpt2_small_preset_runs_two_steps_on_cpu(tmp_path):
 
 def test_gpu_speed_script_runs_on_cpu():
     """bench/gpu_speed.py's CPU mode: a tiny shape with GPT-2's vocabulary, one rank and 2 gloo ranks."""
-    result = run_script(["bench/gpu_speed.py", "--device", "cpu", "--compile", "false", "--steps", "2",
-                         "--warmup", "1", "--dp", "2"], cwd=ROOT, timeout=300)
+    result = run_script(
+        ["bench/gpu_speed.py", "--device", "cpu", "--compile", "false", "--steps", "2", "--warmup", "1", "--dp", "2"],
+        cwd=ROOT,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line.split() for line in result.stdout.splitlines() if re.match(r"\s+[12]\s+4\s", line)]
     assert [row[0] for row in rows] == ["1", "2"] and all(float(row[2].replace(",", "")) > 0 for row in rows)

@@ -6,8 +6,16 @@ import torch
 from local_ranks import run_ranks
 from model import GPT, GPTConfig
 from parallel import ProcessGrid, destroy_distributed, global_grad_norm, init_distributed
-from pipeline import (SCHEDULES, PipelineModel, bubble_fraction, check_micro_batches, check_pipeline_layout,
-                      logical_timeline, peak_activations, run_schedule)
+from pipeline import (
+    SCHEDULES,
+    PipelineModel,
+    bubble_fraction,
+    check_micro_batches,
+    check_pipeline_layout,
+    logical_timeline,
+    peak_activations,
+    run_schedule,
+)
 
 
 def ops(text):
@@ -22,10 +30,17 @@ def shown(order):
 # 1F1B by hand: stage s first runs min(p - s - 1, m) warmup forwards, then alternates one forward and one
 # backward, then runs the backwards left; forwards and backwards each go in micro-batch order.
 ONE_F_ONE_B_BY_HAND = [
-    pytest.param(4, 6, ["F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5",
-                        "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5",
-                        "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5",
-                        "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5"], id="p=4-m=6"),
+    pytest.param(
+        4,
+        6,
+        [
+            "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5",
+            "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5",
+            "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5",
+            "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5",
+        ],
+        id="p=4-m=6",
+    ),
     pytest.param(4, 2, ["F0 F1 B0 B1", "F0 F1 B0 B1", "F0 F1 B0 B1", "F0 B0 F1 B1"], id="p=4-m=2"),
     pytest.param(3, 1, ["F0 B0", "F0 B0", "F0 B0"], id="p=3-m=1"),
     pytest.param(1, 3, ["F0 B0 F1 B1 F2 B2"], id="p=1-m=3"),
@@ -37,8 +52,10 @@ ONE_F_ONE_B_BY_HAND = [
 def test_one_f_one_b_is_warmup_steady_cooldown(p, m, by_hand):
     for stage, text in enumerate(by_hand):
         got = SCHEDULES["1f1b"](p, m, stage)
-        assert got == ops(text), f"1F1B, stage {stage} of {p}, {m} micro-batches (warmup min(p - s - 1, m) = " \
-                                 f"{min(p - stage - 1, m)}): expected {text}, got {shown(got)}"
+        assert got == ops(text), (
+            f"1F1B, stage {stage} of {p}, {m} micro-batches (warmup min(p - s - 1, m) = "
+            f"{min(p - stage - 1, m)}): expected {text}, got {shown(got)}"
+        )
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 8], ids=lambda p: f"p={p}")
@@ -50,20 +67,27 @@ def test_one_f_one_b_runs_each_micro_batch_once_in_order(p, m):
     for stage in range(p):
         order = SCHEDULES["1f1b"](p, m, stage)
         every = [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-        assert sorted(order) == sorted(every), \
-            f"stage {stage} of {p}, {m} micro-batches: expected F and B of micro-batches 0..{m - 1} once each, " \
+        assert sorted(order) == sorted(every), (
+            f"stage {stage} of {p}, {m} micro-batches: expected F and B of micro-batches 0..{m - 1} once each, "
             f"got {shown(order)}"
+        )
         late = [i for i in range(m) if order.index(("B", i)) < order.index(("F", i))]
-        assert not late, f"stage {stage} of {p}: a backward needs its forward first: micro-batches {late} go " \
-                         f"backward before forward in {shown(order)}"
+        assert not late, (
+            f"stage {stage} of {p}: a backward needs its forward first: micro-batches {late} go "
+            f"backward before forward in {shown(order)}"
+        )
         for kind in "FB":
             indices = [i for k, i in order if k == kind]
-            assert indices == list(range(m)), f"stage {stage} of {p}: the {kind} operations go in micro-batch " \
-                                              f"order: expected {list(range(m))}, got {indices}"
+            assert indices == list(range(m)), (
+                f"stage {stage} of {p}: the {kind} operations go in micro-batch "
+                f"order: expected {list(range(m))}, got {indices}"
+            )
         peak = peak_activations(order)
-        assert peak == min(p - stage, m), f"stage {stage} of {p}, {m} micro-batches: 1F1B holds the activations " \
-                                          f"of min(p - s, m) = {min(p - stage, m)} micro-batches at most, at its " \
-                                          f"first backward: expected {min(p - stage, m)}, got {peak} in {shown(order)}"
+        assert peak == min(p - stage, m), (
+            f"stage {stage} of {p}, {m} micro-batches: 1F1B holds the activations "
+            f"of min(p - s, m) = {min(p - stage, m)} micro-batches at most, at its "
+            f"first backward: expected {min(p - stage, m)}, got {peak} in {shown(order)}"
+        )
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -73,9 +97,10 @@ def test_logical_bubble_is_the_textbook_formula(schedule, p, m):
     """Counting op slots of the schedule itself: idle fraction = (p - 1) / (m + p - 1)."""
     bubble = bubble_fraction(logical_timeline(SCHEDULES[schedule], p, m))
     want = (p - 1) / (m + p - 1)
-    assert bubble == pytest.approx(want), \
-        f"{schedule}, {p} stages, {m} micro-batches, one slot per operation: expected the idle share " \
+    assert bubble == pytest.approx(want), (
+        f"{schedule}, {p} stages, {m} micro-batches, one slot per operation: expected the idle share "
         f"(p - 1) / (m + p - 1) = {want:.4f}, got {bubble:.4f}"
+    )
 
 
 @pytest.mark.parametrize("p", [2, 4], ids=lambda p: f"p={p}")
@@ -84,8 +109,10 @@ def test_stored_activations_gpipe_m_1f1b_at_most_p(p, m):
     for stage in range(p):
         gpipe, one_f_one_b = (peak_activations(SCHEDULES[name](p, m, stage)) for name in ("gpipe", "1f1b"))
         assert gpipe == m, f"GPipe holds all {m} micro-batches' activations on stage {stage}: expected {m}, got {gpipe}"
-        assert one_f_one_b <= min(p, m), f"1F1B holds at most min(p, m) = {min(p, m)} micro-batches' activations " \
-                                         f"on stage {stage} of {p}: got {one_f_one_b}"
+        assert one_f_one_b <= min(p, m), (
+            f"1F1B holds at most min(p, m) = {min(p, m)} micro-batches' activations "
+            f"on stage {stage} of {p}: got {one_f_one_b}"
+        )
     first = peak_activations(SCHEDULES["1f1b"](p, m, 0))
     assert first == min(p, m), f"1F1B's first stage holds min(p, m) = {min(p, m)}: got {first}"
 
@@ -123,9 +150,13 @@ def _pipeline_against_single_device(schedule, m):
     norm = model.grad_norm()
     reference_norm = global_grad_norm([], [p.grad for p in single.parameters()])
     destroy_distributed()
-    return {"loss": None if pipe_loss is None else (pipe_loss.item(), loss.item()),
-            "norm": (norm.item(), reference_norm.item()), "peak": peak,
-            "blocks": len(stage.blocks), "kinds": sorted({slot.kind for slot in records})}
+    return {
+        "loss": None if pipe_loss is None else (pipe_loss.item(), loss.item()),
+        "norm": (norm.item(), reference_norm.item()),
+        "peak": peak,
+        "blocks": len(stage.blocks),
+        "kinds": sorted({slot.kind for slot in records}),
+    }
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -136,16 +167,23 @@ def test_pipeline_equals_single_device(schedule, p, m):
     outcome = run_ranks(p, _pipeline_against_single_device, schedule, m, timeout=120)
     for rank in range(p):
         status, result = outcome.get(rank, ("missing", None))
-        assert status == "ok", f"every stage runs the {schedule} schedule to the end with the single device's " \
-                               f"gradients: rank {rank} ended {status}: {result}"
+        assert status == "ok", (
+            f"every stage runs the {schedule} schedule to the end with the single device's "
+            f"gradients: rank {rank} ended {status}: {result}"
+        )
         norm, reference_norm = result["norm"]
-        assert norm == pytest.approx(reference_norm, rel=1e-5), \
+        assert norm == pytest.approx(reference_norm, rel=1e-5), (
             f"stage {rank}: the grad norm over all stages is the single device's: expected {reference_norm}, got {norm}"
-        assert result["blocks"] == CFG["n_layer"] // p, \
+        )
+        assert result["blocks"] == CFG["n_layer"] // p, (
             f"rank {rank} builds only its stage: expected {CFG['n_layer'] // p} blocks, got {result['blocks']}"
+        )
         peak = m if schedule == "gpipe" else min(p - rank, m)
-        assert result["peak"] == peak, f"stage {rank} of {p} under {schedule} with {m} micro-batches holds " \
-                                       f"{peak} micro-batches' activations at most: got {result['peak']}"
+        assert result["peak"] == peak, (
+            f"stage {rank} of {p} under {schedule} with {m} micro-batches holds "
+            f"{peak} micro-batches' activations at most: got {result['peak']}"
+        )
     loss, reference = outcome[p - 1][1]["loss"]  # the loss lives on the last stage
-    assert loss == pytest.approx(reference, rel=1e-5), \
+    assert loss == pytest.approx(reference, rel=1e-5), (
         f"the last stage's loss is the single device's: expected {reference}, got {loss}"
+    )

@@ -44,7 +44,11 @@ def test_shakespeare_baby_gpt_matches_nanogpt(shakespeare_clean):
     assert val_loss <= 1.89
 
 
-SHORT = ["--max_iters", "600", "--lr_decay_iters", "600", "--ckpt_interval", "50"]  # the runbook's check: a fault at 220 of 600 steps
+# fmt: off
+SHORT = [
+    "--max_iters", "600", "--lr_decay_iters", "600", "--ckpt_interval", "50",
+]  # the runbook's check: a fault at 220 of 600 steps
+# fmt: on
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +79,14 @@ def test_torchrun_3d_takes_the_single_process_steps(tmp_path, schedule):
     (relative) of one process with the same global batch of 24 sequences."""
     shakespeare_run(tmp_path, tmp_path / "single", *THREE_D, "--batch_size", "24")
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8"]
-    args = ["--preset", "shakespeare", "--url", SHAKESPEARE.as_uri(), "--data_dir", tmp_path / "data",
-            "--out_dir", tmp_path / "3d", *THREE_D, "--dp", "2", "--tp", "2", "--pp", "2", "--micro_batches", "2",
-            "--schedule", schedule]
+    # fmt: off
+    args = [
+        "--preset", "shakespeare", "--url", SHAKESPEARE.as_uri(), "--data_dir", tmp_path / "data",
+        "--out_dir", tmp_path / "3d",
+        *THREE_D,
+        "--dp", "2", "--tp", "2", "--pp", "2", "--micro_batches", "2", "--schedule", schedule,
+    ]
+    # fmt: on
     result = run_script([*launcher, ROOT / "train.py", *args], cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     reference, _ = final_records(tmp_path / "single")

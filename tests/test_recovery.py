@@ -21,10 +21,14 @@ from config import RecoveryConfig, TrainConfig
 from train import Recovery, lr_at, read_jsonl, runbook_response
 from conftest import ROOT, write_word_corpus, run_script
 
-BASE = ["--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--batch_size", "4",
-        "--max_iters", "60", "--ckpt_interval", "10", "--log_interval", "1", "--eval_interval", "20",
-        "--eval_iters", "4", "--warmup_iters", "10", "--learning_rate", "3e-3", "--monitor_window", "20",
-        "--max_new_tokens", "20", "--num_samples", "1"]
+# fmt: off
+BASE = [
+    "--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--batch_size", "4",
+    "--max_iters", "60", "--ckpt_interval", "10", "--log_interval", "1", "--eval_interval", "20",
+    "--eval_iters", "4", "--warmup_iters", "10", "--learning_rate", "3e-3", "--monitor_window", "20",
+    "--max_new_tokens", "20", "--num_samples", "1",
+]
+# fmt: on
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +40,14 @@ def workdir(tmp_path_factory):
 
 
 def train_args(workdir, out, *extra):
-    return [ROOT / "train.py", "--source", workdir / "corpus.txt", "--data_dir", workdir / "data",
-            "--out_dir", out, *BASE, *extra]
+    # fmt: off
+    return [
+        ROOT / "train.py",
+        "--source", workdir / "corpus.txt", "--data_dir", workdir / "data", "--out_dir", out,
+        *BASE,
+        *extra,
+    ]
+    # fmt: on
 
 
 def run_train(workdir, out, *extra):
@@ -60,8 +70,12 @@ def clean(workdir):
 
 def test_sigkill_between_checkpoints_resumes_bitwise(workdir, clean):
     out = workdir / "killed"
-    process = subprocess.Popen([sys.executable, *map(str, train_args(workdir, out))], cwd=workdir,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, *map(str, train_args(workdir, out))],
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.time() + 120
         while time.time() < deadline:  # kill it once it is past step 25, between two checkpoints
@@ -111,7 +125,7 @@ def test_injected_fault_is_recovered_automatically(workdir, clean, fault):
     out = workdir / fault
     result = run_train(workdir, out, "--inject", f"{fault}@52")
     assert result.returncode == 0, result.stdout + result.stderr
-    incidents = [json.loads(l) for l in (out / "incidents.jsonl").read_text().splitlines()]
+    incidents = [json.loads(line) for line in (out / "incidents.jsonl").read_text().splitlines()]
     assert len(incidents) == 1
     incident = incidents[0]
     assert incident["step"] == 52 and incident["detector"] == {"nan": "nonfinite", "spike": "spike"}[fault]
@@ -129,7 +143,10 @@ def test_too_many_incidents_stop_the_run_with_good_checkpoints(workdir):
     out = workdir / "doomed"
     result = run_train(workdir, out, "--inject", "nan@33,nan@37", "--max_incidents", "1")
     assert result.returncode != 0
-    assert "stopping after 2 incidents (--max_incidents 1)" in result.stderr and "suspect something deeper" in result.stderr
+    assert (
+        "stopping after 2 incidents (--max_incidents 1)" in result.stderr
+        and "suspect something deeper" in result.stderr
+    )
     assert [(i["rung"], i["response"]) for i in read_jsonl(out / "incidents.jsonl")] == [(1, "skip"), (3, "stop")]
     kept = checkpoint.list_steps(out / "ckpt")
     assert kept and all(checkpoint.verify(checkpoint.step_path(out / "ckpt", s)) is None for s in kept)

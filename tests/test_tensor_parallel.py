@@ -16,8 +16,15 @@ from local_ranks import run_ranks
 from model import GPT, GPTConfig
 from comm_count import take_comm_bytes
 from parallel import ProcessGrid, ShardedModel, destroy_distributed, global_grad_norm, init_distributed
-from tensor_parallel import (ColumnParallelLinear, CopyToTensorParallel, Cut, ReduceFromTensorParallel,
-                             RowParallelLinear, VocabParallelEmbedding, check_tensor_parallel_layout)
+from tensor_parallel import (
+    ColumnParallelLinear,
+    CopyToTensorParallel,
+    Cut,
+    ReduceFromTensorParallel,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    check_tensor_parallel_layout,
+)
 
 # ----------------------------------------------------------------------------
 # The pieces, each against its single-device twin: f, g, a column- and a row-parallel Linear, and the MLP
@@ -62,13 +69,16 @@ def _measured(what, forward, x, out_grad, module=None):
     x = x.clone().requires_grad_()
     try:
         with contextlib.ExitStack() as stack:
-            spies = {name: stack.enter_context(mock.patch.object(dist, name, wraps=getattr(dist, name)))
-                     for name in COLLECTIVES}
+            spies = {
+                name: stack.enter_context(mock.patch.object(dist, name, wraps=getattr(dist, name)))
+                for name in COLLECTIVES
+            }
             take_comm_bytes()  # count from here
             y = forward(x)
             sent = {"forward": (take_comm_bytes()["tp"], _calls(spies))}
-            assert y.shape == out_grad.shape, f"{what}: expected an output of shape {tuple(out_grad.shape)}, " \
-                                              f"got {tuple(y.shape)}"
+            assert y.shape == out_grad.shape, (
+                f"{what}: expected an output of shape {tuple(out_grad.shape)}, got {tuple(y.shape)}"
+            )
             y.backward(out_grad.clone())  # a copy: f's backward may all-reduce the gradient it is handed in place
             sent["backward"] = (take_comm_bytes()["tp"], _calls(spies))
     except AssertionError:
@@ -95,8 +105,9 @@ def _pieces_on_rank(case, dp, tp):
         return nn.Parameter(tensor.detach().clone())
 
     def column(bias):  # W cut by rows (output features), the bias like them
-        return ColumnParallelLinear(parameter(fc.weight[mine]), parameter(fc.bias[mine]) if bias else None, group,
-                                    Cut(dim=0))
+        return ColumnParallelLinear(
+            parameter(fc.weight[mine]), parameter(fc.bias[mine]) if bias else None, group, Cut(dim=0)
+        )
 
     def row(bias):  # W cut by columns (input features), the bias whole
         return RowParallelLinear(parameter(proj.weight[:, mine]), parameter(proj.bias) if bias else None, group)
@@ -108,14 +119,16 @@ def _pieces_on_rank(case, dp, tp):
         "g": _measured("g", lambda x: ReduceFromTensorParallel.apply(x.clone(), group), part, replica["out_grad"]),
     }
     layer = column(bias=True)
-    got["column"] = _measured("the column-parallel Linear", layer, replica["x"], replica["hidden_grad"][..., mine],
-                              layer)
+    got["column"] = _measured(
+        "the column-parallel Linear", layer, replica["x"], replica["hidden_grad"][..., mine], layer
+    )
     layer = row(bias=True)
     got["row"] = _measured("the row-parallel Linear", layer, replica["hidden"][..., mine], replica["out_grad"], layer)
     for bias in (True, False):
         mlp = nn.Sequential(column(bias), nn.GELU(), row(bias))  # parameters 0.weight, 0.bias, 2.weight, 2.bias
-        got[f"mlp bias={bias}"] = _measured(f"column -> GELU -> row with bias={bias}", mlp, replica["x"],
-                                            replica["out_grad"], mlp)
+        got[f"mlp bias={bias}"] = _measured(
+            f"column -> GELU -> row with bias={bias}", mlp, replica["x"], replica["out_grad"], mlp
+        )
     destroy_distributed()
     return got
 
@@ -137,8 +150,10 @@ def _ranks(pieces):
             first_line = str(value).partition("\n")[0]  # the error in its own words, without pytest's account
             stopped.append(f"rank {rank} ({status}): {first_line}")
     assert not stopped, "every rank runs the pieces to the end, but " + "; ".join(stopped)
-    return [(f"rank {rank}", case["replicas"][rank // tp], _hidden_features(rank % tp, tp), value)
-            for rank, (_, value) in sorted(outcome.items())]
+    return [
+        (f"rank {rank}", case["replicas"][rank // tp], _hidden_features(rank % tp, tp), value)
+        for rank, (_, value) in sorted(outcome.items())
+    ]
 
 
 def _single_device(module, x, out_grad):
@@ -162,23 +177,28 @@ def _assert_close(got, want, what):
     assert got.shape == want.shape, f"{what}: expected shape {tuple(want.shape)}, got {tuple(got.shape)}"
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (
         f"{what}: expected {_first_values(want)}, got {_first_values(got)} "
-        f"(largest difference {(got - want).abs().max().item():.3g})")
+        f"(largest difference {(got - want).abs().max().item():.3g})"
+    )
 
 
 def _assert_sent(sent, direction, want, what):
     """The collectives one direction called, and the tp bytes comm_count.counted saw, are want's."""
     bytes_counted, calls = sent[direction]
     assert calls == want[1], f"{what}: expected the collectives {want[1] or 'none'}, got {calls or 'none'}"
-    assert bytes_counted == want[0], (f"{what}: expected {want[0]} tp bytes counted (hand the tensor through "
-                                      f"counted('tp', ...)), got {bytes_counted}")
+    assert bytes_counted == want[0], (
+        f"{what}: expected {want[0]} tp bytes counted (hand the tensor through counted('tp', ...)), got {bytes_counted}"
+    )
 
 
 def test_f_is_the_identity_forward_and_sums_the_gradients_backward(pieces):
     for rank, replica, _, got in _ranks(pieces):
         f = got["f"]
         _assert_close(f["out"], replica["x"], f"{rank}: f's forward returns its input unchanged")
-        _assert_close(f["x_grad"], replica["parts"].sum(0),
-                      f"{rank}: f's backward is the sum of every TP rank's gradient (and only its TP group's)")
+        _assert_close(
+            f["x_grad"],
+            replica["parts"].sum(0),
+            f"{rank}: f's backward is the sum of every TP rank's gradient (and only its TP group's)",
+        )
         _assert_sent(f["sent"], "forward", NOTHING, f"{rank}: f communicates nothing in forward")
         _assert_sent(f["sent"], "backward", ONE_ALL_REDUCE, f"{rank}: f all-reduces the (B, T, C) gradient once")
 
@@ -186,8 +206,11 @@ def test_f_is_the_identity_forward_and_sums_the_gradients_backward(pieces):
 def test_g_sums_the_partial_results_forward_and_passes_the_gradient_back(pieces):
     for rank, replica, _, got in _ranks(pieces):
         g = got["g"]
-        _assert_close(g["out"], replica["parts"].sum(0),
-                      f"{rank}: g's forward is the sum of every TP rank's partial result (and only its TP group's)")
+        _assert_close(
+            g["out"],
+            replica["parts"].sum(0),
+            f"{rank}: g's forward is the sum of every TP rank's partial result (and only its TP group's)",
+        )
         _assert_close(g["x_grad"], replica["out_grad"], f"{rank}: g's backward passes the gradient on unchanged")
         _assert_sent(g["sent"], "forward", ONE_ALL_REDUCE, f"{rank}: g all-reduces the (B, T, C) output once")
         _assert_sent(g["sent"], "backward", NOTHING, f"{rank}: g communicates nothing in backward")
@@ -198,15 +221,23 @@ def test_column_parallel_linear_computes_this_ranks_output_features(pieces):
     for rank, replica, mine, got in _ranks(pieces):
         y, x_grad, fc = _single_device(case["fc"], replica["x"], replica["hidden_grad"])
         column = got["column"]
-        _assert_close(column["out"], y[..., mine],
-                      f"{rank}: the column-parallel output is this rank's slice of the output features, X W_i^T + b_i")
+        _assert_close(
+            column["out"],
+            y[..., mine],
+            f"{rank}: the column-parallel output is this rank's slice of the output features, X W_i^T + b_i",
+        )
         _assert_close(column["x_grad"], x_grad, f"{rank}: the input's gradient arrives whole (f sums the ranks' parts)")
         _assert_close(column["grads"]["weight"], fc.weight.grad[mine], f"{rank}: the gradient of this rank's rows of W")
         _assert_close(column["grads"]["bias"], fc.bias.grad[mine], f"{rank}: the gradient of this rank's slice of b")
-        _assert_sent(column["sent"], "forward", NOTHING,
-                     f"{rank}: the column-parallel Linear communicates nothing in forward")
-        _assert_sent(column["sent"], "backward", ONE_ALL_REDUCE,
-                     f"{rank}: the column-parallel Linear all-reduces the input's gradient once in backward (f)")
+        _assert_sent(
+            column["sent"], "forward", NOTHING, f"{rank}: the column-parallel Linear communicates nothing in forward"
+        )
+        _assert_sent(
+            column["sent"],
+            "backward",
+            ONE_ALL_REDUCE,
+            f"{rank}: the column-parallel Linear all-reduces the input's gradient once in backward (f)",
+        )
 
 
 def test_row_parallel_linear_sums_partial_products_and_adds_its_bias_once(pieces):
@@ -214,16 +245,23 @@ def test_row_parallel_linear_sums_partial_products_and_adds_its_bias_once(pieces
     for rank, replica, mine, got in _ranks(pieces):
         y, x_grad, proj = _single_device(case["proj"], replica["hidden"], replica["out_grad"])
         row = got["row"]
-        _assert_close(row["out"], y, f"{rank}: the row-parallel output is the whole sum_i X_i W_i^T + b, the bias "
-                                     f"added once")
+        _assert_close(
+            row["out"], y, f"{rank}: the row-parallel output is the whole sum_i X_i W_i^T + b, the bias added once"
+        )
         _assert_close(row["x_grad"], x_grad[..., mine], f"{rank}: the gradient of this rank's input features")
-        _assert_close(row["grads"]["weight"], proj.weight.grad[:, mine],
-                      f"{rank}: the gradient of this rank's columns of W")
+        _assert_close(
+            row["grads"]["weight"], proj.weight.grad[:, mine], f"{rank}: the gradient of this rank's columns of W"
+        )
         _assert_close(row["grads"]["bias"], proj.bias.grad, f"{rank}: the gradient of the whole bias, on every rank")
-        _assert_sent(row["sent"], "forward", ONE_ALL_REDUCE,
-                     f"{rank}: the row-parallel Linear all-reduces its partial output once in forward (g)")
-        _assert_sent(row["sent"], "backward", NOTHING,
-                     f"{rank}: the row-parallel Linear communicates nothing in backward")
+        _assert_sent(
+            row["sent"],
+            "forward",
+            ONE_ALL_REDUCE,
+            f"{rank}: the row-parallel Linear all-reduces its partial output once in forward (g)",
+        )
+        _assert_sent(
+            row["sent"], "backward", NOTHING, f"{rank}: the row-parallel Linear communicates nothing in backward"
+        )
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["biases", "no biases"])
@@ -295,7 +333,10 @@ def _compare_with_single_device(cfg_kwargs, tp):
     # the sliced layers hold exactly 1/tp of the parameters
     counts = []
     for module_name, module in sliced.named_modules():
-        if isinstance(module, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)) and module_name != "lm_head":
+        if (
+            isinstance(module, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding))
+            and module_name != "lm_head"
+        ):
             counts.append((module.weight.numel(), dict(single.named_parameters())[f"{module_name}.weight"].numel()))
     result["counts"] = counts
     destroy_distributed()
@@ -331,8 +372,11 @@ def test_bad_layouts_are_named_before_any_process_group(tmp_path, capsys):
     assert "n_head 4 is not divisible by tp 8" in str(exit_info.value.code)
 
 
-@pytest.mark.parametrize("cut", [Cut(dim=0), Cut(dim=1), Cut(dim=0, chunks=3), Cut(dim=0, rows=10)],
-                         ids=["rows", "columns", "qkv-blocks", "padded-vocab"])
+@pytest.mark.parametrize(
+    "cut",
+    [Cut(dim=0), Cut(dim=1), Cut(dim=0, chunks=3), Cut(dim=0, rows=10)],
+    ids=["rows", "columns", "qkv-blocks", "padded-vocab"],
+)
 @pytest.mark.parametrize("tp", [2, 3, 4])
 def test_cut_shard_then_unshard_is_the_identity(cut, tp):
     full = torch.randn(10 if cut.rows else 12 * tp, 6 * tp)

@@ -15,8 +15,12 @@ from parallel import ProcessGrid, ShardedModel
 from train import clip_gradients, lr_at, optimizer_step
 
 # a run small enough for a unit test: 2 layers of width 32 on the small corpus
-QUICK = ["--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "16", "--batch_size", "4",
-         "--eval_iters", "2", "--log_interval", "1", "--max_new_tokens", "20"]
+# fmt: off
+QUICK = [
+    "--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "16", "--batch_size", "4",
+    "--eval_iters", "2", "--log_interval", "1", "--max_new_tokens", "20",
+]
+# fmt: on
 
 
 def cosine_schedule(step, peak, low, warmup, end):
@@ -29,24 +33,36 @@ def cosine_schedule(step, peak, low, warmup, end):
     return low + (peak - low) * (1 + math.cos(math.pi * (step - warmup) / (end - warmup))) / 2
 
 
-@pytest.mark.parametrize("overrides", [
-    pytest.param(dict(warmup_iters=100, max_iters=1000), id="warmup=100, decay to max_iters=1000"),
-    pytest.param(dict(warmup_iters=100, max_iters=1000, lr_decay_iters=2000), id="lr_decay_iters=2000"),
-    pytest.param(dict(warmup_iters=0, max_iters=400, min_lr=0.0), id="no warmup, min_lr=0"),
-    pytest.param(dict(warmup_iters=1, max_iters=9, lr_decay_iters=5), id="warmup=1, lr_decay_iters=5"),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param(dict(warmup_iters=100, max_iters=1000), id="warmup=100, decay to max_iters=1000"),
+        pytest.param(dict(warmup_iters=100, max_iters=1000, lr_decay_iters=2000), id="lr_decay_iters=2000"),
+        pytest.param(dict(warmup_iters=0, max_iters=400, min_lr=0.0), id="no warmup, min_lr=0"),
+        pytest.param(dict(warmup_iters=1, max_iters=9, lr_decay_iters=5), id="warmup=1, lr_decay_iters=5"),
+    ],
+)
 def test_lr_schedule_warmup_then_cosine(overrides):
     cfg = TrainConfig(**{**dict(learning_rate=1e-3, min_lr=1e-4), **overrides})
     peak, low, warmup = cfg.learning_rate, cfg.min_lr, cfg.warmup_iters
     end = cfg.lr_decay_iters or cfg.max_iters  # lr_decay_iters 0 means max_iters
     quarter = (end - warmup) // 4  # every case decays over a multiple of 4 steps
     points = [  # (step, the LR there, the rule in words)
-        *([(0, peak / warmup, "step 0 takes learning_rate / warmup_iters"),
-           (warmup - 1, peak, "the last warmup step, warmup_iters - 1, reaches learning_rate")] if warmup else []),
+        *(
+            [
+                (0, peak / warmup, "step 0 takes learning_rate / warmup_iters"),
+                (warmup - 1, peak, "the last warmup step, warmup_iters - 1, reaches learning_rate"),
+            ]
+            if warmup
+            else []
+        ),
         (warmup, peak, "the decay starts from learning_rate at step warmup_iters"),
-        (warmup + quarter, low + (peak - low) * (1 + math.cos(math.pi / 4)) / 2,
-         "a quarter of the way from warmup_iters to the end, the cosine gives min_lr + (learning_rate - min_lr) "
-         "(1 + cos(pi/4)) / 2"),
+        (
+            warmup + quarter,
+            low + (peak - low) * (1 + math.cos(math.pi / 4)) / 2,
+            "a quarter of the way from warmup_iters to the end, the cosine gives min_lr + (learning_rate - min_lr) "
+            "(1 + cos(pi/4)) / 2",
+        ),
         (warmup + 2 * quarter, (peak + low) / 2, "halfway down the cosine, halfway from learning_rate to min_lr"),
         (end, low, "the decay ends at min_lr at step lr_decay_iters (0: max_iters)"),
         (end + 2 * quarter, low, "past the end it stays at min_lr: the cosine does not turn up again"),
@@ -56,9 +72,10 @@ def test_lr_schedule_warmup_then_cosine(overrides):
         assert got == pytest.approx(want), f"{words}: at step {step} expected {want:.6g}, got {got:.6g}"
     for step in range(2 * end + 1):
         got, want = lr_at(step, cfg), cosine_schedule(step, peak, low, warmup, end)
-        assert got == pytest.approx(want), \
-            f"linear warmup over warmup_iters, cosine to min_lr at step {end}: at step {step} expected {want:.6g}, " \
+        assert got == pytest.approx(want), (
+            f"linear warmup over warmup_iters, cosine to min_lr at step {end}: at step {step} expected {want:.6g}, "
             f"got {got:.6g}"
+        )
 
 
 def parameters_with_gradients(scale, seed=0):
@@ -85,22 +102,28 @@ def test_clipping_bounds_the_global_norm():
     torch.nn.utils.clip_grad_norm_(twins, max_norm=1.0)
     got = torch.cat([p.grad.flatten() for p in params[:-1]])
     factors = got / before
-    assert torch.allclose(got, want, rtol=1e-5, atol=1e-7), \
-        f"every gradient is scaled by one factor, max_norm / grad_norm = {1.0 / norm.item():.6f} (as " \
-        f"torch.nn.utils.clip_grad_norm_ does): got factors from {factors.min().item():.6f} to " \
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-7), (
+        f"every gradient is scaled by one factor, max_norm / grad_norm = {1.0 / norm.item():.6f} (as "
+        f"torch.nn.utils.clip_grad_norm_ does): got factors from {factors.min().item():.6f} to "
         f"{factors.max().item():.6f}"
-    assert got.norm().item() == pytest.approx(1.0, rel=1e-5), \
+    )
+    assert got.norm().item() == pytest.approx(1.0, rel=1e-5), (
         f"after clipping the global norm is max_norm = 1.0: got {got.norm().item():.6f}"
-    assert torch.allclose(buffer, want, rtol=1e-5, atol=1e-7), \
-        "the gradients are scaled in place: bucketed DP holds them as views into its buckets, which must hold the " \
+    )
+    assert torch.allclose(buffer, want, rtol=1e-5, atol=1e-7), (
+        "the gradients are scaled in place: bucketed DP holds them as views into its buckets, which must hold the "
         f"clipped values; the buckets still hold a norm of {buffer.norm().item():.4f}"
+    )
 
 
-@pytest.mark.parametrize("scale, max_norm", [
-    pytest.param(0.01, 1.0, id="norm below max_norm"),
-    pytest.param(5.0, 0.0, id="max_norm=0 means no clipping"),
-    pytest.param(0.0, 1.0, id="all gradients zero"),
-])
+@pytest.mark.parametrize(
+    "scale, max_norm",
+    [
+        pytest.param(0.01, 1.0, id="norm below max_norm"),
+        pytest.param(5.0, 0.0, id="max_norm=0 means no clipping"),
+        pytest.param(0.0, 1.0, id="all gradients zero"),
+    ],
+)
 def test_clipping_leaves_gradients_within_bounds_alone(scale, max_norm):
     params, buffer = parameters_with_gradients(scale)
     before = buffer.clone()
@@ -108,10 +131,14 @@ def test_clipping_leaves_gradients_within_bounds_alone(scale, max_norm):
     clip_gradients(params, norm, max_norm)
     assert params[-1].grad is None, "a parameter without a gradient is skipped and keeps none"
     got = torch.cat([p.grad.flatten() for p in params[:-1]])
-    why = "max_norm 0 means no clipping (--grad_clip 0)" if max_norm == 0 else \
-        f"a global norm of {norm.item():.3g}, not above max_norm = {max_norm}, is not clipped (nor scaled up)"
-    assert torch.equal(got, before), \
+    why = (
+        "max_norm 0 means no clipping (--grad_clip 0)"
+        if max_norm == 0
+        else f"a global norm of {norm.item():.3g}, not above max_norm = {max_norm}, is not clipped (nor scaled up)"
+    )
+    assert torch.equal(got, before), (
         f"{why}: the gradients are left as they are; got a norm of {got.norm().item():.4g} for {norm.item():.4g}"
+    )
 
 
 def test_clipping_uses_the_global_norm_it_is_given():
@@ -124,9 +151,10 @@ def test_clipping_uses_the_global_norm_it_is_given():
     clip_gradients(params, everyone, max_norm=1.5 * local.item())
     got = torch.cat([p.grad.flatten() for p in params[:-1]])
     factor = (got.norm() / local).item()
-    assert factor == pytest.approx(0.75, rel=1e-5), \
-        f"the factor is max_norm / grad_norm = 1.5 |this rank's share| / (2 |this rank's share|) = 0.75, from the " \
+    assert factor == pytest.approx(0.75, rel=1e-5), (
+        f"the factor is max_norm / grad_norm = 1.5 |this rank's share| / (2 |this rank's share|) = 0.75, from the "
         f"grad_norm it is given and not from the gradients this rank holds: got {factor:.6f}"
+    )
 
 
 def one_step(tmp_path, batch_size, accumulation, dtype=torch.float32):
@@ -186,8 +214,15 @@ def test_tiny_preset_end_to_end(tmp_path):
     assert "final check: val loss" in result.stdout and "perplexity" in result.stdout
     assert (out / "metrics.png").stat().st_size > 10_000
     assert (out / "samples.txt").read_text().strip()
-    sampled = run_script([ROOT / "train.py", "--sample", "--out_dir", out, "--num_samples", "1",
-                          "--max_new_tokens", "30", "--prompt", "def "], cwd=tmp_path)
+    # fmt: off
+    sampled = run_script(
+        [
+            ROOT / "train.py",
+            "--sample", "--out_dir", out, "--num_samples", "1", "--max_new_tokens", "30", "--prompt", "def ",
+        ],
+        cwd=tmp_path,
+    )
+    # fmt: on
     assert sampled.returncode == 0, sampled.stderr
     assert sampled.stdout.startswith("def ")
 
@@ -255,12 +290,22 @@ def test_a_run_that_died_before_its_final_check_finishes_on_the_next_command(sma
 
 def test_data_may_live_inside_the_run_folder_and_a_file_is_no_folder(small_corpus, tmp_path, capsys):
     out = tmp_path / "run"
-    train.main([str(a) for a in ["--source", small_corpus, "--data_dir", out / "data", "--out_dir", out,
-                                 "--max_iters", "2", *QUICK]])
+    # fmt: off
+    train.main(
+        [
+            str(a)
+            for a in [
+                "--source", small_corpus, "--data_dir", out / "data", "--out_dir", out, "--max_iters", "2",
+                *QUICK,
+            ]
+        ]
+    )
+    # fmt: on
     assert (out / "data" / "meta.json").exists() and (out / "run.json").exists()
     (tmp_path / "notes.txt").write_text("mine")
-    code, _ = run_main(["--source", small_corpus, "--data_dir", out / "data", "--out_dir", tmp_path / "notes.txt",
-                        *QUICK], capsys)
+    code, _ = run_main(
+        ["--source", small_corpus, "--data_dir", out / "data", "--out_dir", tmp_path / "notes.txt", *QUICK], capsys
+    )
     assert "is a file, not a folder" in str(code) and (tmp_path / "notes.txt").read_text() == "mine"
 
 
@@ -271,14 +316,30 @@ def test_a_folder_that_is_not_a_run_is_refused_and_left_untouched(small_corpus, 
     (foreign / "plots" / "a.png").write_bytes(b"\x89PNG not ours")
     before = snapshot(foreign)
     for extra in ([], ["--overwrite"]):  # not even --overwrite takes over a folder that is not a run of ours
-        code, _ = run_main(["--source", small_corpus, "--data_dir", tmp_path / "data", "--out_dir", foreign,
-                            "--max_iters", "2", *QUICK, *extra], capsys)
+        # fmt: off
+        code, _ = run_main(
+            [
+                "--source", small_corpus, "--data_dir", tmp_path / "data", "--out_dir", foreign,
+                "--max_iters", "2",
+                *QUICK,
+                *extra,
+            ],
+            capsys,
+        )
+        # fmt: on
         assert code != 0 and "not a run of ours" in str(code) and str(foreign) in str(code)
         assert snapshot(foreign) == before and sorted(p.name for p in foreign.iterdir()) == ["metrics.jsonl", "plots"]
 
 
-@pytest.mark.parametrize("flag, field", [("--resume", "resume"), ("--overwrite", "overwrite"),
-                                         ("--compile", "compile"), ("--reset_optimizer", "reset_optimizer")])
+@pytest.mark.parametrize(
+    "flag, field",
+    [
+        ("--resume", "resume"),
+        ("--overwrite", "overwrite"),
+        ("--compile", "compile"),
+        ("--reset_optimizer", "reset_optimizer"),
+    ],
+)
 def test_boolean_flags_work_bare_or_with_a_value(flag, field):
     def value(argv):
         configs = parse_args(argv)[2]
@@ -325,10 +386,14 @@ def test_bad_input_is_named(argv, expected, tmp_path, capsys):
 
 def test_empty_corpus_and_too_small_val_split(tmp_path, small_corpus, capsys):
     (tmp_path / "empty.txt").write_text("")
-    code, _ = run_main(["--source", tmp_path / "empty.txt", "--data_dir", tmp_path / "d1", "--out_dir", tmp_path / "o"], capsys)
+    code, _ = run_main(
+        ["--source", tmp_path / "empty.txt", "--data_dir", tmp_path / "d1", "--out_dir", tmp_path / "o"], capsys
+    )
     assert "produced no tokens" in str(code)
-    code, _ = run_main(["--source", small_corpus, "--data_dir", tmp_path / "d2", "--out_dir", tmp_path / "o",
-                        "--block_size", "20000"], capsys)
+    code, _ = run_main(
+        ["--source", small_corpus, "--data_dir", tmp_path / "d2", "--out_dir", tmp_path / "o", "--block_size", "20000"],
+        capsys,
+    )
     assert "val.bin holds" in str(code) and "block_size + 1 = 20001" in str(code)
 
 
