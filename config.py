@@ -112,6 +112,7 @@ class BenchmarkConfig:  # the benchmark of the final check and --eval_only (eval
             raise ValueError(f"--benchmark_examples {self.benchmark_examples}: give a count, or 0 for all")
 
 
+# fmt: off
 PRESETS = {
     "tiny": {},  # the defaults above: ~0.8M parameters on Python's own source code, minutes on a laptop CPU
     # nanoGPT's CPU "baby GPT", the same model and batch, with a faster schedule: RMSNorm and the
@@ -119,43 +120,19 @@ PRESETS = {
     # reaches its final loss sooner (DESIGN.md, "Choices measured"; bench/time_to_loss.py).
     # 144 eval batches read val.bin once.
     "shakespeare": dict(
-        source="shakespeare",
-        block_size=64,
-        batch_size=12,
-        n_layer=4,
-        n_head=4,
-        n_embd=128,
-        max_iters=2000,
-        learning_rate=2e-3,
-        min_lr=1e-4,
-        lr_decay_iters=1500,
-        warmup_iters=100,
-        beta2=0.99,
-        eval_iters=144,
-        log_interval=10,
+        source="shakespeare", block_size=64, batch_size=12, n_layer=4, n_head=4, n_embd=128,
+        max_iters=2000, learning_rate=2e-3, min_lr=1e-4, lr_decay_iters=1500, warmup_iters=100, beta2=0.99,
+        eval_iters=144, log_interval=10,
     ),
     # GPT-2 small (124M) on one GPU: 2^19 tokens per step (16 x 1024 x 32), 19073 steps = 10B tokens.
     "gpt2-small": dict(
-        tokenizer="gpt2",
-        block_size=1024,
-        n_layer=12,
-        n_head=12,
-        n_embd=768,
-        batch_size=16,
-        gradient_accumulation_steps=32,
-        lanes=512,
-        max_iters=19073,
-        learning_rate=6e-4,
-        min_lr=6e-5,
-        warmup_iters=700,
-        beta2=0.95,
-        log_interval=10,
-        eval_interval=500,
-        eval_iters=4,
-        compile=True,
-        benchmark="hellaswag",
+        tokenizer="gpt2", block_size=1024, n_layer=12, n_head=12, n_embd=768,
+        batch_size=16, gradient_accumulation_steps=32, lanes=512, max_iters=19073,
+        learning_rate=6e-4, min_lr=6e-5, warmup_iters=700, beta2=0.95,
+        log_interval=10, eval_interval=500, eval_iters=4, compile=True, benchmark="hellaswag",
     ),
 }
+# fmt: on
 
 
 def parse_bool(text):
