@@ -25,6 +25,12 @@ from parallel import ParallelConfig
 class TrainConfig:
     out_dir: str = ""  # where the run writes; "" = out/<preset>
     data_dir: str = ""  # prepared token files; "" = data/<source>-<tokenizer>, prepared on first use
+    mix: str = ""  # a JSON file naming several sources, their weights and a schedule of weights (mixture.py)
+    max_epochs: float = 4.0  # a plan that reads the training data more often than this stops at start-up; 0 = any
+    # start from these weights instead of a fresh init (fresh optimizer, step 0; transfer.py): a run's out_dir,
+    # a Hugging Face GPT-2 folder or .safetensors file, or gpt2 | gpt2-medium | gpt2-large | gpt2-xl (downloaded once)
+    init_from: str = ""
+    init_url: str = ""  # where to download a named --init_from from; "" = Hugging Face (file:///path works offline)
     overwrite: bool = False  # allow replacing a different run in out_dir
     seed: int = 1337
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
@@ -101,6 +107,11 @@ class SampleConfig:
 
 
 @dataclass
+class ExportConfig:
+    export_hf: str = ""  # a mode: write the newest checkpoint in --out_dir to this folder as a transformers GPT-2
+
+
+@dataclass
 class BenchmarkConfig:  # the benchmark of the final check and --eval_only (evaluation.py)
     benchmark: str = ""  # "" = none | hellaswag (downloaded, sha256-checked) | a local .jsonl file in its format
     benchmark_url: str = ""  # where to fetch hellaswag from; "" = its public URL (file:///path works offline)
@@ -124,9 +135,13 @@ PRESETS = {
         max_iters=2000, learning_rate=2e-3, min_lr=1e-4, lr_decay_iters=1500, warmup_iters=100, beta2=0.99,
         eval_iters=144, log_interval=10,
     ),
-    # GPT-2 small (124M) on one GPU: 2^19 tokens per step (16 x 1024 x 32), 19073 steps = 10B tokens.
+    # GPT-2 small (124M) on one GPU: 2^19 tokens per step (16 x 1024 x 32), 19073 steps = 10B tokens. GPT-2's
+    # architecture exactly (LayerNorm with biases, biases in every Linear, GELU's tanh approximation; learned
+    # positions and the tied head as every preset), so GPT-2's weights load into it and its runs export to it.
+    # No source: a 10B-token plan needs a corpus the user names (source "" is refused at start-up).
     "gpt2-small": dict(
-        tokenizer="gpt2", block_size=1024, n_layer=12, n_head=12, n_embd=768,
+        source="", tokenizer="gpt2", block_size=1024, n_layer=12, n_head=12, n_embd=768,
+        norm="layernorm", bias=True, activation="gelu_tanh",
         batch_size=16, gradient_accumulation_steps=32, lanes=512, max_iters=19073,
         learning_rate=6e-4, min_lr=6e-5, warmup_iters=700, beta2=0.95,
         log_interval=10, eval_interval=500, eval_iters=4, compile=True, benchmark="hellaswag",
@@ -154,13 +169,15 @@ class Configs:
     recovery: RecoveryConfig
     sample: SampleConfig
     benchmark: BenchmarkConfig
+    export: ExportConfig
 
 
-MODES = ("sample", "eval_only")  # what to do instead of training: a flag each, at most one
+MODES = ("sample", "eval_only", "export_hf")  # what to do instead of training: a flag each, at most one
 
 
 def parse_args(argv):
-    """--preset NAME, --sample or --eval_only, and --field value for every field of the config dataclasses.
+    """--preset NAME, --sample, --eval_only or --export_hf DIR, and --field value for every field of the config
+    dataclasses.
 
     Precedence: dataclass default < preset < command line. Returns
     (preset, mode: "train" or one of MODES, Configs).
@@ -193,7 +210,7 @@ def parse_args(argv):
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         flag = unknown[0].split("=")[0]
-        valid = ["--preset"] + [f"--{mode}" for mode in MODES] + [f"--{name}" for name in owner]
+        valid = ["--preset", "--sample", "--eval_only"] + [f"--{name}" for name in owner]
         close = difflib.get_close_matches(flag, valid, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         parser.error(f"unknown flag {flag}{hint}. Valid flags: {' '.join(valid)}")

@@ -29,6 +29,7 @@ class GPTConfig:
     bias: bool = False  # biases in Linear and LayerNorm; GPT-2 had them, modern models drop them
     norm: str = "rmsnorm"  # rmsnorm | layernorm
     norm_position: str = "pre"  # pre (Pre-LN: x + f(norm(x))) | post (Post-LN: norm(x + f(x)))
+    activation: str = "gelu"  # gelu (exact, erf) | gelu_tanh (GPT-2's tanh approximation of it)
     naive_init_std: float = 0.0  # 0: the width-scaled init (GPT._init_weights); > 0: N(0, std^2) everywhere, to compare
     # sdpa: PyTorch's fused kernel, the (T, T) scores never stored | manual: written out, as a learner reads it
     attention: str = "sdpa"
@@ -45,6 +46,8 @@ class GPTConfig:
             raise ValueError(f"norm {self.norm!r} must be rmsnorm or layernorm")
         if self.norm_position not in ("pre", "post"):
             raise ValueError(f"norm_position {self.norm_position!r} must be pre or post")
+        if self.activation not in ("gelu", "gelu_tanh"):
+            raise ValueError(f"activation {self.activation!r} must be gelu or gelu_tanh")
         if self.naive_init_std < 0:
             raise ValueError(f"naive_init_std {self.naive_init_std} must be 0 (width-scaled init) or positive")
         if self.attention not in ("sdpa", "manual"):
@@ -141,9 +144,11 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)  # back into the residual stream
         self.dropout = nn.Dropout(config.dropout)
+        self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))  # (B, T, 4C) inside, (B, T, C) out
+        hidden = F.gelu(self.c_fc(x), approximate=self.approximate)  # (B, T, 4C)
+        return self.dropout(self.c_proj(hidden))  # (B, T, C)
 
 
 class Block(nn.Module):

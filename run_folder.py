@@ -13,6 +13,7 @@ import shutil
 from dataclasses import asdict
 
 from files import remove_if_exists, write_json_atomic
+from mixture import weight_changes
 
 
 def out_dir_of(preset, cfg):
@@ -23,15 +24,18 @@ def out_dir_of(preset, cfg):
 def run_identity(mcfg, cfg, meta, global_batch):
     """What makes two runs the same run. The layout is not part of it: the same global batch
     on dp=1 or dp=4 reads the same rows and takes the same step, so either may resume the other.
-    Nor is the attention kernel: sdpa and manual compute the same function of the same weights."""
+    Nor is the attention kernel: sdpa and manual compute the same function of the same weights; nor where
+    files come from (--init_url, the --mix file's path: a mix is named by what it holds) or --max_epochs."""
     layout_fields = ("out_dir", "overwrite", "device", "compile", "batch_size", "gradient_accumulation_steps")
+    elsewhere = ("init_url", "mix", "max_epochs")
+    data_fields = ("mix", "tokenizer") if "mix" in meta else ("source", "source_sha256", "tokenizer")
     return {
         "GPTConfig": {k: v for k, v in asdict(mcfg).items() if k != "attention"},
         "TrainConfig": {
-            **{k: v for k, v in asdict(cfg).items() if k not in layout_fields},
+            **{k: v for k, v in asdict(cfg).items() if k not in layout_fields + elsewhere},
             "global_batch": global_batch,
         },
-        "data": {k: meta[k] for k in ("source", "source_sha256", "tokenizer", "val_fraction")},
+        "data": {k: meta[k] for k in data_fields + ("val_fraction",)},
     }
 
 
@@ -46,9 +50,10 @@ RUN_FILES = (
     "ckpt",
     "run.json",
 )
-# A run may continue with these changed: a larger max_iters trains further, and a lower LR (or a
-# longer warmup) is what the runbook asks of a person after repeated incidents.
-CONTINUABLE = ("max_iters", "lr_decay_iters", "learning_rate", "min_lr", "warmup_iters")
+# A run may continue with these changed: a larger max_iters trains further, a lower LR (or a
+# longer warmup) is what the runbook asks of a person after repeated incidents, and a mix's sources and
+# weights may change mid-run (curriculum training), the LR schedule going on as it was.
+CONTINUABLE = ("max_iters", "lr_decay_iters", "learning_rate", "min_lr", "warmup_iters", "mix")
 
 
 def config_changes(old, new, ignore=()):
@@ -97,7 +102,9 @@ def prepare_out_dir(out_dir, identity, overwrite):
             f"{out_dir} holds a different run, whose checkpoints cannot continue with this config "
             f"({'; '.join(changed)}). Choose another --out_dir, or start over there with --overwrite."
         )
-    return config_changes(old, identity)
+    old_mix, new_mix = old["data"].get("mix"), identity["data"].get("mix")
+    mix_changes = weight_changes(old_mix, new_mix) if new_mix and old_mix != new_mix else []
+    return config_changes(old, identity, ignore=("mix",)) + mix_changes
 
 
 def record_identity(out_dir, identity):

@@ -6,6 +6,9 @@
     python train.py --n_layer 6 --learning_rate 3e-4 # any config field, as --name value
     python train.py --sample --out_dir out/tiny      # sample from a finished run
     python train.py --eval_only --benchmark hellaswag --out_dir out/tiny   # evaluate a run's newest checkpoint
+    python train.py --preset gpt2-small --init_from gpt2 --source my_texts/   # continue GPT-2 on your own data
+    python train.py --mix mix.json                   # several sources, their weights changing by step (mixture.py)
+    python train.py --export_hf out/hf --out_dir out/gpt2-run  # a transformers GPT-2 folder (transfer.py)
 
 Read `train()` first: the chapter's loop, on one screen. What it calls comes
 before it in the order the math needs it (the defenses, one optimizer step,
@@ -41,7 +44,8 @@ from config import Configs, parse_args
 from data import TokenStream, default_data_dir, get_tokenizer, load_or_prepare
 from evaluation import evaluate, final_check, read_benchmark
 from faults import FaultInjector
-from model import GPT
+from mixture import Mix, MixedStream, mix_meta, prepare_sources, read_mix, weights_at
+from model import GPT, GPTConfig
 from monitor import HealthMonitor, Throughput, peak_memory_bytes, plot_metrics
 from parallel import (
     ProcessGrid,
@@ -68,6 +72,7 @@ from run_folder import (
     write_jsonl,
 )
 from tensor_parallel import check_tensor_parallel_layout
+from transfer import export_run, fit_to_run, initial_weights
 
 # ----------------------------------------------------------------------------
 # The defenses that live in the loop: LR schedule, clipping, precision
@@ -214,13 +219,13 @@ def train(preset, configs):
         record, eval_warnings = {"step": step}, []
         if evaluation_due(step, cfg):
             with throughput.paused():
-                record["val_loss"] = evaluate(run.model, run.val_stream, run.eval_batches, run.grid)
+                record.update(validate(run))  # val_loss; for a mix, each source's too, and the tokens read of each
             eval_warnings = monitor.check_eval(record["val_loss"])
             if monitor.is_incident(eval_warnings):
                 step = respond_to_incident(run, step, eval_warnings)
                 continue
         if step == cfg.max_iters:
-            final_val_loss = record["val_loss"]  # evaluation_due(max_iters): the last weights were just judged
+            final_evaluation = record  # evaluation_due(max_iters): the last weights were just judged
             break
 
         next_batch = run.injector.strike(step, run.model, run.train_stream)  # the data, unless a fault is due
@@ -248,11 +253,26 @@ def train(preset, configs):
         step += 1
         if step % run.configs.recovery.ckpt_interval == 0 or step == cfg.max_iters:
             save_checkpoint(run, step)
-    finish(run, final_val_loss)
+    finish(run, final_evaluation)
 
 
 def evaluation_due(step, cfg):
     return step % cfg.eval_interval == 0 or step == cfg.max_iters
+
+
+def validate(run):
+    """{"val_loss": ...}: the mean loss on the first val rows. A mix adds "val_loss_by_source", and
+    "mix_tokens" (each source's tokens read so far); its val_loss weighs the sources by the mix's
+    starting weights, so it stays one yardstick while the mix changes."""
+    losses = {name: evaluate(run.model, stream, run.eval_batches, run.grid) for name, stream in run.val_streams.items()}
+    if run.mix is None:
+        (val_loss,) = losses.values()
+        return {"val_loss": val_loss}
+    return {
+        "val_loss": sum(run.mix.weights[name] * loss for name, loss in losses.items()),
+        "val_loss_by_source": losses,
+        "mix_tokens": run.train_stream.mix_tokens(),
+    }
 
 
 def log_due(step, record, cfg):
@@ -277,12 +297,11 @@ def evaluate_only(preset, configs):
         raise ValueError(f"--eval_only: no checkpoint in {run.ckpt_dir} verifies")
     step, state = latest
     checkpoint.load_full_state_dict(run.model, state["model"], run.grid)
-    val_loss = evaluate(run.model, run.val_stream, run.eval_batches, run.grid)
     record, _ = final_check(
         run.model,
         run.grid,
         step,
-        val_loss,
+        validate(run)["val_loss"],
         run.identity["GPTConfig"],
         run.meta,
         run.benchmark_examples,
@@ -309,11 +328,13 @@ class Run:
     out_dir: str
     identity: dict  # what makes two runs the same run (run.json)
     continued: list[str]  # the schedule fields that differ from the run already in out_dir ("max_iters: 2000 -> 3000")
-    meta: dict  # the token files' meta.json
+    initialized_from: str  # where --init_from's weights came from, in words; "": a fresh init
+    meta: dict  # the token files' meta.json; for a mix, the sources' together (mixture.mix_meta)
+    mix: Mix | None  # --mix: the sources and their weights by step; None: one source
     benchmark_examples: list[dict]  # for the final check ([]: none); read at set-up, so a failed download fails early
-    train_stream: TokenStream
-    val_stream: TokenStream
-    eval_batches: int  # micro-batches per evaluation, on each rank
+    train_stream: TokenStream | MixedStream
+    val_streams: dict[str, TokenStream]  # by source name; one source: one stream
+    eval_batches: int  # micro-batches per evaluation of each val stream, on each rank
     model: ShardedModel | PipelineModel  # the model as this rank holds it
     optimizer_groups: list[
         list[str]
@@ -392,21 +413,21 @@ def set_up(preset, configs):
     """Everything before the first step: processes, data, the run's folder, model, optimizer, watchers."""
     cfg, recovery = configs.train, configs.recovery
     grid, say, device, dtype = start_processes(configs)
-    out_dir, data_dir = out_dir_of(preset, cfg), cfg.data_dir or default_data_dir(configs.data)
+    out_dir = out_dir_of(preset, cfg)
     run_on_rank0(lambda: check_out_dir_is_ours(out_dir), grid.rank == 0)  # before the data may land inside it
-    meta = run_on_rank0(lambda: load_or_prepare(configs.data, data_dir), grid.rank == 0)
+    mix, meta, data_dirs = prepare_data(preset, configs, grid.rank == 0)
     benchmark_examples = run_on_rank0(lambda: read_benchmark(configs.benchmark), grid.rank == 0)
-    # Pad V to a multiple of 64 for fast matmuls (50257 -> 50304); the extra ids are never targets.
-    configs = replace(configs, model=replace(configs.model, vocab_size=64 * math.ceil(meta["vocab_size"] / 64)))
+    configs, whole, initialized_from = initial_model(configs, meta, grid, say, device)
     global_batch = grid.dp * cfg.batch_size * cfg.gradient_accumulation_steps  # sequences per optimizer step
     identity = run_identity(configs.model, cfg, meta, global_batch)
     continued = run_on_rank0(lambda: prepare_out_dir(out_dir, identity, cfg.overwrite), grid.rank == 0)
-    check_visible_everywhere([os.path.join(data_dir, "meta.json"), os.path.join(out_dir, "run.json")])
-    say(f"{grid}" if grid.world_size > 1 else "single process")
-    train_stream, val_stream, eval_batches = open_token_streams(
-        data_dir, meta, cfg, configs.model.block_size, grid, say
+    check_visible_everywhere(
+        [os.path.join(d, "meta.json") for d in data_dirs.values()] + [os.path.join(out_dir, "run.json")]
     )
-    whole = GPT(configs.model).to(device)  # initialized whole on every rank, so any layout starts from the same weights
+    say(f"{grid}" if grid.world_size > 1 else "single process")
+    train_stream, val_streams, eval_batches = open_token_streams(
+        mix, data_dirs, meta, cfg, configs.model.block_size, grid, say
+    )
     # the single-device names of each AdamW group's parameters, taken before a layout cuts the model
     optimizer_groups = [[name for name, _ in group] for group in parameter_groups(whole.named_parameters())]
     model = model_for_rank(whole, grid, configs.parallel, autocast_context(device, dtype), cfg.compile)
@@ -417,10 +438,12 @@ def set_up(preset, configs):
         out_dir=out_dir,
         identity=identity,
         continued=continued,
+        initialized_from=initialized_from,
         meta=meta,
+        mix=mix,
         benchmark_examples=benchmark_examples,
         train_stream=train_stream,
-        val_stream=val_stream,
+        val_streams=val_streams,
         eval_batches=eval_batches,
         model=model,
         optimizer_groups=optimizer_groups,
@@ -444,16 +467,67 @@ def set_up(preset, configs):
     )
 
 
-def open_token_streams(data_dir, meta, cfg, block_size, grid, say):
-    """(train stream, val stream, micro-batches per evaluation on each rank), announced. Each DP rank
-    reads its share of every batch; --data_order shuffles the training data only, so every run is
-    judged on the same val rows."""
-    say(
-        f"data {data_dir}: {meta['source']}, {meta['tokenizer']} tokens, "
-        f"{meta['train_tokens']:,} train + {meta['val_tokens']:,} val"
-    )
+def prepare_data(preset, configs, is_rank0):
+    """(the mix or None, meta, {source name: its data folder}): the token files, tokenized by rank 0 on first use.
+    A mix prepares each of its sources into a folder of its own, data/<source>-<tokenizer> (under --data_dir if
+    given), so a source shared by several mixes is tokenized once."""
+    cfg, dcfg = configs.train, configs.data
+    if cfg.mix:
+        mix = read_mix(cfg.mix)
+        prepared = run_on_rank0(lambda: prepare_sources(mix, dcfg, cfg.data_dir or "data"), is_rank0)
+        data_dirs = {name: data_dir for name, (data_dir, _) in prepared.items()}
+        return mix, mix_meta(mix, {name: meta for name, (_, meta) in prepared.items()}), data_dirs
+    data_dir = cfg.data_dir or default_data_dir(dcfg)
+    if not dcfg.source and not os.path.exists(os.path.join(data_dir, "meta.json")):
+        raise ValueError(
+            f"--preset {preset} names no corpus: its plan of {cfg.max_iters:,} steps needs data you choose, not a "
+            "default that would silently stand in for it. Prepare yours once, e.g. python data.py --source "
+            "'texts/**/*.txt' --tokenizer gpt2 --out_dir data/texts-gpt2, then pass --data_dir data/texts-gpt2 "
+            "(or --source, or --mix)"
+        )
+    meta = run_on_rank0(lambda: load_or_prepare(dcfg, data_dir), is_rank0)
+    return None, meta, {"data": data_dir}
 
-    def stream(split, order_seed=0):
+
+def initial_model(configs, meta, grid, say, device):
+    """(configs with the model's vocabulary, the whole single-device GPT every rank starts from, where its weights
+    came from: "" for a fresh init). The same on every rank, so any layout starts from the same weights.
+    --init_from gives the weights only: the optimizer, the step, the data and the LR schedule are this run's."""
+    # Pad V to a multiple of 64 for fast matmuls (50257 -> 50304); the extra ids are never targets.
+    configs = replace(configs, model=replace(configs.model, vocab_size=64 * math.ceil(meta["vocab_size"] / 64)))
+    if not configs.train.init_from:
+        return configs, GPT(configs.model).to(device), ""
+    source_config, weights, tokenizer, source = read_initial_weights(configs.train, grid, say)
+    if tokenizer is not None and tokenizer != meta["tokenizer"]:
+        raise ValueError(
+            f"--init_from {source} learned {tokenizer!r} tokens, and this run's data holds {meta['tokenizer']!r} "
+            f"tokens: the same id would mean another token. Pass --tokenizer {tokenizer} (and its data)"
+        )
+    gpt_config, weights = fit_to_run(source_config, weights, asdict(configs.model), source, say)
+    configs = replace(configs, model=GPTConfig(**gpt_config))
+    whole = GPT(configs.model)
+    whole.load_state_dict(weights)
+    return configs, whole.to(device), source
+
+
+def read_initial_weights(cfg, grid, say):
+    """transfer.initial_weights of --init_from on every rank: rank 0 first, as it may download them (once)."""
+    weights, problem = None, None
+    if grid.rank == 0:
+        try:
+            weights = initial_weights(cfg.init_from, cfg.init_url, say)
+        except ValueError as e:
+            problem = str(e)
+    raise_on_every_rank(problem)  # a barrier too: the others read what rank 0 fetched
+    return weights if grid.rank == 0 else initial_weights(cfg.init_from, cfg.init_url, say)
+
+
+def open_token_streams(mix, data_dirs, meta, cfg, block_size, grid, say):
+    """(train stream, {source: val stream}, micro-batches per evaluation on each rank), announced. Each DP
+    rank reads its share of every batch; --data_order shuffles the training data only, so every run is
+    judged on the same val rows. A mix reads its sources' train files through one MixedStream."""
+
+    def stream(data_dir, split, order_seed=0):
         return TokenStream(
             os.path.join(data_dir, f"{split}.bin"),
             meta["dtype"],
@@ -465,11 +539,26 @@ def open_token_streams(data_dir, meta, cfg, block_size, grid, say):
             order_seed,
         )
 
-    train_stream, val_stream = stream("train", cfg.data_order), stream("val")
-    # an eval reads eval_iters global batches (fewer if val.bin is smaller), in this rank's micro-batches
+    for name, data_dir in data_dirs.items():
+        source_meta = meta["sources"][name] if mix else meta
+        say(
+            f"data {data_dir}: {source_meta['source']}, {meta['tokenizer']} tokens, "
+            f"{source_meta['train_tokens']:,} train + {source_meta['val_tokens']:,} val"
+            + (f"; starting weight {mix.weights[name]:.3g}" if mix else "")
+        )
+    train_streams = {name: stream(data_dir, "train", cfg.data_order) for name, data_dir in data_dirs.items()}
+    val_streams = {name: stream(data_dir, "val") for name, data_dir in data_dirs.items()}
+    if mix:
+        train_stream = MixedStream(
+            mix, train_streams, cfg.batch_size, grid.dp_rank, grid.dp, cfg.gradient_accumulation_steps
+        )
+    else:
+        (train_stream,) = train_streams.values()
+    # an eval reads eval_iters global batches (fewer if a val.bin is smaller), in this rank's micro-batches
     global_batch = grid.dp * cfg.batch_size * cfg.gradient_accumulation_steps
-    eval_iters = max(1, min(cfg.eval_iters, val_stream.windows_per_epoch // global_batch))
-    return train_stream, val_stream, eval_iters * cfg.gradient_accumulation_steps
+    smallest = min(s.windows_per_epoch for s in val_streams.values())
+    eval_iters = max(1, min(cfg.eval_iters, smallest // global_batch))
+    return train_stream, val_streams, eval_iters * cfg.gradient_accumulation_steps
 
 
 # ----------------------------------------------------------------------------
@@ -480,6 +569,7 @@ def start(run):
     """The run's first moments: refuse a finished run, print the cost account, then resume
     from the newest checkpoint that verifies, or save step 0. Returns the first step."""
     cfg = run.configs.train
+    check_epochs(run)
     latest = load_checkpoint(run)
     if latest is not None:
         newest, state = latest
@@ -497,11 +587,42 @@ def start(run):
         raise ValueError(f"--resume, but {run.ckpt_dir} holds no checkpoint that verifies")
     else:
         step = 0
+        if run.initialized_from:
+            run.say(f"starting from the weights of {run.initialized_from}: a fresh optimizer, step 0, this run's data")
         save_checkpoint(run, 0)
     run.records = [r for r in read_jsonl(run.metrics_path) if r["step"] < step]  # the timeline that led here
     if run.is_rank0:
         write_jsonl(run.metrics_path, run.records)
     return step
+
+
+def check_epochs(run):
+    """Stop before training when the plan reads its data more than --max_epochs times: a large preset
+    pointed at a small corpus would mostly memorize it, and say nothing. For a mix, each source's share of
+    the planned tokens (its weight, step by step) against that source's train tokens."""
+    cfg = run.configs.train
+    if not cfg.max_epochs:
+        return
+    if run.mix is None:
+        planned = {"data": (cfg.max_iters * run.tokens_per_step, run.meta)}
+    else:
+        share = {name: 0.0 for name in run.mix.sources}  # steps' worth of each source over the plan
+        for step in range(cfg.max_iters):
+            for name, weight in weights_at(run.mix, step).items():
+                share[name] += weight
+        planned = {name: (steps * run.tokens_per_step, run.meta["sources"][name]) for name, steps in share.items()}
+    for name, (tokens, meta) in planned.items():
+        epochs = tokens / meta["train_tokens"]
+        if epochs > cfg.max_epochs:
+            whose = f"source {name!r} of the mix ({meta['source']}) gets {tokens:,.0f} of them" if run.mix else ""
+            raise ValueError(
+                f"this run plans {cfg.max_iters:,} steps x {run.tokens_per_step:,} tokens = "
+                f"{cfg.max_iters * run.tokens_per_step:,} tokens{'; ' + whose if whose else ''}, but its data holds "
+                f"{meta['train_tokens']:,} train tokens: it would read them {epochs:.1f} times, more than "
+                f"--max_epochs {cfg.max_epochs:g}. Past a few epochs a model mostly memorizes its data. Give it "
+                "more data (--source, --data_dir, --mix), plan fewer tokens (--max_iters), or pass --max_epochs 0 "
+                "to go on anyway"
+            )
 
 
 def refuse_finished_run(run, finished_at):
@@ -536,7 +657,7 @@ def print_cost_account(run):
     one measured step."""
     cfg, model = run.configs.train, run.model  # rank 0's model: the first stage, which keeps the most activations
     run.say(f"device {model.device}, dtype {str(run.dtype).replace('torch.', '')}, out {run.out_dir}")
-    batch = [t.to(model.device) for t in run.val_stream.next_batch()]
+    batch = [t.to(model.device) for t in next(iter(run.val_streams.values())).next_batch()]
     step_seconds = timed_step_seconds(model, batch) * cfg.gradient_accumulation_steps
     for line in cost.account_lines(
         run.configs.model,
@@ -552,8 +673,9 @@ def print_cost_account(run):
         run.say("cost: " + line)
 
 
-def finish(run, final_val_loss):
-    """The end of a run: its peak memory, the layout's own account, the final check, the metrics plot, samples."""
+def finish(run, final_evaluation):
+    """The end of a run: its peak memory, the layout's own account, the final check of the last weights (judged
+    in final_evaluation, validate's record), the metrics plot, samples."""
     peak = peak_memory_bytes(run.model.device)  # set against the cost account's memory line at the start
     run.say(
         f"training took {(time.perf_counter() - run.started) / 60:.1f} min"
@@ -564,7 +686,7 @@ def finish(run, final_val_loss):
         run.model,
         run.grid,
         run.configs.train.max_iters,
-        final_val_loss,
+        final_evaluation["val_loss"],
         run.identity["GPTConfig"],
         run.meta,
         run.benchmark_examples,
@@ -572,6 +694,7 @@ def finish(run, final_val_loss):
     )
     if not run.is_rank0:
         return
+    record = {**final_evaluation, **record}  # a mix's val_loss_by_source and mix_tokens beside the final check's
     run.records.append(record)
     append_jsonl(run.metrics_path, record)
     plot_metrics(
@@ -812,7 +935,7 @@ def log_step(run, record, throughput):
         line += f" | val loss {record['val_loss']:.4f}"
     if "skipped" in record:
         line += f" | step skipped: {record['skipped']}"
-    if step == 0:
+    if step == 0 and not run.initialized_from:
         vocab = run.meta["vocab_size"]
         line += f"\n  a fresh model guesses uniformly: loss ~ ln(vocab) = ln {vocab} = {math.log(vocab):.4f}"
     if run.grid.world_size > 1:  # the step's communication, each dimension on its busiest rank
@@ -850,6 +973,8 @@ def main(argv=None):
             sample(preset, configs, pick_device(configs.train.device))
         elif mode == "eval_only":
             evaluate_only(preset, configs)
+        elif mode == "export_hf":
+            export_run(out_dir_of(preset, configs.train), configs.export.export_hf)
         else:
             train(preset, configs)
     except ValueError as e:

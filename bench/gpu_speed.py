@@ -33,7 +33,10 @@ from local_ranks import results_of, run_ranks  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from parallel import ProcessGrid, ShardedModel, destroy_distributed, init_distributed  # noqa: E402
 
-GPT2 = GPTConfig(block_size=1024, vocab_size=50304, n_layer=12, n_head=12, n_embd=768)  # the gpt2-small preset
+# the gpt2-small preset: its model fields, the vocabulary padded as train.py pads it
+GPT2 = GPTConfig(
+    vocab_size=50304, **{k: v for k, v in config.PRESETS["gpt2-small"].items() if k in GPTConfig.__dataclass_fields__}
+)
 TINY = GPTConfig(block_size=64, vocab_size=50304, n_layer=2, n_head=2, n_embd=64)  # GPT-2's vocabulary, little else
 
 

@@ -12,7 +12,6 @@ import torch
 
 import train
 from config import parse_args
-from evaluation import evaluate
 from local_ranks import run_ranks
 from parallel import destroy_distributed
 from train import Recovery, checkpoint_state, restore_checkpoint
@@ -69,7 +68,7 @@ def take_steps(run, first, n):
     for step in range(first, first + n):
         record = {"step": step}
         if step % run.configs.train.eval_interval == 0:
-            record["val_loss"] = evaluate(run.model, run.val_stream, run.eval_batches, run.grid)
+            record.update(train.validate(run))
             run.monitor.check_eval(record["val_loss"])
         lr = step_lr(run, step)
         loss, grad_norm = train.optimizer_step(

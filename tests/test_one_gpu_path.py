@@ -24,7 +24,7 @@ def test_gpt2_small_preset_runs_two_steps_on_cpu(tmp_path):
     )
     # fmt: on
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
-    assert "cost: parameters: 124.37M" in result.stdout and "ln 50257 = 10.8249" in result.stdout
+    assert "cost: parameters: 124.48M" in result.stdout and "ln 50257 = 10.8249" in result.stdout
     first_loss = float(re.search(r"step     0 \| loss (\S+)", result.stdout).group(1))
     assert abs(first_loss - 10.8249) < 0.3
     assert "on 8 HellaSwag-format examples" in result.stdout and "samples:" in result.stdout

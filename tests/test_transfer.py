@@ -1,0 +1,312 @@
+"""transfer.py: our safetensors against the package, GPT-2's weights in from Hugging Face and out to it with the
+same logits, and the refusals (shapes, architecture, tokenizer, a foreign folder, a download with the wrong sha256).
+transformers and safetensors are test-only: their tests skip without them."""
+
+import json
+from dataclasses import asdict
+
+import pytest
+import tiktoken
+import torch
+
+import checkpoint
+import transfer
+from conftest import needs_gpt2
+from files import file_sha256
+from model import GPT, GPTConfig
+
+GPT2_SHAPED = dict(norm="layernorm", bias=True, activation="gelu_tanh")  # norm_position "pre" is the default
+
+
+def small_model(**fields):
+    config = GPTConfig(**dict(n_layer=2, n_head=4, n_embd=64, vocab_size=256, block_size=32) | fields)
+    torch.manual_seed(0)
+    return GPT(config), asdict(config)
+
+
+def sample_tensors():
+    torch.manual_seed(0)
+    return {
+        "bf16": torch.randn(3, 5).to(torch.bfloat16),
+        "f32": torch.randn(4, 2, 3),
+        "f16": torch.randn(7).half(),
+        "i64": torch.tensor([[1, -2], [2**40, 3]]),
+        "bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "transposed": torch.randn(3, 4).t(),  # not contiguous: written as its values
+    }
+
+
+def test_safetensors_we_write_the_package_reads(tmp_path):
+    safetensors = pytest.importorskip("safetensors", reason="the safetensors package is the reference (test-only)")
+    path, tensors = tmp_path / "ours.safetensors", sample_tensors()
+    transfer.write_safetensors(str(path), tensors, metadata={"format": "pt", "note": "ours"})
+    with safetensors.safe_open(str(path), "pt") as f:
+        assert f.metadata() == {"format": "pt", "note": "ours"}
+        loaded = {name: f.get_tensor(name) for name in f.keys()}
+    assert loaded.keys() == tensors.keys()
+    for name, tensor in tensors.items():
+        assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor), name
+    header_size = int.from_bytes(path.read_bytes()[:8], "little")
+    assert header_size % 8 == 0  # padded, as the reference pads it
+
+
+def test_safetensors_the_package_writes_we_read(tmp_path):
+    safetensors_torch = pytest.importorskip("safetensors.torch", reason="the safetensors package is the reference")
+    path, tensors = tmp_path / "theirs.safetensors", sample_tensors()
+    safetensors_torch.save_file({k: t.contiguous() for k, t in tensors.items()}, str(path), metadata={"a": "b"})
+    loaded = transfer.read_safetensors(str(path))
+    assert loaded.keys() == tensors.keys()
+    for name, tensor in tensors.items():
+        assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor), name
+
+
+def test_a_malformed_safetensors_file_is_named_with_its_problem(tmp_path):
+    path = tmp_path / "w.safetensors"
+    transfer.write_safetensors(str(path), {"w": torch.ones(4)})
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-4])  # the last float cut off
+    with pytest.raises(ValueError, match=r"w\.safetensors is not a valid safetensors file: tensor w .*16 bytes"):
+        transfer.read_safetensors(str(path))
+    path.write_bytes(whole.replace(b'"F32"', b'"F99"'))
+    with pytest.raises(ValueError, match=r"tensor w has dtype 'F99'; this reader knows F64, F32"):
+        transfer.read_safetensors(str(path))
+    path.write_bytes(b"\x00" * 5)
+    with pytest.raises(ValueError, match="shorter than the 8-byte header length"):
+        transfer.read_safetensors(str(path))
+
+
+def test_older_gpt2_layouts_load_in_fp32():
+    """The Hub's own GPT-2 files name tensors without "transformer.", keep the causal-mask buffers
+    (h.{i}.attn.bias, attn.masked_bias) and sometimes the tied head; some hold fp16."""
+    model, config = small_model(**GPT2_SHAPED)
+    hf = {
+        name.removeprefix("transformer."): t.half()
+        for name, t in transfer.state_dict_to_hf(model.state_dict(), 256).items()
+    }
+    hf |= {
+        "h.0.attn.bias": torch.ones(1, 1, 32, 32),
+        "h.1.attn.masked_bias": torch.tensor(-1e4),
+        "lm_head.weight": hf["wte.weight"],
+    }
+    state_dict = transfer.state_dict_from_hf(hf)
+    assert state_dict.keys() == model.state_dict().keys()
+    for name, tensor in model.state_dict().items():
+        assert state_dict[name].dtype == torch.float32
+        torch.testing.assert_close(state_dict[name], tensor.half().float(), rtol=0, atol=0)
+    assert state_dict["lm_head.weight"] is state_dict["wte.weight"]
+    with pytest.raises(ValueError, match="lm_head.weight differs from wte.weight: an untied head"):
+        transfer.state_dict_from_hf({**hf, "lm_head.weight": torch.zeros_like(hf["wte.weight"])})
+    del hf["h.1.mlp.c_fc.bias"]
+    with pytest.raises(ValueError, match=r"no tensor h\.1\.mlp\.c_fc\.bias \(or transformer\.h\.1\.mlp\.c_fc\.bias\)"):
+        transfer.state_dict_from_hf(hf)
+
+
+def random_hf_gpt2(transformers):
+    """A small GPT2LMHeadModel with GPT-2's vocabulary, every weight and bias away from its init."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=128, vocab_size=50257)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # wte once: lm_head is the same tensor
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+@needs_gpt2
+def test_gpt2_weights_come_in_and_go_out_with_the_same_logits(tmp_path):
+    transformers = pytest.importorskip("transformers", reason="transformers is the reference GPT-2 (test-only)")
+    hf = random_hf_gpt2(transformers)
+    hf.save_pretrained(tmp_path / "hf")
+    gpt_config, state_dict, tokenizer, _ = transfer.initial_weights(str(tmp_path / "hf"))
+    assert tokenizer == "gpt2"
+    assert gpt_config == dict(
+        block_size=128, vocab_size=50257, n_layer=2, n_head=4, n_embd=64, **transfer.GPT2_ARCHITECTURE
+    )
+    ours = GPT(GPTConfig(**gpt_config)).eval()
+    ours.load_state_dict(state_dict)
+    idx = torch.randint(0, 50257, (3, 20), generator=torch.Generator().manual_seed(1))  # (B, T)
+    with torch.no_grad():
+        our_logits, _ = ours(idx)  # (B, T, V)
+        torch.testing.assert_close(our_logits, hf(idx).logits, atol=1e-4, rtol=0)
+
+    # Out again, as a run holds it: the vocabulary padded to 50304 rows, which the export trims.
+    wte = state_dict["wte.weight"]
+    padded_wte = torch.cat([wte, torch.randn(50304 - 50257, wte.shape[1])])
+    padded = {**state_dict, "wte.weight": padded_wte, "lm_head.weight": padded_wte}
+    dest = tmp_path / "export"
+    for _ in range(2):  # the second export replaces the first
+        transfer.export_hf(padded, {**gpt_config, "vocab_size": 50304}, "gpt2", str(dest), say=lambda _: None)
+    assert not (tmp_path / "export.tmp").exists() and not (tmp_path / "export.old").exists()
+    exported = transformers.AutoModelForCausalLM.from_pretrained(dest).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(exported(idx).logits, our_logits, atol=1e-4, rtol=0)
+    text = "Hello world\n\n  It's 2024: naïve café,\tünïcödé 🙂 and   spaces."  # (HF reads <|endoftext|> as special)
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(dest)
+    assert hf_tokenizer.encode(text) == tiktoken.get_encoding("gpt2").encode_ordinary(text)
+    assert hf_tokenizer.encode("Hello world") == tiktoken.get_encoding("gpt2").encode("Hello world")
+    assert hf_tokenizer.eos_token_id == 50256
+
+
+def test_fit_to_run_refuses_another_shape_naming_both():
+    source, source_config = small_model()
+    _, run_config = small_model()
+    run_config.update(n_layer=1, n_embd=32)
+    with pytest.raises(
+        ValueError,
+        match=r"--init_from out/a holds n_layer 2, n_embd 64; this run has n_layer 1, n_embd 32: "
+        r"pass --n_layer 2 --n_embd 64",
+    ):
+        transfer.fit_to_run(source_config, source.state_dict(), run_config, "out/a")
+    with pytest.raises(
+        ValueError,
+        match=r"holds norm rmsnorm, bias False, activation gelu; this run has norm layernorm, bias True, "
+        r"activation gelu_tanh: pass --norm rmsnorm --bias false --activation gelu$",
+    ):
+        transfer.fit_to_run(source_config, source.state_dict(), {**source_config, **GPT2_SHAPED}, "out/a")
+    with pytest.raises(ValueError, match=r"holds block_size 32; this run has block_size 64: pass --block_size 32"):
+        transfer.fit_to_run(source_config, source.state_dict(), {**source_config, "block_size": 64}, "out/a")
+    with pytest.raises(ValueError, match=r"holds 256 token rows; this run's tokenizer pads to 50304"):
+        transfer.fit_to_run(source_config, source.state_dict(), {**source_config, "vocab_size": 50304}, "out/a")
+    wrong = {**source.state_dict(), "blocks.1.mlp.c_fc.weight": torch.zeros(128, 64)}
+    with pytest.raises(
+        ValueError, match=r"blocks\.1\.mlp\.c_fc\.weight is \(128, 64\); this run's model needs \(256, 64\)"
+    ):
+        transfer.fit_to_run(source_config, wrong, source_config, "out/a")
+
+
+def test_fit_to_run_crops_positions_and_keeps_the_source_vocabulary():
+    source, source_config = small_model(vocab_size=250, **GPT2_SHAPED)  # unpadded, as HF's 50257; both pad to 256
+    source.eval()
+    said = []
+    run_config = {**source_config, "vocab_size": 256, "block_size": 16}
+    gpt_config, state_dict = transfer.fit_to_run(source_config, source.state_dict(), run_config, "x", said.append)
+    assert gpt_config == {**run_config, "vocab_size": 250}
+    assert "its 32 positions cropped to this run's block_size 16" in said[0]
+    model = GPT(GPTConfig(**gpt_config)).eval()
+    model.load_state_dict(state_dict)
+    idx = torch.randint(0, 250, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx)[0], source(idx)[0])
+
+
+def test_a_bare_safetensors_file_is_compared_by_its_tensors(tmp_path):
+    source, source_config = small_model(**GPT2_SHAPED)
+    path = tmp_path / "w.safetensors"
+    transfer.write_safetensors(str(path), transfer.state_dict_to_hf(source.state_dict(), 256))
+    gpt_config, state_dict, tokenizer, description = transfer.initial_weights(str(path))
+    assert (gpt_config, tokenizer, description) == (None, None, str(path))
+    said = []
+    fitted, _ = transfer.fit_to_run(gpt_config, state_dict, source_config, description, said.append)
+    assert fitted == source_config and "read from its tensors" in said[0]
+    with pytest.raises(ValueError, match=r"holds n_layer 2; this run has n_layer 3: pass --n_layer 2"):
+        transfer.fit_to_run(gpt_config, state_dict, {**source_config, "n_layer": 3}, description, said.append)
+    rmsnorm = {**source_config, "norm": "rmsnorm", "bias": False}
+    with pytest.raises(ValueError, match=r"holds tensors this run's model has none of \(blocks\.0\.attn\.c_attn\.bias"):
+        transfer.fit_to_run(gpt_config, state_dict, rmsnorm, description, said.append)
+
+
+def test_export_refuses_another_architecture_or_tokenizer(tmp_path):
+    model, config = small_model()
+    dest = tmp_path / "hf"
+    with pytest.raises(
+        ValueError,
+        match=r"--export_hf writes GPT-2's architecture; this run has norm: 'rmsnorm' \(GPT-2: 'layernorm'\), "
+        r"bias: False \(GPT-2: True\), activation: 'gelu' \(GPT-2: 'gelu_tanh'\): train with --preset gpt2-small or "
+        r"--norm layernorm --bias true --activation gelu_tanh",
+    ):
+        transfer.export_hf(model.state_dict(), config, "gpt2", str(dest))
+    model, config = small_model(**GPT2_SHAPED)
+    with pytest.raises(ValueError, match=r"needs GPT-2's tokenizer.*this run's tokenizer is 'byte'"):
+        transfer.export_hf(model.state_dict(), config, "byte", str(dest))
+    assert not dest.exists()
+
+
+@needs_gpt2
+def test_export_refuses_a_foreign_folder_and_leaves_it_untouched(tmp_path):
+    model, config = small_model(**GPT2_SHAPED)
+    dest = tmp_path / "mine"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("keep me")
+    (dest / "config.json").write_text(json.dumps({"model_type": "gpt2"}))  # a GPT-2, but not an export of ours
+    with pytest.raises(ValueError, match=r"--export_hf .*mine exists and is not an earlier export of ours"):
+        transfer.export_hf(model.state_dict(), config, "gpt2", str(dest))
+    assert sorted(p.name for p in dest.iterdir()) == ["config.json", "notes.txt"]
+    assert (dest / "notes.txt").read_text() == "keep me"
+
+
+@needs_gpt2
+def test_export_run_takes_the_newest_checkpoint_and_says_how_to_score_it(tmp_path):
+    out_dir, dest = tmp_path / "run", tmp_path / "hf"
+    model, config = small_model(vocab_size=50304, **GPT2_SHAPED)  # padded, as a run's
+    state = {"model": model.state_dict(), "config": {"GPTConfig": config}, "meta": {"tokenizer": "gpt2"}}
+    checkpoint.save(str(out_dir / "ckpt"), 200, state, healthy=True)
+    said = []
+    transfer.export_run(str(out_dir), str(dest), said.append)
+    assert "its checkpoint of step 200" in said[0]
+    assert (
+        said[-1]
+        == f"score it on HellaSwag: lm_eval --model hf --model_args pretrained={dest} --tasks hellaswag --device cpu"
+    )
+    written = transfer.read_safetensors(str(dest / "model.safetensors"))
+    assert written["transformer.wte.weight"].shape == (50257, 64)
+    torch.testing.assert_close(written["transformer.wte.weight"], model.wte.weight[:50257].detach())
+    hf_config = json.loads((dest / "config.json").read_text())
+    assert (hf_config["vocab_size"], hf_config["eos_token_id"], hf_config["n_positions"]) == (50257, 50256, 32)
+    with pytest.raises(ValueError, match=r"no checkpoint in .*empty.*ckpt verifies"):
+        transfer.export_run(str(tmp_path / "empty"), str(tmp_path / "hf2"))
+
+
+def test_initial_weights_from_a_run_takes_its_newest_healthy_checkpoint(tmp_path):
+    model, config = small_model()
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    (out_dir / "run.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"--init_from .*run is a run with no healthy checkpoint in .*ckpt"):
+        transfer.initial_weights(str(out_dir))
+    state = {"model": model.state_dict(), "config": {"GPTConfig": config}, "meta": {"tokenizer": "byte"}}
+    checkpoint.save(str(out_dir / "ckpt"), 200, state, healthy=True)
+    checkpoint.save(str(out_dir / "ckpt"), 300, state, healthy=False)  # a spike's: not a start
+    gpt_config, state_dict, tokenizer, description = transfer.initial_weights(str(out_dir))
+    assert (gpt_config, tokenizer, description) == (config, "byte", f"{out_dir}, its checkpoint of step 200")
+    assert all(torch.equal(state_dict[k], v) for k, v in model.state_dict().items())
+
+
+def test_initial_weights_refuses_what_it_cannot_read(tmp_path, monkeypatch):
+    with pytest.raises(
+        ValueError,
+        match=r"--init_from 'nowhere' is none of: a run's out_dir .*a Hugging Face GPT-2 folder .*a \.safetensors "
+        r"file, or one of gpt2, gpt2-medium, gpt2-large, gpt2-xl",
+    ):
+        transfer.initial_weights("nowhere")
+    pickled = tmp_path / "old_hf"
+    pickled.mkdir()
+    (pickled / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"pytorch_model\.bin only.*save_pretrained"):
+        transfer.initial_weights(str(pickled))
+    monkeypatch.setitem(transfer.GPT2_MODELS, "gpt2-medium", {**transfer.GPT2_MODELS["gpt2-medium"], "sha256": None})
+    with pytest.raises(ValueError, match=r"no pinned sha256 for gpt2-medium: .*--init_from path/to/folder"):
+        transfer.initial_weights("gpt2-medium")
+
+
+def test_a_named_download_is_checked_against_its_sha256(tmp_path, monkeypatch):
+    model, config = small_model(**GPT2_SHAPED)
+    served = tmp_path / "served.safetensors"
+    transfer.write_safetensors(str(served), transfer.state_dict_to_hf(model.state_dict(), 256))
+    spec = dict(
+        url=served.as_uri(),
+        sha256="0" * 64,
+        filename="model.safetensors",
+        offline_flags=("--init_from", "--init_url"),
+        config=config,
+    )
+    monkeypatch.setattr(transfer, "GPT2_WEIGHTS_DIR", str(tmp_path / "weights"))
+    monkeypatch.setitem(transfer.GPT2_MODELS, "tiny", spec)
+    with pytest.raises(ValueError, match=rf"has sha256 {file_sha256(served)}, expected 0000"):
+        transfer.initial_weights("tiny")
+    assert not (tmp_path / "weights" / "tiny" / "model.safetensors").exists()
+    monkeypatch.setitem(transfer.GPT2_MODELS, "tiny", {**spec, "sha256": file_sha256(served)})
+    gpt_config, state_dict, tokenizer, description = transfer.initial_weights("tiny")
+    assert (gpt_config, tokenizer) == (config, "gpt2") and description.startswith("tiny (")
+    assert all(torch.equal(state_dict[k], v) for k, v in model.state_dict().items())
+    assert (tmp_path / "weights" / "tiny" / "model.safetensors").exists()  # kept: the next start reads it

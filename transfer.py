@@ -1,0 +1,581 @@
+"""Weights in and out of a run: safetensors files, Hugging Face's GPT-2 layout, pretrained starts, exports.
+
+    python train.py --preset gpt2-small --init_from gpt2 --source my_texts/   # start from OpenAI's GPT-2
+    python train.py --export_hf out/hf --out_dir out/gpt2-run                 # a folder transformers and lm-eval load
+
+In: `initial_weights` reads a run's out_dir (its newest healthy checkpoint), a
+Hugging Face GPT-2 folder or .safetensors file, or a named GPT-2 (downloaded
+once, sha256-checked), and `fit_to_run` checks the weights fit the run's model.
+Out: `export_hf` writes a run's weights as a transformers GPT2LMHeadModel folder
+with GPT-2's tokenizer files, which `lm_eval --model hf` scores.
+
+safetensors is read and written here in a few lines of our own: the format is
+an 8-byte little-endian header length N, N bytes of JSON header ({name: {dtype,
+shape, data_offsets}}, plus an optional "__metadata__" of strings), then the
+tensors' raw little-endian bytes at those offsets. Writing it ourselves keeps the
+run-time dependencies at torch, numpy, tiktoken and matplotlib, and shows that a
+weights file is nothing more. (The tests check it against the safetensors package.)
+"""
+
+import json
+import math
+import os
+import shutil
+import struct
+from dataclasses import fields
+
+import torch
+
+import checkpoint
+import files
+from data import get_tokenizer
+from model import GPT, GPTConfig
+
+# ----------------------------------------------------------------------------
+# safetensors
+
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+SAFETENSORS_NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
+
+
+def read_safetensors(path):
+    """{name: tensor} of a .safetensors file, on the CPU in the file's dtypes (the bytes are read as
+    little-endian, as on every machine torch runs on)."""
+
+    def malformed(problem):
+        return ValueError(f"{path} is not a valid safetensors file: {problem}")
+
+    file_size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        if file_size < 8:
+            raise malformed(f"{file_size} bytes, shorter than the 8-byte header length")
+        (header_size,) = struct.unpack("<Q", f.read(8))
+        if header_size > file_size - 8:
+            raise malformed(f"its header length {header_size} runs past the end of the file ({file_size} bytes)")
+        try:
+            header = json.loads(f.read(header_size))
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise malformed(f"its header is not JSON ({e})") from None
+        if not isinstance(header, dict):
+            raise malformed("its header is not a JSON object")
+        header.pop("__metadata__", None)
+        data_start, data_size = 8 + header_size, file_size - 8 - header_size
+        tensors = {}
+        for name, entry in header.items():
+            dtype, shape, begin, end = _tensor_entry(name, entry, data_size, malformed)
+            f.seek(data_start + begin)
+            buffer = bytearray(end - begin)
+            f.readinto(buffer)
+            # frombuffer shares the bytearray's memory: no second copy of the weights
+            tensors[name] = (
+                torch.frombuffer(buffer, dtype=dtype).reshape(shape) if buffer else torch.empty(shape, dtype=dtype)
+            )
+    return tensors
+
+
+def _tensor_entry(name, entry, data_size, malformed):
+    """(dtype, shape, begin, end) of one header entry, checked: a known dtype, and offsets that lie in
+    the data and span exactly the bytes its shape needs."""
+    if not isinstance(entry, dict):
+        raise malformed(f"tensor {name}'s entry {entry!r} is not a JSON object")
+    if entry.get("dtype") not in SAFETENSORS_DTYPES:
+        raise malformed(
+            f"tensor {name} has dtype {entry.get('dtype')!r}; this reader knows {', '.join(SAFETENSORS_DTYPES)}"
+        )
+    try:
+        shape = [int(n) for n in entry["shape"]]
+        begin, end = (int(n) for n in entry["data_offsets"])
+    except (KeyError, TypeError, ValueError):
+        raise malformed(f"tensor {name}'s entry {entry} lacks a shape or a [begin, end] data_offsets") from None
+    dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+    needed = math.prod(shape) * dtype.itemsize
+    if not 0 <= begin <= end <= data_size or end - begin != needed:
+        raise malformed(
+            f"tensor {name} ({entry['dtype']} {shape}, {needed} bytes) has data_offsets [{begin}, {end}] "
+            f"in a data section of {data_size} bytes"
+        )
+    return dtype, shape, begin, end
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """Write {name: tensor} to path as safetensors (atomically: a reader finds the old file or the whole new
+    one). metadata: {str: str}, the header's "__metadata__" (transformers looks for {"format": "pt"})."""
+    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()}
+    header, offset = ({"__metadata__": dict(metadata)} if metadata else {}), 0
+    for name, tensor in tensors.items():
+        if tensor.dtype not in SAFETENSORS_NAMES:
+            raise ValueError(
+                f"tensor {name} has dtype {tensor.dtype}; safetensors holds {', '.join(SAFETENSORS_DTYPES)}"
+            )
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {
+            "dtype": SAFETENSORS_NAMES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    header_bytes = json.dumps(header, separators=(",", ":")).encode()
+    header_bytes += b" " * (-len(header_bytes) % 8)  # spaces up to a multiple of 8, as the reference pads it
+
+    def write(f):
+        f.write(struct.pack("<Q", len(header_bytes)))
+        f.write(header_bytes)
+        for tensor in tensors.values():
+            f.write(tensor.reshape(-1).view(torch.uint8).numpy())  # its raw bytes, in the machine's (little) endianness
+
+    files.write_atomic(path, write, mode="wb")
+
+
+# ----------------------------------------------------------------------------
+# Hugging Face's GPT-2 layout <-> ours
+
+# GPT-2's architecture in our GPTConfig's terms. nn.LayerNorm's eps 1e-5 is GPT-2's layer_norm_epsilon.
+GPT2_ARCHITECTURE = dict(norm="layernorm", bias=True, norm_position="pre", activation="gelu_tanh")
+
+# Every parameter of a block: our name, GPT2LMHeadModel's (under transformer.h.{i}.), and whether it is
+# transposed. HF's GPT-2 builds its matrices as Conv1D, which stores a weight (in, out) and computes x @ W;
+# our nn.Linear stores (out, in) and computes x @ W^T.
+BLOCK_PARAMETERS = [
+    ("norm_1.weight", "ln_1.weight", False),
+    ("norm_1.bias", "ln_1.bias", False),
+    ("attn.c_attn.weight", "attn.c_attn.weight", True),  # ours (3C, C), theirs (C, 3C): q, k, v side by side
+    ("attn.c_attn.bias", "attn.c_attn.bias", False),
+    ("attn.c_proj.weight", "attn.c_proj.weight", True),  # (C, C)
+    ("attn.c_proj.bias", "attn.c_proj.bias", False),
+    ("norm_2.weight", "ln_2.weight", False),
+    ("norm_2.bias", "ln_2.bias", False),
+    ("mlp.c_fc.weight", "mlp.c_fc.weight", True),  # ours (4C, C), theirs (C, 4C)
+    ("mlp.c_fc.bias", "mlp.c_fc.bias", False),
+    ("mlp.c_proj.weight", "mlp.c_proj.weight", True),  # ours (C, 4C), theirs (4C, C)
+    ("mlp.c_proj.bias", "mlp.c_proj.bias", False),
+]
+OUTER_PARAMETERS = [
+    ("wte.weight", "wte.weight", False),  # (V, C) both ways; also our tied lm_head.weight
+    ("wpe.weight", "wpe.weight", False),  # (block_size, C)
+    ("norm_f.weight", "ln_f.weight", False),
+    ("norm_f.bias", "ln_f.bias", False),
+]
+
+
+def _parameter_names(n_layer):
+    """(our name, HF's name without "transformer.", transposed) for every parameter of an n_layer GPT-2."""
+    names = list(OUTER_PARAMETERS)
+    for i in range(n_layer):
+        names += [(f"blocks.{i}.{ours}", f"h.{i}.{theirs}", t) for ours, theirs, t in BLOCK_PARAMETERS]
+    return names
+
+
+def _count_blocks(names, prefix):
+    return len({name.split(".")[1] for name in names if name.startswith(prefix)})
+
+
+def state_dict_from_hf(tensors):
+    """Our state dict, in fp32 (our master weights), from a GPT2LMHeadModel's tensors: keys with or without
+    "transformer.", the causal-mask buffers of old checkpoints ignored, the tied head filled from wte."""
+    hf = {
+        name.removeprefix("transformer."): tensor
+        for name, tensor in tensors.items()
+        if not name.endswith((".attn.bias", ".attn.masked_bias"))  # buffers (the causal mask), not weights
+    }
+    head = hf.pop("lm_head.weight", None)  # tied to wte; save_pretrained usually leaves it out
+    state = {}
+    for ours, theirs, transposed in _parameter_names(_count_blocks(hf, "h.")):
+        if theirs not in hf:
+            raise ValueError(f"no tensor {theirs} (or transformer.{theirs}): not a GPT2LMHeadModel's weights")
+        tensor = hf.pop(theirs)
+        state[ours] = (tensor.t().contiguous() if transposed else tensor).float()
+    if hf:
+        raise ValueError(f"tensors that GPT-2's layout has none of: {', '.join(sorted(hf)[:5])}")
+    if head is not None and not torch.equal(head.float(), state["wte.weight"]):
+        raise ValueError(
+            "lm_head.weight differs from wte.weight: an untied head, which our GPT (one tied matrix) cannot hold"
+        )
+    state["lm_head.weight"] = state["wte.weight"]  # the same tensor, as GPT's state_dict() lists it
+    return state
+
+
+def state_dict_to_hf(state_dict, vocab_size):
+    """A GPT2LMHeadModel's tensors (named as save_pretrained names them, lm_head left out: it is tied) from our
+    state dict. Only the first vocab_size rows of wte are kept: the tokenizer's real vocabulary, without the
+    rows our runs pad it with."""
+    rows = state_dict["wte.weight"].shape[0]
+    if vocab_size > rows:
+        raise ValueError(f"vocab_size {vocab_size} exceeds the {rows} rows of wte.weight")
+    hf = {}
+    for ours, theirs, transposed in _parameter_names(_count_blocks(state_dict, "blocks.")):
+        if ours not in state_dict:
+            raise ValueError(f"no {ours} in the state dict: GPT-2's layout needs it (biases and LayerNorm: --bias)")
+        tensor = state_dict[ours][:vocab_size] if ours == "wte.weight" else state_dict[ours]
+        hf[f"transformer.{theirs}"] = (tensor.t() if transposed else tensor).float().contiguous()
+    return hf
+
+
+def gpt_config_from_hf(hf_config):
+    """Our GPTConfig fields from a GPT-2 config.json (a dict); refuses what our GPT computes differently."""
+    if hf_config.get("model_type") != "gpt2":
+        raise ValueError(f"config.json has model_type {hf_config.get('model_type')!r}: only GPT-2 (gpt2) loads")
+    activations = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+    activation = hf_config.get("activation_function", "gelu_new")
+    if activation not in activations:
+        raise ValueError(f"config.json has activation_function {activation!r}; we compute {', '.join(activations)}")
+    missing = [key for key in ("n_positions", "vocab_size", "n_layer", "n_head", "n_embd") if key not in hf_config]
+    if missing:
+        raise ValueError(f"config.json lacks {', '.join(missing)}")
+    n_embd = hf_config["n_embd"]
+    computed_otherwise = {  # each: config.json's value, and the value our GPT computes
+        "n_inner": (hf_config.get("n_inner"), (None, 4 * n_embd)),
+        "layer_norm_epsilon": (hf_config.get("layer_norm_epsilon", 1e-5), (1e-5,)),
+        "scale_attn_weights": (hf_config.get("scale_attn_weights", True), (True,)),
+        "scale_attn_by_inverse_layer_idx": (hf_config.get("scale_attn_by_inverse_layer_idx", False), (False,)),
+        "reorder_and_upcast_attn": (hf_config.get("reorder_and_upcast_attn", False), (False,)),
+    }
+    for key, (value, ours) in computed_otherwise.items():
+        if value not in ours:
+            raise ValueError(f"config.json has {key} {value!r}; our GPT computes {' or '.join(map(repr, ours))}")
+    return dict(
+        block_size=hf_config["n_positions"],
+        vocab_size=hf_config["vocab_size"],
+        n_layer=hf_config["n_layer"],
+        n_head=hf_config["n_head"],
+        n_embd=n_embd,
+        **{**GPT2_ARCHITECTURE, "activation": activations[activation]},
+    )
+
+
+EXPORTED_BY = "minipretrain"  # marks a config.json as ours: a later export may replace its folder
+
+
+def hf_config(gpt_config, vocab_size, eot_id):
+    """config.json of a GPT2LMHeadModel with our model's shape, as transformers 5 loads it. No dropout:
+    the weights are for evaluation and fine-tuning, which set their own."""
+    block_size = gpt_config["block_size"]
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": vocab_size,
+        "n_positions": block_size,
+        "n_ctx": block_size,
+        "n_embd": gpt_config["n_embd"],
+        "n_layer": gpt_config["n_layer"],
+        "n_head": gpt_config["n_head"],
+        "n_inner": None,  # 4 n_embd
+        "activation_function": {"gelu_tanh": "gelu_new", "gelu": "gelu"}[gpt_config["activation"]],
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "layer_norm_epsilon": 1e-5,
+        "initializer_range": 0.02,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "bos_token_id": eot_id,
+        "eos_token_id": eot_id,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "dtype": "float32",
+        "exported_by": EXPORTED_BY,
+    }
+
+
+def _with_defaults(gpt_config):
+    """A GPTConfig dict with the fields it lacks at their defaults (a checkpoint written before a field existed)."""
+    return {f.name: f.default for f in fields(GPTConfig)} | gpt_config
+
+
+def architecture_mismatch(gpt_config):
+    """Where gpt_config's architecture differs from GPT-2's, e.g. ["norm: 'rmsnorm' (GPT-2: 'layernorm')"]."""
+    config = _with_defaults(gpt_config)
+    return [
+        f"{key}: {config[key]!r} (GPT-2: {value!r})" for key, value in GPT2_ARCHITECTURE.items() if config[key] != value
+    ]
+
+
+def _flag(key, value):
+    """A config field as the command line takes it: --bias true, --n_layer 4."""
+    return f"--{key} {str(value).lower() if isinstance(value, bool) else value}"
+
+
+# ----------------------------------------------------------------------------
+# Where a run's first weights come from
+
+
+def _gpt2_model(repo, sha256, n_layer, n_head, n_embd):
+    return dict(
+        url=f"https://huggingface.co/openai-community/{repo}/resolve/main/model.safetensors",
+        sha256=sha256,
+        filename="model.safetensors",
+        offline_flags=("--init_from", "--init_url"),  # how a user without network hands over a local copy
+        config=dict(
+            block_size=1024, vocab_size=50257, n_layer=n_layer, n_head=n_head, n_embd=n_embd, **GPT2_ARCHITECTURE
+        ),
+    )
+
+
+# OpenAI's four GPT-2s as Hugging Face serves them. sha256: the Git LFS oid of each model.safetensors, as
+# projects that pin them publish it (gpt2 at revision 607a30d, gpt2-xl at 15ea56d). None where no published
+# hash was found: that name is refused, and a copy downloaded by hand loads as a folder instead.
+GPT2_MODELS = {
+    "gpt2": _gpt2_model("gpt2", "248dfc3911869ec493c76e65bf2fcf7f615828b0254c12b473182f0f81d3a707", 12, 12, 768),
+    "gpt2-medium": _gpt2_model("gpt2-medium", None, 24, 16, 1024),
+    "gpt2-large": _gpt2_model("gpt2-large", None, 36, 20, 1280),
+    "gpt2-xl": _gpt2_model("gpt2-xl", "0f8b28eb05a8075f48b61b6f35332978c74fc7763fa9fb4051a1c30511736a6a", 48, 25, 1600),
+}
+GPT2_WEIGHTS_DIR = os.path.join("data", "gpt2-weights")  # a named model lands in data/gpt2-weights/<name>/
+
+
+def initial_weights(init_from, init_url="", say=print):
+    """(gpt_config: the source's GPTConfig fields, or None where unknown; state dict in our names; its tokenizer's
+    name, or None where unknown; a description for messages) of --init_from, which is one of:
+    - a run's out_dir: its newest healthy checkpoint;
+    - a Hugging Face GPT-2 folder: its model.safetensors, and the config.json beside it;
+    - a .safetensors file in GPT-2's layout (its config.json, if one lies beside it);
+    - a name in GPT2_MODELS: downloaded once into data/gpt2-weights/<name>/ (from --init_url if given).
+    A path that exists wins over a name: `git clone .../gpt2` makes a folder called gpt2."""
+    if init_from in GPT2_MODELS and not os.path.exists(init_from):
+        spec = GPT2_MODELS[init_from]
+        if spec["sha256"] is None:
+            raise ValueError(
+                f"no pinned sha256 for {init_from}: download its model.safetensors (and config.json) from "
+                f"{spec['url'].removesuffix('/resolve/main/model.safetensors')} yourself and pass "
+                "--init_from path/to/folder"
+            )
+        path = files.download(init_from, os.path.join(GPT2_WEIGHTS_DIR, init_from), spec, init_url or None)
+        return dict(spec["config"]), _read_hf_weights(path), "gpt2", f"{init_from} ({spec['sha256'][:12]})"
+    if os.path.isfile(os.path.join(init_from, "run.json")):  # a run of ours
+        ckpt_dir = os.path.join(init_from, "ckpt")
+        latest = checkpoint.load_latest(ckpt_dir, healthy_only=True, warn=say)
+        if latest is None:
+            raise ValueError(
+                f"--init_from {init_from} is a run with no healthy checkpoint in {ckpt_dir} that verifies: "
+                "train it further, or start from another run"
+            )
+        step, state = latest
+        description = f"{init_from}, its checkpoint of step {step}"
+        return state["config"]["GPTConfig"], state["model"], state["meta"]["tokenizer"], description
+    path = os.path.join(init_from, "model.safetensors") if os.path.isdir(init_from) else init_from
+    if not os.path.isfile(path) and os.path.isfile(os.path.join(init_from, "pytorch_model.bin")):
+        raise ValueError(
+            f"--init_from {init_from} holds pytorch_model.bin only: a pickle, which can run code when loaded, so "
+            "we do not read it. Re-save the model as safetensors: model.save_pretrained(folder) "
+            "(safe_serialization, transformers' default)"
+        )
+    if not (os.path.isfile(path) and path.endswith(".safetensors")):
+        raise ValueError(
+            f"--init_from {init_from!r} is none of: a run's out_dir (holding run.json and ckpt/), a Hugging Face GPT-2 "
+            f"folder (model.safetensors and config.json), a .safetensors file, or one of {', '.join(GPT2_MODELS)}"
+        )
+    state_dict = _read_hf_weights(path)
+    config_path = os.path.join(os.path.dirname(path), "config.json")
+    if not os.path.isfile(config_path):
+        return None, state_dict, None, init_from
+    try:
+        with open(config_path) as f:
+            gpt_config = gpt_config_from_hf(json.load(f))
+    except ValueError as e:  # not JSON, or not GPT-2's
+        raise ValueError(f"{config_path}: {e}") from None
+    return gpt_config, state_dict, "gpt2", init_from
+
+
+def _read_hf_weights(path):
+    tensors = read_safetensors(path)  # its errors name the file
+    try:
+        return state_dict_from_hf(tensors)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def _shape_of(state_dict):
+    """The GPTConfig fields a state dict shows by its shapes alone (n_head and the architecture it does not)."""
+    vocab_size, n_embd = state_dict["wte.weight"].shape
+    return dict(
+        n_layer=_count_blocks(state_dict, "blocks."),
+        n_embd=n_embd,
+        vocab_size=vocab_size,
+        block_size=state_dict["wpe.weight"].shape[0],
+    )
+
+
+def fit_to_run(source_config, state_dict, run_config, source_description, say=print):
+    """(the GPTConfig fields to build the run's model with, the state dict fitted to it), or a ValueError naming
+    what differs. The source's shape and architecture must be the run's, but for two things:
+    - block_size may be smaller than the source's: the first block_size rows of wpe are kept; never larger.
+    - vocab_size is the source's. HF's GPT-2 has 50257 rows where our runs pad to 50304; padding it with rows
+      of zeros would score those ids logit 0, far above GPT-2's large negative logits, and hand them most of
+      the probability. So the model is built with the source's rows, padded or not. Both must pad to the
+      run's vocab_size (train.py pads the tokenizer's vocabulary to a multiple of 64): the same tokenizer.
+    Without a source config (a bare .safetensors file), what the tensors show is compared, and the rest
+    (n_head; norm position, activation) is taken on trust."""
+    if source_config is None:
+        source = _shape_of(state_dict)
+        say(
+            f"--init_from {source_description}: no config.json beside it, so its n_layer, n_embd, vocab_size and "
+            "block_size are read from its tensors; n_head, norm_position and activation are this run's"
+        )
+    else:
+        source = _with_defaults(source_config)
+    keys = ["n_layer", "n_head", "n_embd", *GPT2_ARCHITECTURE]
+    differ = [key for key in keys if key in source and source[key] != run_config[key]]
+    if source["block_size"] < run_config["block_size"]:
+        differ.append("block_size")
+    if differ:
+        cropped = (
+            " (a block_size up to the source's is fine: its positions are cropped)" if "block_size" in differ else ""
+        )
+        raise ValueError(
+            f"--init_from {source_description} holds {', '.join(f'{k} {source[k]}' for k in differ)}; this run has "
+            f"{', '.join(f'{k} {run_config[k]}' for k in differ)}: pass {' '.join(_flag(k, source[k]) for k in differ)}"
+            + cropped
+        )
+    if 64 * math.ceil(source["vocab_size"] / 64) != run_config["vocab_size"]:
+        raise ValueError(
+            f"--init_from {source_description} holds {source['vocab_size']} token rows; this run's tokenizer pads "
+            f"to {run_config['vocab_size']}: train with the tokenizer these weights learned (--tokenizer)"
+        )
+    gpt_config = {**run_config, "vocab_size": source["vocab_size"]}
+    if source["block_size"] > run_config["block_size"]:
+        state_dict = {**state_dict, "wpe.weight": state_dict["wpe.weight"][: run_config["block_size"]]}
+        say(
+            f"--init_from {source_description}: its {source['block_size']} positions cropped to this run's "
+            f"block_size {run_config['block_size']}"
+        )
+    with torch.device("meta"):  # the model's shapes, without memory or init
+        expected = GPT(GPTConfig(**gpt_config)).state_dict()
+    for name, tensor in expected.items():
+        if name not in state_dict:
+            raise ValueError(f"--init_from {source_description} has no tensor {name}, which this run's model has")
+        if state_dict[name].shape != tensor.shape:
+            raise ValueError(
+                f"--init_from {source_description}: {name} is {tuple(state_dict[name].shape)}; this run's model "
+                f"needs {tuple(tensor.shape)}"
+            )
+    extra = sorted(state_dict.keys() - expected.keys())
+    if extra:
+        raise ValueError(
+            f"--init_from {source_description} holds tensors this run's model has none of ({', '.join(extra[:3])}): "
+            "its architecture differs (--norm, --bias)"
+        )
+    return gpt_config, state_dict
+
+
+# ----------------------------------------------------------------------------
+# Out of a run: a folder transformers and lm-eval load
+
+# tiktoken builds its gpt2 encoding from these two files (tiktoken_ext/openai_public.py), which are byte for byte
+# Hugging Face's vocab.json and merges.txt. tiktoken.load.read_file_cached takes them from TIKTOKEN_CACHE_DIR,
+# where tiktoken itself put them, so an export downloads nothing new.
+GPT2_TOKENIZER_FILES = {
+    "vocab.json": (
+        "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+        "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+    ),
+    "merges.txt": (
+        "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+        "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+    ),
+}
+
+
+def _gpt2_tokenizer_file(url, sha256):
+    from tiktoken.load import read_file_cached
+
+    try:
+        return read_file_cached(url, sha256)
+    except Exception as e:  # requests' or tiktoken's own errors when offline
+        raise ValueError(
+            f"GPT-2's tokenizer file {url} is not available offline ({type(e).__name__}: {e}). "
+            "Point TIKTOKEN_CACHE_DIR at a folder holding tiktoken's cached files for gpt2"
+        ) from None
+
+
+def _is_our_export(folder):
+    try:
+        with open(os.path.join(folder, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("model_type") == "gpt2" and config.get("exported_by") == EXPORTED_BY
+
+
+def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print):
+    """Write our weights to dest_dir as a transformers GPT2LMHeadModel with GPT-2's tokenizer: config.json,
+    model.safetensors (fp32, the vocabulary trimmed to the tokenizer's), vocab.json, merges.txt,
+    tokenizer_config.json, special_tokens_map.json. Written into a sibling folder, then renamed into place;
+    a dest_dir that holds anything but an earlier export of ours is refused."""
+    differ = [key for key, value in GPT2_ARCHITECTURE.items() if _with_defaults(gpt_config)[key] != value]
+    if differ:
+        raise ValueError(
+            f"--export_hf writes GPT-2's architecture; this run has {', '.join(architecture_mismatch(gpt_config))}: "
+            f"train with --preset gpt2-small or {' '.join(_flag(k, GPT2_ARCHITECTURE[k]) for k in differ)}"
+        )
+    if tokenizer_name != "gpt2":
+        raise ValueError(
+            f"--export_hf needs GPT-2's tokenizer (transformers and lm-eval read its vocab.json and merges.txt); "
+            f"this run's tokenizer is {tokenizer_name!r}: train with --tokenizer gpt2"
+        )
+    replaceable = os.path.isdir(dest_dir) and (not os.listdir(dest_dir) or _is_our_export(dest_dir))
+    if os.path.exists(dest_dir) and not replaceable:
+        raise ValueError(
+            f"--export_hf {dest_dir} exists and is not an earlier export of ours: name a new or empty folder"
+        )
+    tokenizer = get_tokenizer("gpt2")
+    tensors = state_dict_to_hf(state_dict, tokenizer.vocab_size)
+    end_of_text = tokenizer.decode([tokenizer.eot])
+    special_tokens = {"bos_token": end_of_text, "eos_token": end_of_text, "unk_token": end_of_text}
+    written = {
+        "config.json": json.dumps(hf_config(gpt_config, tokenizer.vocab_size, tokenizer.eot), indent=2).encode(),
+        **{name: _gpt2_tokenizer_file(url, sha256) for name, (url, sha256) in GPT2_TOKENIZER_FILES.items()},
+        "tokenizer_config.json": json.dumps(
+            {
+                "tokenizer_class": "GPT2Tokenizer",
+                "model_max_length": gpt_config["block_size"],
+                "add_prefix_space": False,
+                **special_tokens,
+            },
+            indent=2,
+        ).encode(),
+        "special_tokens_map.json": json.dumps(special_tokens, indent=2).encode(),
+    }
+    dest_dir = os.path.normpath(dest_dir)
+    staging, previous = dest_dir + ".tmp", dest_dir + ".old"
+    for leftover in (staging, previous):  # from an export cut short
+        if os.path.isdir(leftover):
+            shutil.rmtree(leftover)
+    os.makedirs(staging)
+    for name, content in written.items():
+        files.write_synced(os.path.join(staging, name), lambda f: f.write(content), mode="wb")
+    write_safetensors(os.path.join(staging, "model.safetensors"), tensors, metadata={"format": "pt"})
+    if os.path.exists(dest_dir):  # a folder is not renamed over a non-empty one: move the old export aside first
+        os.replace(dest_dir, previous)
+    os.replace(staging, dest_dir)
+    shutil.rmtree(previous, ignore_errors=True)
+    files.fsync_dir(os.path.dirname(dest_dir) or ".")
+    n_params = sum(t.numel() for t in tensors.values())
+    say(
+        f"wrote {dest_dir}: a transformers GPT-2 of {n_params:,} parameters (fp32, the vocabulary trimmed to gpt2's "
+        f"{tokenizer.vocab_size}), with GPT-2's tokenizer files"
+    )
+
+
+def export_run(out_dir, dest_dir, say=print):
+    """--export_hf: the newest checkpoint of the run in out_dir, exported to dest_dir (export_hf)."""
+    ckpt_dir = os.path.join(out_dir, "ckpt")
+    latest = checkpoint.load_latest(ckpt_dir, warn=say)
+    if latest is None:
+        raise ValueError(
+            f"--export_hf: no checkpoint in {ckpt_dir} verifies: train first (python train.py --out_dir ...)"
+        )
+    step, state = latest
+    say(f"exporting {out_dir}, its checkpoint of step {step}")
+    export_hf(state["model"], state["config"]["GPTConfig"], state["meta"]["tokenizer"], dest_dir, say)
+    say(f"score it on HellaSwag: lm_eval --model hf --model_args pretrained={dest_dir} --tasks hellaswag --device cpu")
