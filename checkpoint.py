@@ -101,7 +101,7 @@ def _optimizer_indices(optimizer, groups):
 def full_optimizer_state_dict(optimizer, model, grid, groups):
     """AdamW's state dict as a single-device run saves it: moments gathered and merged like the
     weights, indexed in single-device order. groups: the single-device parameter names of
-    each optimizer parameter group, in order (train.make_optimizer's groups)."""
+    each optimizer parameter group, in order (run_setup.make_optimizer's groups)."""
     state = optimizer.state_dict()
     local, order = _optimizer_indices(optimizer, groups)
     mine = {

@@ -12,27 +12,27 @@
 
 Read `train()` first: the chapter's loop, on one screen. What it calls comes
 before it in the order the math needs it (the defenses, one optimizer step,
-evaluation) and after it in the order a run lives it (set-up; start, resume
-and the final check; what a checkpoint holds; the incident runbook; logging).
+evaluation) and after it in the order a run lives it (start, resume and the
+final check; what a checkpoint holds; the incident runbook; logging). The
+set-up that builds the `Run` they share is run_setup.py's.
 
 The four stability defenses: LR warmup then cosine decay (`lr_at`), global
 grad-norm clipping (`clip_gradients`), mixed precision with fp32 master weights
-and fp32 loss / norm sums (`--dtype`), and Pre-LN + RMSNorm + scaled init
-(model.py). The loop never asks how the model is laid out across ranks: it
-talks to the model as this rank holds it (parallel.ShardedModel, or
-pipeline.PipelineModel) through the small interface parallel.py describes.
+and fp32 loss / norm sums (`--dtype`: run_setup.pick_dtype, the autocast the model
+runs under, the GradScaler here), and Pre-LN + RMSNorm + scaled init (model.py).
+The loop never asks how the model is laid out across ranks: it talks to the
+model as this rank holds it (parallel.ShardedModel, or pipeline.PipelineModel)
+through the small interface parallel.py describes.
 
 A run writes into its out_dir: run.json, metrics.jsonl, incidents.jsonl,
 metrics.png, samples.txt and ckpt/.
 """
 
-import contextlib
 import math
 import os
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 
 import torch
 import torch.distributed as dist
@@ -40,42 +40,33 @@ import torch.distributed as dist
 import checkpoint
 import cost
 from comm_count import take_busiest_comm_bytes, take_comm_bytes
-from config import Configs, parse_args
-from data import TokenStream, default_data_dir, get_tokenizer, load_or_prepare
-from evaluation import evaluate, final_check, read_benchmark
-from faults import FaultInjector
-from mixture import Mix, MixedStream, mix_meta, prepare_sources, read_mix, weights_at
-from model import GPT, GPTConfig
-from monitor import HealthMonitor, Throughput, peak_memory_bytes, plot_metrics
+from config import parse_args
+from data import get_tokenizer
+from evaluation import evaluate, final_check
+from mixture import weights_at
+from monitor import Throughput, peak_memory_bytes, plot_metrics
 from parallel import (
-    ProcessGrid,
-    ShardedModel,
     all_reduce_mean,
-    check_visible_everywhere,
     destroy_distributed,
-    init_distributed,
     raise_on_every_rank,
     run_on_rank0,
 )
-from pipeline import SCHEDULES, PipelineModel, check_micro_batches, check_pipeline_layout
 from sample import sample, sample_texts
+from run_setup import pick_device, set_up
+from runbook import RUNGS, Recovery, runbook_response
 from run_folder import (
     append_jsonl,
-    check_out_dir_is_ours,
     config_changes,
     is_finished,
     out_dir_of,
-    prepare_out_dir,
     read_jsonl,
     record_identity,
-    run_identity,
     write_jsonl,
 )
-from tensor_parallel import check_tensor_parallel_layout
-from transfer import export_run, fit_to_run, initial_weights
+from transfer import export_run
 
 # ----------------------------------------------------------------------------
-# The defenses that live in the loop: LR schedule, clipping, precision
+# The defenses that live in the loop: LR schedule, clipping
 
 
 def lr_at(step, cfg):
@@ -119,57 +110,6 @@ def clip_gradients(parameters, grad_norm, max_norm):
             if p.grad is not None:
                 p.grad.mul_(scale.to(p.grad.dtype))
     # exercise clip_gradients: end
-
-
-def pick_device(name):
-    if name != "auto":
-        return torch.device(name)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
-def pick_dtype(name, device):
-    """Mixed precision: the forward/backward matmuls run in 16 bits under autocast, the
-    weights and AdamW state stay fp32 ("master weights"). bf16 keeps fp32's exponent
-    range, so unlike fp16 it needs no loss scaling."""
-    if name == "auto" and device.type == "cuda":
-        name = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    elif name == "auto":
-        name = "bfloat16" if device.type == "cpu" and cpu_has_native_bf16() else "float32"
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if name not in dtypes:
-        raise ValueError(f"--dtype {name!r}: choose auto, {', '.join(dtypes)}")
-    return dtypes[name]
-
-
-def cpu_has_native_bf16():  # AVX512-BF16 or AMX run bf16 matmuls in hardware; elsewhere bf16 is emulated, slower
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-
-
-def autocast_context(device, dtype):
-    if dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def parameter_groups(named_parameters):
-    """AdamW's two groups as [(name, parameter)] lists: matrices and embeddings, which weight
-    decay pulls toward zero, and norm gains and biases, which it leaves alone."""
-    named = list(named_parameters)
-    return [(n, p) for n, p in named if p.dim() >= 2], [(n, p) for n, p in named if p.dim() < 2]
-
-
-def make_optimizer(module, cfg, device):
-    decay, no_decay = parameter_groups(module.named_parameters())
-    groups = [
-        {"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
-        {"params": [p for _, p in no_decay], "weight_decay": 0.0},
-    ]
-    fused = device.type in ("cuda", "cpu")  # one kernel updates every tensor; the moments stay fp32
-    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
 
 
 # ----------------------------------------------------------------------------
@@ -219,7 +159,7 @@ def train(preset, configs):
         record, eval_warnings = {"step": step}, []
         if evaluation_due(step, cfg):
             with throughput.paused():
-                record.update(validate(run))  # val_loss; for a mix, each source's too, and the tokens read of each
+                record.update(validate(run, step))  # val_loss; for a mix, each source's too, and the tokens read
             eval_warnings = monitor.check_eval(record["val_loss"])
             if monitor.is_incident(eval_warnings):
                 step = respond_to_incident(run, step, eval_warnings)
@@ -260,16 +200,17 @@ def evaluation_due(step, cfg):
     return step % cfg.eval_interval == 0 or step == cfg.max_iters
 
 
-def validate(run):
+def validate(run, step):
     """{"val_loss": ...}: the mean loss on the first val rows. A mix adds "val_loss_by_source", and
-    "mix_tokens" (each source's tokens read so far); its val_loss weighs the sources by the mix's
-    starting weights, so it stays one yardstick while the mix changes."""
+    "mix_tokens" (each source's tokens read so far); its val_loss weighs the sources by the weights in
+    force at `step`, the mix the train loss is drawn from, so the two stay comparable (the val-rise
+    detector sets one against the other) when the mix changes."""
     losses = {name: evaluate(run.model, stream, run.eval_batches, run.grid) for name, stream in run.val_streams.items()}
     if run.mix is None:
         (val_loss,) = losses.values()
         return {"val_loss": val_loss}
     return {
-        "val_loss": sum(run.mix.weights[name] * loss for name, loss in losses.items()),
+        "val_loss": sum(weights_at(run.mix, step)[name] * loss for name, loss in losses.items()),
         "val_loss_by_source": losses,
         "mix_tokens": run.train_stream.mix_tokens(),
     }
@@ -301,7 +242,7 @@ def evaluate_only(preset, configs):
         run.model,
         run.grid,
         step,
-        validate(run)["val_loss"],
+        validate(run, step)["val_loss"],
         run.identity["GPTConfig"],
         run.meta,
         run.benchmark_examples,
@@ -310,255 +251,6 @@ def evaluate_only(preset, configs):
     )
     if run.is_rank0:
         append_jsonl(run.metrics_path, record)
-
-
-# ----------------------------------------------------------------------------
-# Set-up
-
-
-@dataclass
-class Run:
-    """What the loop and its stages share. set_up builds it; afterwards the stages change only
-    `recovery`, `records` and `comm_compared` (start, restore_checkpoint, respond_to_incident, log_step), while
-    the objects it holds (model, optimizer, streams, monitor) change state as they work."""
-
-    configs: Configs  # the model's with the vocabulary padded
-    grid: ProcessGrid
-    say: Callable[..., None]  # print on rank 0, silence elsewhere: one voice for the whole group
-    out_dir: str
-    identity: dict  # what makes two runs the same run (run.json)
-    continued: list[str]  # the schedule fields that differ from the run already in out_dir ("max_iters: 2000 -> 3000")
-    initialized_from: str  # where --init_from's weights came from, in words; "": a fresh init
-    meta: dict  # the token files' meta.json; for a mix, the sources' together (mixture.mix_meta)
-    mix: Mix | None  # --mix: the sources and their weights by step; None: one source
-    benchmark_examples: list[dict]  # for the final check ([]: none); read at set-up, so a failed download fails early
-    train_stream: TokenStream | MixedStream
-    val_streams: dict[str, TokenStream]  # by source name; one source: one stream
-    eval_batches: int  # micro-batches per evaluation of each val stream, on each rank
-    model: ShardedModel | PipelineModel  # the model as this rank holds it
-    optimizer_groups: list[
-        list[str]
-    ]  # the single-device names of each AdamW group's parameters: how checkpoints list them
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler  # fp16 loss scaling; disabled for fp32 and bf16
-    dtype: torch.dtype
-    monitor: HealthMonitor
-    injector: FaultInjector
-    tokens_per_step: int  # all ranks together
-    flops_per_token: float  # of the whole single-device model, whatever share this rank holds
-    peak_flops: float | None  # one device's peak, for MFU; None on CPU
-    comm_compared: bool = False  # the first logged step printed its measured bytes beside the closed form
-    recovery: "Recovery" = field(default_factory=lambda: Recovery())  # the runbook's state, defined with it below
-    records: list[dict] = field(default_factory=list)  # logged metrics of the current timeline, for the plot
-    started: float = field(default_factory=time.perf_counter)
-
-    @property
-    def is_rank0(self):
-        return self.grid.rank == 0
-
-    @property
-    def ckpt_dir(self):
-        return os.path.join(self.out_dir, "ckpt")
-
-    @property
-    def metrics_path(self):
-        return os.path.join(self.out_dir, "metrics.jsonl")
-
-    @property
-    def incidents_path(self):
-        return os.path.join(self.out_dir, "incidents.jsonl")
-
-
-def check_layout(configs):
-    """Name a layout that cannot work before any process group exists: a collective would wait for peers."""
-    layout = configs.parallel
-    check_tensor_parallel_layout(configs.model, layout.tp)
-    if layout.pp > 1:
-        check_pipeline_layout(configs.model.n_layer, layout.pp)
-        check_micro_batches(configs.train.batch_size, layout.micro_batches)
-        if layout.schedule not in SCHEDULES:
-            raise ValueError(f"--schedule {layout.schedule!r}: choose one of {', '.join(SCHEDULES)}")
-
-
-def model_for_rank(whole, grid, layout, autocast=contextlib.nullcontext(), compile=False):
-    """The model as this rank holds it, cut from the whole single-device GPT by the layout (a
-    ParallelConfig): a pipeline stage (its matrices cut by TP when tp > 1) when pp > 1, else every
-    layer (whole, or TP slices)."""
-    if grid.pp > 1:
-        return PipelineModel(
-            whole, grid, layout.schedule, layout.micro_batches, autocast, layout.dp_mode, layout.bucket_mb
-        )
-    return ShardedModel(whole, grid, autocast, compile, layout.dp_mode, layout.bucket_mb)
-
-
-def start_processes(configs):
-    """This process's place in the group, its voice, device and compute dtype: (grid, say, device, dtype)."""
-    cfg = configs.train
-    check_layout(configs)
-    launch = init_distributed(configs.parallel.dist_timeout)
-    grid = ProcessGrid(configs.parallel.dp, configs.parallel.tp, configs.parallel.pp, launch.rank, launch.world_size)
-    say = print if grid.rank == 0 else (lambda *args, **kwargs: None)
-    torch.manual_seed(cfg.seed)
-    device = pick_device(cfg.device if cfg.device != "auto" else launch.device)
-    dtype = pick_dtype(cfg.dtype, device)
-    if grid.pp > 1 and dtype == torch.float16:
-        raise ValueError(
-            f"--dtype {cfg.dtype} gives float16 here, which needs loss scaling, which the pipeline "
-            "path lacks: pass --dtype bfloat16 or float32"
-        )
-    return grid, say, device, dtype
-
-
-def set_up(preset, configs):
-    """Everything before the first step: processes, data, the run's folder, model, optimizer, watchers."""
-    cfg, recovery = configs.train, configs.recovery
-    grid, say, device, dtype = start_processes(configs)
-    out_dir = out_dir_of(preset, cfg)
-    run_on_rank0(lambda: check_out_dir_is_ours(out_dir), grid.rank == 0)  # before the data may land inside it
-    mix, meta, data_dirs = prepare_data(preset, configs, grid.rank == 0)
-    benchmark_examples = run_on_rank0(lambda: read_benchmark(configs.benchmark), grid.rank == 0)
-    configs, whole, initialized_from = initial_model(configs, meta, grid, say, device)
-    global_batch = grid.dp * cfg.batch_size * cfg.gradient_accumulation_steps  # sequences per optimizer step
-    identity = run_identity(configs.model, cfg, meta, global_batch)
-    continued = run_on_rank0(lambda: prepare_out_dir(out_dir, identity, cfg.overwrite), grid.rank == 0)
-    check_visible_everywhere(
-        [os.path.join(d, "meta.json") for d in data_dirs.values()] + [os.path.join(out_dir, "run.json")]
-    )
-    say(f"{grid}" if grid.world_size > 1 else "single process")
-    train_stream, val_streams, eval_batches = open_token_streams(
-        mix, data_dirs, meta, cfg, configs.model.block_size, grid, say
-    )
-    # the single-device names of each AdamW group's parameters, taken before a layout cuts the model
-    optimizer_groups = [[name for name, _ in group] for group in parameter_groups(whole.named_parameters())]
-    model = model_for_rank(whole, grid, configs.parallel, autocast_context(device, dtype), cfg.compile)
-    return Run(
-        configs=configs,
-        grid=grid,
-        say=say,
-        out_dir=out_dir,
-        identity=identity,
-        continued=continued,
-        initialized_from=initialized_from,
-        meta=meta,
-        mix=mix,
-        benchmark_examples=benchmark_examples,
-        train_stream=train_stream,
-        val_streams=val_streams,
-        eval_batches=eval_batches,
-        model=model,
-        optimizer_groups=optimizer_groups,
-        optimizer=make_optimizer(model.module, cfg, device),
-        scaler=torch.amp.GradScaler(device.type, enabled=dtype == torch.float16),
-        dtype=dtype,
-        monitor=HealthMonitor(
-            recovery.monitor_window,
-            recovery.spike_factor,
-            recovery.grad_z_threshold,
-            recovery.val_rise_evals,
-            recovery.triggers.split(","),
-        ),
-        # faults strike one process, the last rank, as a failing machine would
-        injector=FaultInjector(
-            recovery.inject, out_dir, meta["vocab_size"], grid.rank, grid.rank == grid.world_size - 1
-        ),
-        tokens_per_step=global_batch * configs.model.block_size,
-        flops_per_token=cost.flops_per_token(configs.model),
-        peak_flops=cost.device_peak_flops(device, cfg.peak_tflops),
-    )
-
-
-def prepare_data(preset, configs, is_rank0):
-    """(the mix or None, meta, {source name: its data folder}): the token files, tokenized by rank 0 on first use.
-    A mix prepares each of its sources into a folder of its own, data/<source>-<tokenizer> (under --data_dir if
-    given), so a source shared by several mixes is tokenized once."""
-    cfg, dcfg = configs.train, configs.data
-    if cfg.mix:
-        mix = read_mix(cfg.mix)
-        prepared = run_on_rank0(lambda: prepare_sources(mix, dcfg, cfg.data_dir or "data"), is_rank0)
-        data_dirs = {name: data_dir for name, (data_dir, _) in prepared.items()}
-        return mix, mix_meta(mix, {name: meta for name, (_, meta) in prepared.items()}), data_dirs
-    data_dir = cfg.data_dir or default_data_dir(dcfg)
-    if not dcfg.source and not os.path.exists(os.path.join(data_dir, "meta.json")):
-        raise ValueError(
-            f"--preset {preset} names no corpus: its plan of {cfg.max_iters:,} steps needs data you choose, not a "
-            "default that would silently stand in for it. Prepare yours once, e.g. python data.py --source "
-            "'texts/**/*.txt' --tokenizer gpt2 --out_dir data/texts-gpt2, then pass --data_dir data/texts-gpt2 "
-            "(or --source, or --mix)"
-        )
-    meta = run_on_rank0(lambda: load_or_prepare(dcfg, data_dir), is_rank0)
-    return None, meta, {"data": data_dir}
-
-
-def initial_model(configs, meta, grid, say, device):
-    """(configs with the model's vocabulary, the whole single-device GPT every rank starts from, where its weights
-    came from: "" for a fresh init). The same on every rank, so any layout starts from the same weights.
-    --init_from gives the weights only: the optimizer, the step, the data and the LR schedule are this run's."""
-    # Pad V to a multiple of 64 for fast matmuls (50257 -> 50304); the extra ids are never targets.
-    configs = replace(configs, model=replace(configs.model, vocab_size=64 * math.ceil(meta["vocab_size"] / 64)))
-    if not configs.train.init_from:
-        return configs, GPT(configs.model).to(device), ""
-    source_config, weights, tokenizer, source = read_initial_weights(configs.train, grid, say)
-    if tokenizer is not None and tokenizer != meta["tokenizer"]:
-        raise ValueError(
-            f"--init_from {source} learned {tokenizer!r} tokens, and this run's data holds {meta['tokenizer']!r} "
-            f"tokens: the same id would mean another token. Pass --tokenizer {tokenizer} (and its data)"
-        )
-    gpt_config, weights = fit_to_run(source_config, weights, asdict(configs.model), source, say)
-    configs = replace(configs, model=GPTConfig(**gpt_config))
-    whole = GPT(configs.model)
-    whole.load_state_dict(weights)
-    return configs, whole.to(device), source
-
-
-def read_initial_weights(cfg, grid, say):
-    """transfer.initial_weights of --init_from on every rank: rank 0 first, as it may download them (once)."""
-    weights, problem = None, None
-    if grid.rank == 0:
-        try:
-            weights = initial_weights(cfg.init_from, cfg.init_url, say)
-        except ValueError as e:
-            problem = str(e)
-    raise_on_every_rank(problem)  # a barrier too: the others read what rank 0 fetched
-    return weights if grid.rank == 0 else initial_weights(cfg.init_from, cfg.init_url, say)
-
-
-def open_token_streams(mix, data_dirs, meta, cfg, block_size, grid, say):
-    """(train stream, {source: val stream}, micro-batches per evaluation on each rank), announced. Each DP
-    rank reads its share of every batch; --data_order shuffles the training data only, so every run is
-    judged on the same val rows. A mix reads its sources' train files through one MixedStream."""
-
-    def stream(data_dir, split, order_seed=0):
-        return TokenStream(
-            os.path.join(data_dir, f"{split}.bin"),
-            meta["dtype"],
-            cfg.batch_size,
-            block_size,
-            grid.dp_rank,
-            grid.dp,
-            cfg.lanes,
-            order_seed,
-        )
-
-    for name, data_dir in data_dirs.items():
-        source_meta = meta["sources"][name] if mix else meta
-        say(
-            f"data {data_dir}: {source_meta['source']}, {meta['tokenizer']} tokens, "
-            f"{source_meta['train_tokens']:,} train + {source_meta['val_tokens']:,} val"
-            + (f"; starting weight {mix.weights[name]:.3g}" if mix else "")
-        )
-    train_streams = {name: stream(data_dir, "train", cfg.data_order) for name, data_dir in data_dirs.items()}
-    val_streams = {name: stream(data_dir, "val") for name, data_dir in data_dirs.items()}
-    if mix:
-        train_stream = MixedStream(
-            mix, train_streams, cfg.batch_size, grid.dp_rank, grid.dp, cfg.gradient_accumulation_steps
-        )
-    else:
-        (train_stream,) = train_streams.values()
-    # an eval reads eval_iters global batches (fewer if a val.bin is smaller), in this rank's micro-batches
-    global_batch = grid.dp * cfg.batch_size * cfg.gradient_accumulation_steps
-    smallest = min(s.windows_per_epoch for s in val_streams.values())
-    eval_iters = max(1, min(cfg.eval_iters, smallest // global_batch))
-    return train_stream, val_streams, eval_iters * cfg.gradient_accumulation_steps
 
 
 # ----------------------------------------------------------------------------
@@ -813,47 +505,7 @@ def save_checkpoint(run, step):
 
 # ----------------------------------------------------------------------------
 # The incident runbook
-#
-# The chapter ranks the causes of a loss spike by how often they strike: bad data
-# first, then an LR too large for the region the loss is in, then numerics, then
-# hardware. The response climbs in the same order, one rung per repeat:
-#   rung 1 (skip): roll back to the newest healthy checkpoint and skip the data that led
-#       to the incident, at the same LR: bad data is the usual culprit, and costs nothing else.
-#   rung 2: a repeat within --incident_window steps says the data was not the whole story.
-#       Roll back and skip again, and lower the LR for the rest of the run (lower_lr, the
-#       default: it removes the cause; a re-warm climbs back to the same LR within
-#       rewarm_iters steps and tends to meet the same instability there), or re-warm from
-#       0 to the scheduled LR (--repeat_response rewarm: the schedule's end stays as planned).
-#   stop: more than --max_incidents incidents; what is left is deeper (data pipeline,
-#       precision, init, hardware) and needs a person. The healthy checkpoints stay.
-
-
-@dataclass
-class Recovery:
-    """What incidents (and a resume) have done to the run's LR and step; saved with every
-    checkpoint, so a resumed run keeps it."""
-
-    incidents: int = 0
-    lr_scale: float = 1.0  # the product of the LR cuts of rung 2 (lower_lr)
-    last_incident_step: int = -1  # -1: none yet
-    rewarm_from: int = -1  # rung 2 (rewarm): the step from which the LR climbs back; -1: none
-    schedule_from: int = 0  # the step the LR schedule counts from: 0, unless --resume_without schedule
-
-
-RUNGS = {"skip": 1, "lower_lr": 2, "rewarm": 2, "stop": 3}
-
-
-def runbook_response(recovery, step, rcfg):
-    """The response to an incident at `step`, given the incidents before it: skip | lower_lr | rewarm | stop."""
-    if recovery.incidents + 1 > rcfg.max_incidents:
-        return "stop"
-    # after a rollback the step counter goes back, so an incident before the last one is a repeat too
-    repeat = (
-        rcfg.incident_window > 0
-        and recovery.last_incident_step >= 0
-        and step - recovery.last_incident_step < rcfg.incident_window
-    )
-    return rcfg.repeat_response if repeat else "skip"
+# (runbook.py: the rungs and the choice among them; here they act on the run)
 
 
 def respond_to_incident(run, step, fired):

@@ -361,6 +361,13 @@ def initial_weights(init_from, init_url="", say=print):
                 "train it further, or start from another run"
             )
         step, state = latest
+        newest = checkpoint.list_steps(ckpt_dir)[0]  # newest first
+        if newest != step:  # say so, loudly: a finished run's last weights are what one expects to get
+            say(
+                f"warning: --init_from {init_from}: its newest checkpoint, of step {newest}, is not a healthy one "
+                "that verifies (a detector warned before it, or it is damaged), so the weights are those of step "
+                f"{step}, the newest healthy one"
+            )
         description = f"{init_from}, its checkpoint of step {step}"
         return state["config"]["GPTConfig"], state["model"], state["meta"]["tokenizer"], description
     path = os.path.join(init_from, "model.safetensors") if os.path.isdir(init_from) else init_from

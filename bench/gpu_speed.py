@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import config  # noqa: E402
 import cost  # noqa: E402
+import run_setup  # noqa: E402
 import train  # noqa: E402
 from local_ranks import results_of, run_ranks  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -46,7 +47,7 @@ def measure(mcfg, batch_size, steps, warmup, device_name, compile, attention="fl
     launch = init_distributed(timeout_seconds=1800)
     grid = ProcessGrid(launch.world_size, 1, 1, launch.rank, launch.world_size)
     device = torch.device(launch.device if launch.world_size > 1 else device_name)
-    dtype = train.pick_dtype("auto", device)
+    dtype = run_setup.pick_dtype("auto", device)
     preset = {k: v for k, v in config.PRESETS["gpt2-small"].items() if k in config.TrainConfig.__dataclass_fields__}
     cfg = config.TrainConfig(**{**preset, "batch_size": batch_size, "gradient_accumulation_steps": 1})
     torch.manual_seed(0)
@@ -57,8 +58,8 @@ def measure(mcfg, batch_size, steps, warmup, device_name, compile, attention="fl
         torch.cuda.reset_peak_memory_stats(device)
         synchronize = torch.cuda.synchronize
     try:
-        model = ShardedModel(GPT(mcfg).to(device), grid, train.autocast_context(device, dtype), compile)
-        optimizer = train.make_optimizer(model.module, cfg, device)
+        model = ShardedModel(GPT(mcfg).to(device), grid, run_setup.autocast_context(device, dtype), compile)
+        optimizer = run_setup.make_optimizer(model.module, cfg, device)
         scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 
         def next_batch():  # random tokens made on the device: the input pipeline is not what is timed
@@ -150,7 +151,7 @@ def main():
     flops_per_token = cost.flops_per_token(mcfg)
     name = torch.cuda.get_device_name(device) if cuda else "CPU"
     print(
-        f"{name}, torch {torch.__version__}, {str(train.pick_dtype('auto', device)).replace('torch.', '')}, "
+        f"{name}, torch {torch.__version__}, {str(run_setup.pick_dtype('auto', device)).replace('torch.', '')}, "
         f"compile {args.compile}, fused AdamW, {args.attention + ' attention' if cuda else 'SDPA'}; "
         f"{GPT(mcfg).num_params() / 1e6:.1f}M parameters, block {mcfg.block_size}, "
         f"{flops_per_token / 1e9:.3f} GFLOP per token; "

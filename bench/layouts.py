@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import run_setup  # noqa: E402
 import train  # noqa: E402
 from config import TrainConfig  # noqa: E402
 from local_ranks import results_of, run_ranks  # noqa: E402
@@ -68,11 +69,11 @@ def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, 
         grid = ProcessGrid(dp, tp, pp, launch.rank, launch.world_size)
         layout_cfg = ParallelConfig(dp, tp, pp, micro_batches=micro_batches if pp > 1 else 1, schedule=schedule)
         torch.manual_seed(0)
-        model = train.model_for_rank(
-            GPT(model_config), grid, layout_cfg, train.autocast_context(torch.device("cpu"), dtype)
+        model = run_setup.model_for_rank(
+            GPT(model_config), grid, layout_cfg, run_setup.autocast_context(torch.device("cpu"), dtype)
         )
         cfg = TrainConfig(batch_size=global_batch // (dp * accumulation), gradient_accumulation_steps=accumulation)
-        optimizer = train.make_optimizer(model.module, cfg, model.device)
+        optimizer = run_setup.make_optimizer(model.module, cfg, model.device)
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         generator = torch.Generator().manual_seed(grid.dp_rank)
 

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import config  # noqa: E402
+import run_setup  # noqa: E402
 import train  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from cost import comm_bytes_per_step  # noqa: E402
@@ -49,7 +50,7 @@ def timed_steps(mode, rank, world_size, steps, warmup, bucket_mb):
         model = ShardedModel(gpt, ProcessGrid(1, 1, 1))
         if mode == "DDP":
             model.forward = torch.nn.parallel.DistributedDataParallel(gpt)
-    optimizer = train.make_optimizer(model.module, cfg, model.device)
+    optimizer = run_setup.make_optimizer(model.module, cfg, model.device)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     generator = torch.Generator().manual_seed(rank)
 

@@ -18,6 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import config  # noqa: E402
+import run_setup  # noqa: E402
 import train  # noqa: E402
 from data import TokenStream  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -29,8 +30,10 @@ def measure(compiled, steps, warmup, device, dtype, token_file):
     cfg = config.TrainConfig(**{k: v for k, v in preset.items() if k in config.TrainConfig.__dataclass_fields__})
     mcfg = GPTConfig(**{k: v for k, v in preset.items() if k in GPTConfig.__dataclass_fields__})
     torch.manual_seed(0)
-    model = ShardedModel(GPT(mcfg).to(device), ProcessGrid(1, 1, 1), train.autocast_context(device, dtype), compiled)
-    optimizer = train.make_optimizer(model.module, cfg, device)
+    model = ShardedModel(
+        GPT(mcfg).to(device), ProcessGrid(1, 1, 1), run_setup.autocast_context(device, dtype), compiled
+    )
+    optimizer = run_setup.make_optimizer(model.module, cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     stream = TokenStream(token_file, "uint16", cfg.batch_size, mcfg.block_size, lanes=cfg.lanes)
     t_start = time.perf_counter()
@@ -53,8 +56,8 @@ def main():
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()
-    device = train.pick_device(args.device)
-    dtype = train.pick_dtype(args.dtype, device)
+    device = run_setup.pick_device(args.device)
+    dtype = run_setup.pick_dtype(args.dtype, device)
     with tempfile.TemporaryDirectory() as tmp:
         token_file = os.path.join(tmp, "tokens.bin")
         np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint16).tofile(token_file)

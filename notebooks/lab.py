@@ -33,7 +33,7 @@ plt.rcParams.update({"figure.dpi": 72, "figure.figsize": (10, 3.6), "axes.grid":
 @dataclass
 class TrainedRun:
     """What a notebook reads of a finished (or stopped) run: its folder, the metrics and incidents it
-    logged, and what it printed. (train.Run is the live run inside train.py.)"""
+    logged, and what it printed. (run_setup.Run is the live run inside train.py.)"""
 
     out_dir: str
     records: list

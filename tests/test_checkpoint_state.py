@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+import run_setup
 import train
 from config import parse_args
 from local_ranks import run_ranks
 from parallel import destroy_distributed
-from train import Recovery, checkpoint_state, restore_checkpoint
+from runbook import Recovery
+from train import checkpoint_state, restore_checkpoint
 from conftest import write_word_corpus
 
 SAVED_AT, STEPS_AFTER = 4, 4  # steps before the checkpoint, and steps taken again after the resume
@@ -68,7 +70,7 @@ def take_steps(run, first, n):
     for step in range(first, first + n):
         record = {"step": step}
         if step % run.configs.train.eval_interval == 0:
-            record.update(train.validate(run))
+            record.update(train.validate(run, step))
             run.monitor.check_eval(record["val_loss"])
         lr = step_lr(run, step)
         loss, grad_norm = train.optimizer_step(
@@ -453,7 +455,7 @@ def two_stages(corpus):
 def test_two_pipeline_stages_save_the_single_device_form(corpus, two_stages):
     whole = new_run(corpus, "--n_layer", "2", out="out_whole").model.module  # the single-device GPT, same shape
     want = {name: list(t.shape) for name, t in whole.state_dict().items()}
-    order = [name for group in train.parameter_groups(whole.named_parameters()) for name, _ in group]
+    order = [name for group in run_setup.parameter_groups(whole.named_parameters()) for name, _ in group]
     for rank, (_, got) in two_stages.items():
         for name in want:
             assert got["model"].get(name) == want[name], (

@@ -26,7 +26,7 @@ KINDS = ("measured", "computed", "mechanism")
 MEASURED_FIELDS = ("seeds", "spread", "control", "control_fails", "threshold")
 # (notebook, claim) -> (verdict, a check of the measured text), for the claims our measurement does not
 # (fully) reproduce; each notebook says why beside its table. The test pins what was measured instead.
-from train import cpu_has_native_bf16  # noqa: E402  (02's speed row: its verdict depends on the CPU)
+from run_setup import cpu_has_native_bf16  # noqa: E402  (02's speed row: its verdict depends on the CPU)
 
 NOT_YES = {
     # ---- 01
@@ -164,6 +164,28 @@ NOT_YES = {
             all(float(x) < 1 for x in re.findall(r"model ([\d.]+)M GPU-hours", measured))
             and len(re.findall(r"model ([\d.]+)M GPU-hours", measured)) == 2
         ),
+    ),
+    # ---- 08
+    # code -> docs at once, at 2/3 of the peak LR: the first docs batch jolts the grad norm (a row that holds), but the
+    # docs val loss only falls after the switch, in all six switches, with no loss-spike warning: clipping and AdamW
+    # absorb the one large step; instability would need a model near its stability limit or much harder new data
+    ("08_three_tiers", "An abrupt change of the mix destabilizes the loss"): (
+        "no",
+        lambda measured: (
+            float(measured.split()[0]) < 0 and "(6 switches" in measured and "loss-spike warnings: 0" in measured
+        ),
+    ),
+    # the restarted schedule warms back up to the peak the tiny model trained at before: stable there, the docs loss
+    # only falls
+    ("08_three_tiers", "Restarting the LR schedule at the change destabilizes the loss"): (
+        "no",
+        lambda measured: float(measured.split()[0]) < 0 and "(3 seeds)" in measured,
+    ),
+    # the opposite: the restarted cosine keeps the LR high to the end, so a run this short ends ~0.08 *lower* on docs
+    # (the domain it turned to) and ~0.06 higher on code, as a mid-run restart did in 04
+    ("08_three_tiers", "... and costs final loss"): (
+        "no",
+        lambda measured: -0.15 < float(measured.split()[0]) < -0.03 and "(3 seeds)" in measured,
     ),
 }
 

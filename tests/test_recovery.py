@@ -18,7 +18,8 @@ import torch
 
 import checkpoint
 from config import RecoveryConfig, TrainConfig
-from train import Recovery, lr_at, read_jsonl, runbook_response
+from runbook import Recovery, runbook_response
+from train import lr_at, read_jsonl
 from conftest import ROOT, write_word_corpus, run_script
 
 # fmt: off

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import run_setup
 import train
 from data import TokenStream
 from model import GPT, GPTConfig
@@ -164,10 +165,10 @@ def one_step(tmp_path, batch_size, accumulation, dtype=torch.float32):
         np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint16).tofile(tokens)
     torch.manual_seed(0)
     gpt = GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=2, n_head=2, n_embd=32))
-    model = ShardedModel(gpt, ProcessGrid(1, 1, 1), train.autocast_context(torch.device("cpu"), dtype))
+    model = ShardedModel(gpt, ProcessGrid(1, 1, 1), run_setup.autocast_context(torch.device("cpu"), dtype))
     cfg = TrainConfig(batch_size=batch_size, gradient_accumulation_steps=accumulation, lanes=4)
     stream = TokenStream(str(tokens), "uint16", batch_size, 16, lanes=cfg.lanes)
-    optimizer = train.make_optimizer(gpt, cfg, torch.device("cpu"))
+    optimizer = run_setup.make_optimizer(gpt, cfg, torch.device("cpu"))
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     loss, norm = optimizer_step(model, optimizer, scaler, stream.next_batch, 1e-3, cfg)
     return gpt, loss, norm
@@ -193,9 +194,9 @@ def test_bf16_autocast_step_on_cpu_is_finite(tmp_path):
 
 @pytest.mark.parametrize("native_bf16, expected", [(True, torch.bfloat16), (False, torch.float32)])
 def test_auto_dtype_on_cpu_is_bf16_only_where_native(monkeypatch, native_bf16, expected):
-    monkeypatch.setattr(train, "cpu_has_native_bf16", lambda: native_bf16)
-    assert train.pick_dtype("auto", torch.device("cpu")) == expected
-    assert train.pick_dtype("float32", torch.device("cpu")) == torch.float32  # an explicit dtype is kept
+    monkeypatch.setattr(run_setup, "cpu_has_native_bf16", lambda: native_bf16)
+    assert run_setup.pick_dtype("auto", torch.device("cpu")) == expected
+    assert run_setup.pick_dtype("float32", torch.device("cpu")) == torch.float32  # an explicit dtype is kept
 
 
 def test_tiny_preset_end_to_end(tmp_path):
