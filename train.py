@@ -306,10 +306,10 @@ def check_epochs(run):
     for name, (tokens, meta) in planned.items():
         epochs = tokens / meta["train_tokens"]
         if epochs > cfg.max_epochs:
-            whose = f"source {name!r} of the mix ({meta['source']}) gets {tokens:,.0f} of them" if run.mix else ""
+            whose = f"; source {name!r} of the mix ({meta['source']}) gets {tokens:,.0f} of them" if run.mix else ""
             raise ValueError(
                 f"this run plans {cfg.max_iters:,} steps x {run.tokens_per_step:,} tokens = "
-                f"{cfg.max_iters * run.tokens_per_step:,} tokens{'; ' + whose if whose else ''}, but its data holds "
+                f"{cfg.max_iters * run.tokens_per_step:,} tokens{whose}, but its data holds "
                 f"{meta['train_tokens']:,} train tokens: it would read them {epochs:.1f} times, more than "
                 f"--max_epochs {cfg.max_epochs:g}. Past a few epochs a model mostly memorizes its data. Give it "
                 "more data (--source, --data_dir, --mix), plan fewer tokens (--max_iters), or pass --max_epochs 0 "

@@ -9,7 +9,7 @@ once, sha256-checked), and `fit_to_run` checks the weights fit the run's model.
 Out: `export_hf` writes a run's weights as a transformers GPT2LMHeadModel folder
 with GPT-2's tokenizer files, which `lm_eval --model hf` scores.
 
-safetensors is read and written here in a few lines of our own: the format is
+safetensors is read and written here in under a hundred lines of our own: the format is
 an 8-byte little-endian header length N, N bytes of JSON header ({name: {dtype,
 shape, data_offsets}}, plus an optional "__metadata__" of strings), then the
 tensors' raw little-endian bytes at those offsets. Writing it ourselves keeps the
