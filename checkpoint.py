@@ -32,6 +32,8 @@ import torch.distributed as dist
 
 from files import file_sha256, fsync_dir, write_synced
 from model import GPT
+from torch_engines import DTensorCut
+from zero import ShardedAdamW
 
 STATE_FILE, MANIFEST_FILE = "state.pt", "manifest.json"
 STEP_DIR = re.compile(r"^step_(\d{7})$")
@@ -40,14 +42,18 @@ STEP_DIR = re.compile(r"^step_(\d{7})$")
 # ----------------------------------------------------------------------------
 # Single-device form: from the model as the ranks hold it, and back
 #
-# `model` is the model as this rank holds it (parallel.ShardedModel or
-# pipeline.PipelineModel); its local_parameters() name each parameter as the
-# single-device model does and say how it was cut for tensor parallelism. Every
-# rank must call these functions: they gather over the TP and PP groups.
+# `model` is the model as this rank holds it (parallel.ShardedModel,
+# pipeline.PipelineModel, torch_engines.DDPModel or FSDPModel); its local_parameters()
+# name each parameter as the single-device model does and say how it was cut: for
+# tensor parallelism, or by FSDP2 over the DP group. Every rank must call these
+# functions: they gather over the TP and PP groups (under FSDP2, the DP group).
 
 
 def gather_whole(tensor, cut, grid):
-    """The single-device tensor of which `tensor` is this rank's TP slice (cut None: it is whole)."""
+    """The single-device tensor of which `tensor` is this rank's TP slice (cut None: it is whole; a
+    torch_engines.DTensorCut: FSDP2's shard, which torch gathers)."""
+    if isinstance(cut, DTensorCut):
+        return cut.unshard(tensor)
     if cut is None or grid.tp == 1:
         return tensor.detach()
     shards = [torch.empty_like(tensor) for _ in range(grid.tp)]
@@ -56,7 +62,9 @@ def gather_whole(tensor, cut, grid):
 
 
 def take_slice(full, cut, grid):
-    """This rank's TP slice of a single-device tensor: the inverse of gather_whole."""
+    """This rank's TP slice (or FSDP2 shard) of a single-device tensor: the inverse of gather_whole."""
+    if isinstance(cut, DTensorCut):
+        return cut.shard(full)
     if cut is None or grid.tp == 1:
         return full
     return cut.shard(full, grid.tp, grid.tp_rank)
@@ -91,30 +99,43 @@ def load_full_state_dict(model, full, grid):
             p.copy_(take_slice(full[name], cut, grid))
 
 
-def _optimizer_indices(optimizer, groups):
-    """(this optimizer's index of each local parameter, by identity; the single-device names in
-    index order). AdamW's state dict numbers parameters across its groups, in group order."""
-    local = {id(p): i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
-    return local, [name for names in groups for name in names]
+def local_moments(optimizer):
+    """{parameter: its AdamW state} for the parameters this rank holds; under ZeRO, gathered whole from the
+    data-parallel ranks' pieces (zero.ShardedAdamW). Empty before the first step."""
+    if isinstance(optimizer, ShardedAdamW):
+        return optimizer.state_by_parameter()
+    return {p: optimizer.state[p] for group in optimizer.param_groups for p in group["params"] if p in optimizer.state}
+
+
+def load_local_moments(optimizer, moments, param_groups):
+    """The inverse of local_moments: {parameter: its AdamW state}, and the groups' hyperparameters."""
+    if isinstance(optimizer, ShardedAdamW):
+        optimizer.load_state_by_parameter(moments, param_groups)
+        return
+    index = {p: i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
+    ours = optimizer.state_dict()["param_groups"]  # the hyperparameters from the checkpoint, our parameter indices
+    optimizer.load_state_dict(
+        {
+            "state": {index[p]: state for p, state in moments.items()},
+            "param_groups": [dict(g, params=o["params"]) for g, o in zip(param_groups, ours)],
+        }
+    )
 
 
 def full_optimizer_state_dict(optimizer, model, grid, groups):
     """AdamW's state dict as a single-device run saves it: moments gathered and merged like the
     weights, indexed in single-device order. groups: the single-device parameter names of
     each optimizer parameter group, in order (run_setup.make_optimizer's groups)."""
-    state = optimizer.state_dict()
-    local, order = _optimizer_indices(optimizer, groups)
+    held = local_moments(optimizer)
     mine = {
-        name: {
-            key: gather_whole(value, cut, grid) if value.dim() > 0 else value
-            for key, value in state["state"][local[id(p)]].items()
-        }
+        name: {key: gather_whole(value, cut, grid) if value.dim() > 0 else value for key, value in held[p].items()}
         for name, p, cut in model.local_parameters()
-        if local[id(p)] in state["state"]
+        if p in held
     }
     moments = merge_stages(mine, grid)
+    order = [name for names in groups for name in names]  # AdamW numbers parameters across its groups, in order
     param_groups, first = [], 0
-    for group, names in zip(state["param_groups"], groups):
+    for group, names in zip(optimizer.state_dict()["param_groups"], groups):
         param_groups.append(dict(group, params=list(range(first, first + len(names)))))
         first += len(names)
     return {
@@ -125,19 +146,16 @@ def full_optimizer_state_dict(optimizer, model, grid, groups):
 
 def load_full_optimizer_state_dict(optimizer, full, model, grid, groups):
     """Each rank takes the moments of its own parameters from a single-device AdamW state dict, cut to its slices."""
-    local, order = _optimizer_indices(optimizer, groups)
+    order = [name for names in groups for name in names]
     mine = {name: (p, cut) for name, p, cut in model.local_parameters()}
-    state = {}
-    for i, moments in full["state"].items():
+    moments = {}
+    for i, state in full["state"].items():
         if order[i] in mine:
             p, cut = mine[order[i]]
-            state[local[id(p)]] = {
-                key: take_slice(value, cut, grid) if value.dim() > 0 else value for key, value in moments.items()
+            moments[p] = {
+                key: take_slice(value, cut, grid) if value.dim() > 0 else value for key, value in state.items()
             }
-    ours = optimizer.state_dict()["param_groups"]  # the hyperparameters from the checkpoint, our parameter indices
-    optimizer.load_state_dict(
-        {"state": state, "param_groups": [dict(g, params=o["params"]) for g, o in zip(full["param_groups"], ours)]}
-    )
+    load_local_moments(optimizer, moments, full["param_groups"])
 
 
 # ----------------------------------------------------------------------------

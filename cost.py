@@ -122,7 +122,7 @@ def flops_per_token(mc):
     # exercise flops_per_token: end
 
 
-def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, compute_bytes):
+def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, compute_bytes, zero=0, recompute=False):
     """Closed form of the bytes a rank of pipeline stage `stage` hands to each dimension's
     communication in one optimizer step (what comm_count.counted counts), with the step's
     formula: {dimension: (bytes, formula)}.
@@ -132,13 +132,15 @@ def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, comp
     activations cross in fp32, except the row-parallel matmul outputs, which are in the
     compute dtype (compute_bytes: 2 under bf16 or fp16 autocast).
       tp: per block, 2 all-reduces forward (after attention and after the MLP) and 2 backward
-          (before them), every micro-step: at every layer. Plus the embedding's forward on
-          the first stage, the head's backward and the loss's 3 (B, T) reductions (a max,
-          two sums) on the last.
+          (before them), every micro-step: at every layer. Recomputation adds the attention's one
+          again in backward (the MLP's output feeds no tensor backward keeps, and torch's checkpoint
+          stops rebuilding once backward has what it needs). Plus the embedding's forward on the first stage, the head's backward and the
+          loss's 3 (B, T) reductions (a max, two sums) on the last.
       pp: per micro-step, the activation (B, T, C) to the next stage and its gradient back to
           the one before: between stages only. Plus, once per step, the tied embedding's
           gradient between the first and last stages.
-      dp: once per step, the gradient of every parameter the rank holds, fp32.
+      dp: once per step, the gradient of every parameter the rank holds, fp32; under ZeRO a
+          reduce-scatter of it and an all-gather of the updated weights, as many bytes each.
     """
     B, T, C, A = batch_size, mc.block_size, mc.n_embd, accumulation
     first_block, end_block = stage_layers(mc.n_layer, pp)[stage]
@@ -147,10 +149,12 @@ def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, comp
     tp_bytes = pp_bytes = dp_bytes = 0
     tp_how = pp_how = dp_how = "none: a group of 1"
     if tp > 1:
-        per_micro_step = 2 * L * act * (compute_bytes + 4) + first * act * 4 + last * (act * 4 + 3 * B * T * 4)
+        per_micro_step = (
+            L * act * ((2 + recompute) * compute_bytes + 2 * 4) + first * act * 4 + last * (act * 4 + 3 * B * T * 4)
+        )
         tp_bytes = A * per_micro_step
         tp_how = (
-            f"A x [2 L B T C x ({compute_bytes} + 4) at every layer"
+            f"A x [L B T C x ({2 + recompute} x {compute_bytes} + 2 x 4) at every layer"
             + (" + B T C x 4 (embedding)" if first else "")
             + (" + B T C x 4 (head) + 3 B T x 4 (loss)" if last else "")
             + f"], A={A} L={L} B={B} T={T} C={C}"
@@ -173,12 +177,17 @@ def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, comp
         )
     if dp > 1:
         held = parameters_on_rank(mc, tp, pp, stage)
-        dp_bytes = 4 * held
-        dp_how = f"4 x {held:,} parameters on the rank, once per step"
+        dp_bytes = (8 if zero else 4) * held
+        dp_how = (
+            f"4 x {held:,} parameters on the rank, reduce-scattered, + 4 x {held:,} all-gathered, once per step "
+            "(a ring moves (dp - 1)/dp of each: one all-reduce's worth)"
+            if zero
+            else f"4 x {held:,} parameters on the rank, once per step"
+        )
     return {"dp": (dp_bytes, dp_how), "tp": (tp_bytes, tp_how), "pp": (pp_bytes, pp_how)}
 
 
-def busiest_stage_comm_bytes(mc, *, dp, tp, pp, batch_size, accumulation, compute_bytes):
+def busiest_stage_comm_bytes(mc, *, dp, tp, pp, batch_size, accumulation, compute_bytes, zero=0, recompute=False):
     """{dimension: (bytes, formula)} per step, in closed form, of the stage that sends the most in it
     (what train.py logs as comm_bytes_* and prints beside the counts)."""
     per_stage = [
@@ -191,6 +200,8 @@ def busiest_stage_comm_bytes(mc, *, dp, tp, pp, batch_size, accumulation, comput
             batch_size=batch_size,
             accumulation=accumulation,
             compute_bytes=compute_bytes,
+            zero=zero,
+            recompute=recompute,
         )
         for stage in range(pp)
     ]
@@ -311,11 +322,31 @@ def measure_cpu(mc, rows, ranks):
 # A layout: memory per device and step time
 
 
+def state_bytes_per_parameter(dp=1, zero=0):
+    """Bytes of training state per parameter a rank holds: fp32 weights (4), gradients (4) and AdamW's two
+    moments (8). ZeRO (zero.py; Rajbhandari et al. 2020) shares out over the dp ranks, stage 1: the moments,
+    4 + 4 + 8/dp; stage 2: the gradients too, 4 + 12/dp; stage 3 (FSDP): the weights too, 16/dp. (With bf16
+    weights and gradients beside fp32 master weights, the paper's case, stage 1 leaves 4 + 12/dp of 16.)"""
+    return {0: 16, 1: 8 + 8 / dp, 2: 4 + 12 / dp, 3: 16 / dp}[zero]
+
+
+def state_bytes_formula(dp=1, zero=0):
+    """state_bytes_per_parameter as a formula, for the printed comparisons: '4 + 4 + 8/2 = 12 B'."""
+    terms = {0: "4 + 4 + 8", 1: f"4 + 4 + 8/{dp}", 2: f"4 + 12/{dp}", 3: f"16/{dp}"}[zero]
+    return f"{terms} = {state_bytes_per_parameter(dp, zero):g} B"
+
+
+def fullest_rank_state_bytes(mc, dp=1, tp=1, pp=1, zero=0):
+    """Closed form of the training state on the rank that holds the most (train.py prints it beside
+    monitor.state_bytes at the first update)."""
+    return state_bytes_per_parameter(dp, zero) * fullest_rank_parameters(mc, tp, pp)
+
+
 @dataclass(frozen=True)
 class Memory:
     """Bytes on the fullest device of a layout (memory_per_gpu)."""
 
-    state: int  # 16 B per parameter held: weights, gradients and AdamW's two moments
+    state: float  # weights, gradients and AdamW's two moments: 16 B per parameter held, less what ZeRO shares out
     activations: float  # what backward keeps: the micro-batches in flight, plus the logits of one
 
     @property
@@ -323,17 +354,17 @@ class Memory:
         return self.state + self.activations
 
 
-def memory_per_gpu(mc, tp, pp, micro_batch_rows, in_flight, recompute=False, activation_bytes=2):
+def memory_per_gpu(mc, tp, pp, micro_batch_rows, in_flight, recompute=False, activation_bytes=2, dp=1, zero=0):
     """Bytes on the fullest device of a layout, as a Memory.
 
-    state: 16 B per parameter held (the stage with the embedding holds the most). ZeRO-1 would
-    shard the 8 B of AdamW moments over the dp ranks too, leaving 8 + 8/dp.
+    state: 16 B per parameter held (the stage with the embedding holds the most), less what ZeRO's
+    stage `zero` shares out over the dp ranks (state_bytes_per_parameter).
     activations: per layer and micro-batch of b rows, s b h (10 + 24/t) bytes at 16 bits under TP
     of t without sequence parallelism (Korthikanti et al. 2022, whose 5 a s / h more for the
     (s, s) attention scores a fused attention kernel never stores: model.py calls SDPA), or only
     the layer's input, 2 s b h, with full recomputation; times the stage's layers, times the
     micro-batches in flight (1F1B: p on the first stage, at most m; GPipe: all m), plus the logits of one."""
-    state = 16 * fullest_rank_parameters(mc, tp, pp)
+    state = fullest_rank_state_bytes(mc, dp, tp, pp, zero)
     s, b, h = mc.block_size, micro_batch_rows, mc.n_embd
     per_layer = 2 * s * b * h if recompute else s * b * h * (10 + 24 / tp)
     layers = max(end - first for first, end in stage_layers(mc.n_layer, pp))
@@ -356,7 +387,7 @@ class Plan:
     parts: dict  # seconds per step: compute, bubble, tp, pp, dp (the part backward does not hide)
 
 
-def plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute=False, compute_bytes=2):
+def plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute=False, compute_bytes=2, zero=0):
     """The step time and memory of one layout of dp x tp x pp devices, batch_rows sequences per step.
 
     Each dp rank runs batch_rows / dp rows as m micro-batches of micro_batch_rows (a pipeline's
@@ -364,12 +395,15 @@ def plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute
     slowest (the most blocks, or the head on the last); full recomputation adds a forward (8 N instead
     of 6 N FLOPs per token). Communication, each on the link its group crosses (NVLink while the group
     sits inside one node, the network once it spans nodes), modelled with activations in the compute dtype:
-      tp: 4 all-reduces of a (b, T, C) activation per layer and micro-batch (6 with recomputation),
+      tp: 4 all-reduces of a (b, T, C) activation per layer and micro-batch (5 with recomputation:
+          comm_bytes_per_step says which),
           2 at the ends and the loss's 3 of (b, T), blocking;
       pp: an activation forward and its gradient back per micro-batch;
       dp: the all-reduce of the fp32 gradients, once per step. Without a pipeline it overlaps the
           last micro-step's backward (2/3 of its compute) except its last bucket; with one it starts
-          after the schedule.
+          after the schedule. Under ZeRO its two halves come apart: the reduce-scatter overlaps as the
+          all-reduce did, the all-gather of the updated weights waits for the update.
+    Memory: the state under ZeRO's stage `zero` (state_bytes_per_parameter), and the activations.
     The bubble: a pipeline idles p - 1 micro-batch slots, each the slowest stage's compute and
     communication for one micro-batch: (p - 1) / (m + p - 1) of the step when communication is free.
     A ring all-reduce of P bytes over n devices sends 2 (n - 1) / n P per device in 2 (n - 1) messages."""
@@ -391,17 +425,18 @@ def plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute
     layers = max(end - first for first, end in stage_layers(mc.n_layer, pp))
     activation = micro_batch_rows * T * C * compute_bytes
     loss_sums = 3 * all_reduce(micro_batch_rows * T * 4, tp, link(tp))  # the vocab-parallel loss
-    tp_seconds = m * (((6 if recompute else 4) * layers + 2) * all_reduce(activation, tp, link(tp)) + loss_sums)
+    tp_seconds = m * (((4 + recompute) * layers + 2) * all_reduce(activation, tp, link(tp)) + loss_sums)
     pp_seconds = 0.0 if pp == 1 else 2 * m * (activation / link(tp * pp) + hw.latency)
     bubble = (pp - 1) * (compute + tp_seconds + pp_seconds) / m
     gradients = 4 * fullest_rank_parameters(mc, tp, pp)
     dp_full = all_reduce(gradients, dp, link(dp * tp * pp))
     last_bucket = min(1.0, 25 * 2**20 / gradients)
-    dp_seconds = dp_full if pp > 1 else max(dp_full - 2 / 3 * compute / m, dp_full * last_bucket)
+    reduced = dp_full / 2 if zero else dp_full  # ZeRO: the reduce-scatter half; its all-gather comes after
+    dp_seconds = dp_full - reduced + (reduced if pp > 1 else max(reduced - 2 / 3 * compute / m, reduced * last_bucket))
     parts = {"compute": compute, "bubble": bubble, "tp": tp_seconds, "pp": pp_seconds, "dp": dp_seconds}
     step = sum(parts.values())
     in_flight = min(pp, m)  # 1F1B's first stage
-    memory = memory_per_gpu(mc, tp, pp, micro_batch_rows, in_flight, recompute, compute_bytes).total
+    memory = memory_per_gpu(mc, tp, pp, micro_batch_rows, in_flight, recompute, compute_bytes, dp, zero).total
     achieved = flops_per_token(mc) * batch_rows * T / (dp * tp * pp) / step / hw.peak_flops
     return Plan(dp, tp, pp, m, memory <= hw.memory, memory / 1e9, step, batch_rows * T / step, achieved, parts)
 
@@ -423,10 +458,10 @@ def layouts(mc, gpus, batch_rows, micro_batch_rows):
     return found
 
 
-def rank_layouts(mc, hw, gpus, batch_rows, micro_batch_rows, mfu, recompute=False):
+def rank_layouts(mc, hw, gpus, batch_rows, micro_batch_rows, mfu, recompute=False, zero=0):
     """All layouts, planned: the ones that fit first, fastest first."""
     plans = [
-        plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute)
+        plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute, zero=zero)
         for dp, tp, pp in layouts(mc, gpus, batch_rows, micro_batch_rows)
     ]
     if not plans:
@@ -437,14 +472,6 @@ def rank_layouts(mc, hw, gpus, batch_rows, micro_batch_rows, mfu, recompute=Fals
             f"or change --batch_tokens / --micro_batch_rows"
         )
     return sorted(plans, key=lambda plan: (not plan.fits, plan.step_seconds))
-
-
-def zero1_state(mc, plan):
-    """Bytes of state on the fullest device of a layout under ZeRO-1 (Rajbhandari et al. 2020), which
-    shards the optimizer's state over the dp ranks too. Here, as in this project, the 16 B are fp32
-    weights, gradients and AdamW's two moments, so 8 + 8/dp B per parameter held remain. (With bf16
-    weights and gradients and fp32 master weights and moments, the paper's case, 4 + 12/dp.)"""
-    return (8 + 8 / plan.dp) * fullest_rank_parameters(mc, plan.tp, plan.pp)
 
 
 def min_model_parallel(mc, hw, most=4096):
@@ -513,18 +540,22 @@ def account_lines(
     activation_bytes,
     step_seconds,
     usd_per_gpu_hour=2.0,
+    dp=1,
+    zero=0,
+    recompute=False,
 ):
     """Lines of a run's cost account before it trains: compute, memory per device, and time."""
     N, tokens = parameters_on_rank(mc), max_iters * tokens_per_step
     flops = flops_per_token(mc) * tokens
-    memory = memory_per_gpu(mc, tp, pp, micro_batch_rows, in_flight, activation_bytes=activation_bytes)
+    memory = memory_per_gpu(mc, tp, pp, micro_batch_rows, in_flight, recompute, activation_bytes, dp, zero)
     h100_hours = flops / (0.4 * GPUS["H100"].peak_flops) / 3600
     gib = 2**30
     return [
         f"parameters: {N / 1e6:.2f}M; planned tokens: {tokens / 1e6:.1f}M ({tokens / N:.1f} per parameter)",
         f"training compute: {flops:.3g} FLOPs (6 N D = {6 * N * tokens:.3g}, plus attention)",
-        f"memory per device: weights + grads + AdamW {memory.state / gib:.3f} GiB (16 B per parameter held) "
-        f"+ activations ~{memory.activations / gib:.3f}",
+        f"memory per device: weights + grads + AdamW {memory.state / gib:.3f} GiB "
+        f"({state_bytes_formula(dp, zero)} per parameter held) + activations ~{memory.activations / gib:.3f}"
+        + (" (recomputed)" if recompute else ""),
         f"measured forward + backward: {step_seconds * 1e3:.0f} ms per step "
         f"-> ~{step_seconds * max_iters / 60:.1f} min for {max_iters} steps on this device",
         f"the same FLOPs on one H100 at 40% MFU: {h100_hours:.3g} GPU-hours "
@@ -602,6 +633,13 @@ def parse_args(argv=None):
     )
     parser.add_argument("--micro_batch_rows", type=int, default=1, help="sequences per micro-batch")
     parser.add_argument("--recompute", action="store_true", help="recompute activations in backward")
+    parser.add_argument(
+        "--zero",
+        type=int,
+        choices=(0, 1, 2, 3),
+        default=0,
+        help="ZeRO stage: 1 shards AdamW's moments over dp, 2 the gradients too, 3 (FSDP) the weights too",
+    )
     parser.add_argument("--ckpt_write_gbps", type=float, default=10.0, help="GB/s the cluster writes checkpoints at")
     parser.add_argument(
         "--gpu_mtbf_hours",
@@ -654,7 +692,7 @@ class Account:
     best_layout_gpu_hours: float | None  # None: no layout fits
     best_layout_cost_usd: float | None  # None: no layout fits
     best_layout_achieved_mfu: float | None  # None: no layout fits
-    state_gb_best_layout: float | None  # on its fullest device; None: no layout fits
+    state_gb_best_layout: float | None  # on its fullest device, under --zero; None: no layout fits
     zero1_state_gb_best_layout: float | None  # the same with AdamW's moments sharded over dp; None: no layout fits
     spread: float | None  # throughput of the best layout that fits over the worst's, less 1; None: no layout fits
     spread_tp_in_node: float | None  # the same among those with TP inside a node; None: none of them fits
@@ -682,7 +720,7 @@ def account(args):
         raise ValueError(f"--batch_tokens {batch_tokens:g}: less than one sequence of block_size {mc.block_size}")
     batch_rows = round(batch_tokens / mc.block_size)
     hw = hardware(args, mc, batch_rows)
-    plans = rank_layouts(mc, hw, args.gpus, batch_rows, args.micro_batch_rows, args.mfu, args.recompute)
+    plans = rank_layouts(mc, hw, args.gpus, batch_rows, args.micro_batch_rows, args.mfu, args.recompute, args.zero)
     fitting = [p for p in plans if p.fits]
     in_node = [p for p in fitting if p.tp <= hw.per_node]  # the sensible cuts: TP on the fast links
     flops = flops_per_token(mc) * tokens
@@ -712,8 +750,8 @@ def account(args):
         best_layout_gpu_hours=tokens / best.tokens_per_s * args.gpus / 3600 if best else None,
         best_layout_cost_usd=tokens / best.tokens_per_s * args.gpus / 3600 * args.usd_per_gpu_hour if best else None,
         best_layout_achieved_mfu=best.achieved_mfu if best else None,
-        state_gb_best_layout=memory_per_gpu(mc, best.tp, best.pp, 1, 1).state / 1e9 if best else None,
-        zero1_state_gb_best_layout=zero1_state(mc, best) / 1e9 if best else None,
+        state_gb_best_layout=fullest_rank_state_bytes(mc, best.dp, best.tp, best.pp, args.zero) / 1e9 if best else None,
+        zero1_state_gb_best_layout=fullest_rank_state_bytes(mc, best.dp, best.tp, best.pp, 1) / 1e9 if best else None,
         spread=best.tokens_per_s / fitting[-1].tokens_per_s - 1 if best else None,
         spread_tp_in_node=in_node[0].tokens_per_s / in_node[-1].tokens_per_s - 1 if in_node else None,
         checkpoint=checkpoint_economics(
@@ -760,7 +798,7 @@ def print_account(report, top):
             f"{_amount(report.best_layout_gpu_hours)} GPU-hours, ${_amount(report.best_layout_cost_usd)}; "
             f"it achieves {100 * report.best_layout_achieved_mfu:.0f}% MFU"
         )
-        if report.state_gb_best_layout != report.zero1_state_gb_best_layout:
+        if report.state_gb_best_layout > report.zero1_state_gb_best_layout:
             print(
                 f"ZeRO-1 (AdamW's moments sharded over dp too) would cut that layout's state from "
                 f"{_amount(report.state_gb_best_layout)} to {_amount(report.zero1_state_gb_best_layout)} GB per GPU"

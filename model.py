@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -194,6 +195,18 @@ class CLMLoss(nn.Module):
         return clm_loss(logits, targets)
 
 
+def run_blocks(blocks, x, recompute=False):
+    """x (B, T, C) through the blocks in turn.
+
+    recompute (activation recomputation, --recompute; Chen et al. 2016): a block keeps only its input for
+    backward, which first runs the block's forward again to rebuild what it dropped. Per layer, backward then
+    keeps 2 s b h bytes at 16 bits instead of about s b h (10 + 24/tp): memory bought with a second forward,
+    about a third more compute. The random generators are replayed, so dropout draws the same mask twice."""
+    for block in blocks:
+        x = checkpoint(block, x, use_reentrant=False) if recompute and torch.is_grad_enabled() else block(x)
+    return x
+
+
 class GPT(nn.Module):
     # state_dict() lists the tied matrix under both names; named_parameters() only under the first
     TIED = {"lm_head.weight": "wte.weight"}
@@ -210,6 +223,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: one (V, C) matrix reads tokens in and scores them out
         self.clm_loss = CLMLoss()  # a layer without parameters, cut by vocabulary under tensor parallelism
+        self.recompute = False  # activation recomputation (run_blocks): how to train, not what the model is
         self.apply(self._init_weights)
 
     # Width-scaled initialization. sigma = init_std(C) = sqrt(2 / (5 C)): each
@@ -262,8 +276,7 @@ class GPT(nn.Module):
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
-        for block in self.blocks:
-            x = block(x)
+        x = run_blocks(self.blocks, x, self.recompute)
         logits = self.lm_head(self.norm_f(x))  # (B, T, V)
         if targets is None:
             return logits, None

@@ -75,6 +75,23 @@ class SavedActivations:
         self.hooks.__exit__(*exc)
 
 
+def state_bytes(module, optimizer):
+    """The bytes of training state this rank holds now: the module's weights and their gradients, the
+    optimizer's parameters and their gradients (under ZeRO, pieces of the weights' flat buffers and of the
+    gradients' shards) and its state (AdamW's moments), each storage once: views into one buffer count once,
+    with its padding. AdamW's step counters, scalars, do not count. Taken at an update, when it all exists."""
+    tensors = [t for p in module.parameters() for t in (p, p.grad)]
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            tensors += [p, p.grad, *optimizer.state.get(p, {}).values()]
+    storages = {}
+    for t in tensors:
+        if torch.is_tensor(t) and t.dim() > 0:
+            t = getattr(t, "_local_tensor", t)  # a DTensor (--dp_mode fsdp): this rank's shard
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
 def peak_memory_bytes(device):
     """The most memory this process has held so far: the CUDA allocator's peak on a GPU, else the
     process's peak resident set (weights, AdamW state, activations, the token files' pages read);

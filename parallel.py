@@ -35,10 +35,12 @@ class ParallelConfig:
     dp: int = 1  # data-parallel ranks: model copies, each reading its share of every batch
     tp: int = 1  # tensor-parallel ranks: one layer's matrices cut across them
     pp: int = 1  # pipeline stages: consecutive blocks on consecutive ranks
-    dp_mode: str = (
-        "bucketed"  # bucketed (async all-reduce overlapped with backward) | naive (one per parameter after it)
-    )
+    # bucketed (async all-reduce overlapped with backward) | naive (one per parameter after it) |
+    # ddp | fsdp (torch's own engines, torch_engines.py: pure data parallelism)
+    dp_mode: str = "bucketed"
     bucket_mb: float = 25.0  # gradient bucket size for the bucketed mode
+    zero: int = 0  # ZeRO stage (zero.py): 1 shards AdamW's moments over the dp ranks, 2 the gradients too; 0: none
+    recompute: bool = False  # activation recomputation: each block's activations rebuilt in backward (model.py)
     dist_timeout: int = 300  # seconds a collective waits for a missing rank before the run stops with an error
     micro_batches: int = 1  # pipeline: each batch_size batch is cut into this many micro-batches
     schedule: str = "1f1b"  # pipeline schedule: gpipe (all forwards, then all backwards) | 1f1b
@@ -182,6 +184,8 @@ class DataParallel:
     averaged once, which equals averaging each micro-batch.
     """
 
+    shards_gradients = False  # every rank holds every averaged gradient (under ZeRO, zero.py, a shard of them)
+
     def __init__(self, model, group, size, mode="bucketed", bucket_mb=25.0, overlap=True):
         if mode not in ("bucketed", "naive"):
             raise ValueError(f"--dp_mode {mode!r}: choose bucketed or naive")
@@ -201,17 +205,8 @@ class DataParallel:
         if bucket:
             self.buckets.append(bucket)
         self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b}
-        self.flats = (
-            [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype, device=b[0].device) for b in self.buckets]
-            if mode == "bucketed"
-            else []
-        )  # (numel of the bucket,) each
-        self.views = [
-            [g.view_as(p) for g, p in zip(flat.split([p.numel() for p in b]), b)]
-            for flat, b in zip(self.flats, self.buckets)
-        ]  # each parameter's gradient, in its bucket
-        if mode == "bucketed":
-            self.zero_buckets()
+        self.sizes = [sum(p.numel() for p in b) for b in self.buckets]  # elements of each bucket's parameters
+        self.make_gradient_buffers()
         self.ready = [0] * len(self.buckets)
         self.launched = {}  # bucket index -> (flat gradient, handle of its asynchronous all-reduce)
         # A pipeline stage runs backward once per micro-batch, so gradients are complete only
@@ -219,6 +214,18 @@ class DataParallel:
         if mode == "bucketed" and overlap:
             for p in self.params:
                 p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def make_gradient_buffers(self):
+        """bucketed: one flat buffer per bucket, each parameter's gradient a view into it."""
+        self.flats = [self.new_flat(i) for i in range(len(self.buckets))] if self.mode == "bucketed" else []
+        self.views = [flat_views(flat, b) for flat, b in zip(self.flats, self.buckets)]  # each parameter's gradient
+        if self.mode == "bucketed":
+            self.zero_buckets()
+
+    def new_flat(self, i):
+        """A zeroed flat buffer for bucket i: (its numel,)."""
+        p = self.buckets[i][0]
+        return torch.zeros(self.sizes[i], dtype=p.dtype, device=p.device)
 
     def _grad_ready(self, param):
         if not self.sync:
@@ -229,14 +236,18 @@ class DataParallel:
             self._launch(i)
 
     def _launch(self, i):
+        flat = self.fill_bucket(i)
+        self.launched[i] = (flat, dist.all_reduce(counted("dp", flat), group=self.group, async_op=True))
+
+    def fill_bucket(self, i):
+        """Bucket i's flat buffer, every gradient of the bucket in it (they are views into it from here on)."""
         for p, view in zip(self.buckets[i], self.views[i]):
             if p.grad is None:  # an unused parameter, or a gradient someone set to None: a zero gradient
                 view.zero_()
             elif p.grad is not view:  # replaced by a new tensor: back into the bucket
                 view.copy_(p.grad)
             p.grad = view
-        flat = self.flats[i]
-        self.launched[i] = (flat, dist.all_reduce(counted("dp", flat), group=self.group, async_op=True))
+        return self.flats[i]
 
     def zero_buckets(self):
         """Zero every gradient for the next step, in place: they stay views into the buckets."""
@@ -264,6 +275,31 @@ class DataParallel:
         self.ready = [0] * len(self.buckets)
         # exercise dp_average: end
 
+    def gradients(self):
+        """[(parameter, its averaged gradient)] as this rank holds them after finish(): whole, every one."""
+        return [(p, p.grad) for p in self.params if p.grad is not None]
+
+
+def data_parallel(module, grid, dp_mode, bucket_mb, zero, overlap=True):
+    """The engine that averages this rank's gradients over its dp replicas: DataParallel, or under
+    ZeRO (zero > 0) zero.ZeroDataParallel; None when dp is 1."""
+    if grid.dp == 1:
+        return None
+    if zero:
+        from zero import ZeroDataParallel  # zero.py builds on DataParallel, below
+
+        return ZeroDataParallel(module, grid.dp_group, grid.dp, grid.dp_rank, zero, bucket_mb, overlap)
+    return DataParallel(module, grid.dp_group, grid.dp, dp_mode, bucket_mb, overlap)
+
+
+def flat_views(flat, params):
+    """Each parameter's shape as a view into the flat buffer, in order (the buffer may be longer: padding)."""
+    views, offset = [], 0
+    for p in params:
+        views.append(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return views
+
 
 def clear_gradients(module, dp):
     """After the update: every gradient zeroed for the next step, in place where they are views
@@ -278,13 +314,14 @@ def clear_gradients(module, dp):
 # The global gradient norm, over TP slices and pipeline stages
 
 
-def global_grad_norm(sliced, whole, grid=None):
+def global_grad_norm(sliced, whole, grid=None, sharded_over_dp=False):
     """L2 norm of the whole model's gradient, the sum of squares in fp32.
 
     sliced: this rank's gradients of tensor-parallel slices; their squares are summed
     over the TP group. whole: gradients every TP rank holds in full (norm weights,
     positions); they count once. Each pipeline stage holds other parameters, so the
-    stages' sums add up over the PP group."""
+    stages' sums add up over the PP group. sharded_over_dp (ZeRO): each DP rank holds
+    its shard of the gradients, so both sums first add up over the DP group."""
     device = (sliced + whole)[0].device if sliced + whole else None
 
     def sum_of_squares(grads):  # one multi-tensor kernel instead of three small ops per gradient
@@ -293,6 +330,10 @@ def global_grad_norm(sliced, whole, grid=None):
         return torch.nn.utils.get_total_norm([g.detach().float() for g in grads], foreach=True).pow(2)
 
     sliced_sq, whole_sq = sum_of_squares(sliced), sum_of_squares(whole)
+    if sharded_over_dp and grid.dp > 1:
+        sums = torch.stack([sliced_sq, whole_sq])
+        dist.all_reduce(sums, group=grid.dp_group)
+        sliced_sq, whole_sq = sums
     if grid is not None and grid.tp > 1:
         dist.all_reduce(sliced_sq, group=grid.tp_group)
     total = sliced_sq + whole_sq
@@ -301,12 +342,16 @@ def global_grad_norm(sliced, whole, grid=None):
     return torch.sqrt(total)
 
 
-def sharded_grad_norm(local_parameters, grid, skip=None):
+def sharded_grad_norm(local_parameters, grid, dp=None, skip=None):
     """global_grad_norm of the gradients of (single-device name, parameter, Cut or None) triples:
-    a parameter with a Cut is a TP slice, one without is whole. skip: a parameter not to count
-    (a pipeline's second copy of the tied matrix)."""
-    grads = [(p.grad, cut) for _, p, cut in local_parameters if p.grad is not None and p is not skip]
-    return global_grad_norm([g for g, cut in grads if cut is not None], [g for g, cut in grads if cut is None], grid)
+    a parameter with a Cut is a TP slice, one without is whole. dp: the data-parallel engine,
+    which holds the averaged gradients (under ZeRO, this rank's shard of them). skip: a parameter
+    not to count (a pipeline's second copy of the tied matrix)."""
+    cut_of = {p: cut for _, p, cut in local_parameters}
+    gradients = dp.gradients() if dp is not None else [(p, p.grad) for p in cut_of if p.grad is not None]
+    grads = [(g, cut_of[p]) for p, g in gradients if p is not skip]
+    sliced, whole = [g for g, cut in grads if cut is not None], [g for g, cut in grads if cut is None]
+    return global_grad_norm(sliced, whole, grid, sharded_over_dp=dp is not None and dp.shards_gradients)
 
 
 # ----------------------------------------------------------------------------
@@ -334,14 +379,21 @@ class ShardedModel:
     tensor-parallel slices (tp > 1); gradients averaged over the dp replicas."""
 
     def __init__(
-        self, model, grid, autocast=contextlib.nullcontext(), compile=False, dp_mode="bucketed", bucket_mb=25.0
+        self,
+        model,
+        grid,
+        autocast=contextlib.nullcontext(),
+        compile=False,
+        dp_mode="bucketed",
+        bucket_mb=25.0,
+        zero=0,
     ):
         self.cuts = tensor_parallel(model, grid)  # each rank keeps its slices; {} when tp = 1
         self.module, self.grid, self.autocast = model, grid, autocast
         self.micro_batches = self.in_flight = 1  # one forward per micro-step (a pipeline cuts it into more)
         self.device = next(model.parameters()).device
         self.forward = torch.compile(model) if compile else model
-        self.dp = DataParallel(model, grid.dp_group, grid.dp, dp_mode, bucket_mb) if grid.dp > 1 else None
+        self.dp = data_parallel(model, grid, dp_mode, bucket_mb, zero)
 
     def forward_backward(self, x, y, loss_weight, sync=True):
         if self.dp is not None:
@@ -363,7 +415,7 @@ class ShardedModel:
         clear_gradients(self.module, self.dp)
 
     def grad_norm(self):
-        return sharded_grad_norm(self.local_parameters(), self.grid)
+        return sharded_grad_norm(self.local_parameters(), self.grid, self.dp)
 
     def local_parameters(self):
         return [(name, p, self.cuts.get(name)) for name, p in self.module.named_parameters()]

@@ -29,7 +29,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from comm_count import counted
-from parallel import DataParallel, clear_gradients, sharded_grad_norm
+from model import run_blocks
+from parallel import clear_gradients, data_parallel, sharded_grad_norm
 from tensor_parallel import tensor_parallel
 
 # ----------------------------------------------------------------------------
@@ -138,7 +139,7 @@ class PipelineStage(nn.Module):
     def __init__(self, model, stage, stages):
         super().__init__()
         check_pipeline_layout(model.config.n_layer, stages)
-        self.stage, self.stages = stage, stages
+        self.stage, self.stages, self.recompute = stage, stages, model.recompute
         self.is_first, self.is_last = stage == 0, stage == stages - 1
         self.first_block, last_block = stage_layers(model.config.n_layer, stages)[stage]
         self.blocks = nn.ModuleList(model.blocks[self.first_block : last_block])
@@ -157,8 +158,7 @@ class PipelineStage(nn.Module):
         if self.is_first:
             pos = torch.arange(x.shape[1], device=x.device)
             x = self.embedding["drop"](self.embedding["wte"](x) + self.embedding["wpe"](pos))
-        for block in self.blocks:
-            x = block(x)
+        x = run_blocks(self.blocks, x, self.recompute)
         if not self.is_last:
             return x
         return self.clm_loss(self.lm_head(self.norm_f(x)), targets)
@@ -361,6 +361,7 @@ class PipelineModel:
         autocast=contextlib.nullcontext(),
         dp_mode="bucketed",
         bucket_mb=25.0,
+        zero=0,
     ):
         self.cuts = tensor_parallel(model, grid)  # {single-device name: Cut}; {} when tp = 1
         self.module = PipelineStage(model, grid.pp_rank, grid.pp)  # this rank keeps only its stage (its TP slices)
@@ -372,11 +373,7 @@ class PipelineModel:
         self.records = []  # this stage's timeline of the latest step
         # A stage runs backward once per micro-batch, so its gradients are complete only at the end
         # of the schedule: there (overlap=False) every DP bucket is launched at once.
-        self.dp = (
-            DataParallel(self.module, grid.dp_group, grid.dp, dp_mode, bucket_mb, overlap=False)
-            if grid.dp > 1
-            else None
-        )
+        self.dp = data_parallel(self.module, grid, dp_mode, bucket_mb, zero, overlap=False)
 
     def _from_last_stage(self, loss):
         """The loss lives on the last stage; every stage gets it, to log and to judge incidents alike."""
@@ -410,7 +407,7 @@ class PipelineModel:
         clear_gradients(self.module, self.dp)
 
     def grad_norm(self):
-        return sharded_grad_norm(self.local_parameters(), self.grid, skip=self.module.tied_copy())
+        return sharded_grad_norm(self.local_parameters(), self.grid, self.dp, skip=self.module.tied_copy())
 
     def local_parameters(self):
         names = self.module.global_names()

@@ -35,6 +35,7 @@ from run_folder import check_out_dir_is_ours, out_dir_of, prepare_out_dir, run_i
 from runbook import Recovery
 from tensor_parallel import check_tensor_parallel_layout
 from transfer import fit_to_run, initial_weights
+from zero import ShardedAdamW
 
 # ----------------------------------------------------------------------------
 # Device, precision, optimizer
@@ -81,14 +82,16 @@ def parameter_groups(named_parameters):
     return [(n, p) for n, p in named if p.dim() >= 2], [(n, p) for n, p in named if p.dim() < 2]
 
 
-def make_optimizer(module, cfg, device):
+def make_optimizer(module, cfg, device, zero=None):
+    """AdamW over the module's parameters in parameter_groups' two groups; under ZeRO (zero: the model's
+    zero.ZeroDataParallel), over this rank's pieces of them (zero.ShardedAdamW)."""
     decay, no_decay = parameter_groups(module.named_parameters())
-    groups = [
-        {"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
-        {"params": [p for _, p in no_decay], "weight_decay": 0.0},
-    ]
+    groups = [([p for _, p in decay], cfg.weight_decay), ([p for _, p in no_decay], 0.0)]
     fused = device.type in ("cuda", "cpu")  # one kernel updates every tensor; the moments stay fp32
-    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
+    adamw = dict(lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
+    if zero is not None:
+        return ShardedAdamW(zero, groups, **adamw)
+    return torch.optim.AdamW([{"params": params, "weight_decay": decay} for params, decay in groups], **adamw)
 
 
 # ----------------------------------------------------------------------------
@@ -97,9 +100,9 @@ def make_optimizer(module, cfg, device):
 
 @dataclass
 class Run:
-    """What the loop and its stages share. set_up builds it; afterwards the stages change only
-    `recovery`, `records` and `comm_compared` (start, restore_checkpoint, respond_to_incident, log_step), while
-    the objects it holds (model, optimizer, streams, monitor) change state as they work."""
+    """What the loop and its stages share. set_up builds it; afterwards the stages change only `recovery`,
+    `records`, `comm_compared` and `measured_state` (start, restore_checkpoint, respond_to_incident, log_step,
+    the first update), while the objects it holds (model, optimizer, streams, monitor) change state as they work."""
 
     configs: Configs  # the model's with the vocabulary padded
     grid: ProcessGrid
@@ -127,6 +130,7 @@ class Run:
     flops_per_token: float  # of the whole single-device model, whatever share this rank holds
     peak_flops: float | None  # one device's peak, for MFU; None on CPU
     comm_compared: bool = False  # the first logged step printed its measured bytes beside the closed form
+    measured_state: int | None = None  # monitor.state_bytes at this process's first update, until logged
     recovery: Recovery = field(default_factory=Recovery)  # the incident runbook's state (runbook.py)
     records: list[dict] = field(default_factory=list)  # logged metrics of the current timeline, for the plot
     started: float = field(default_factory=time.perf_counter)
@@ -152,6 +156,15 @@ def check_layout(configs):
     """Name a layout that cannot work before any process group exists: a collective would wait for peers."""
     layout = configs.parallel
     check_tensor_parallel_layout(configs.model, layout.tp)
+    if layout.zero and layout.dp == 1:
+        raise ValueError(
+            f"--zero {layout.zero} shares the training state out over the data-parallel ranks, and --dp is 1: "
+            "pass --dp 2 or more, or leave out --zero"
+        )
+    if layout.zero and layout.dp_mode != "bucketed":
+        raise ValueError(
+            f"--zero {layout.zero} is built on the bucketed gradients: leave out --dp_mode {layout.dp_mode}"
+        )
     if layout.pp > 1:
         check_pipeline_layout(configs.model.n_layer, layout.pp)
         check_micro_batches(configs.train.batch_size, layout.micro_batches)
@@ -163,11 +176,11 @@ def model_for_rank(whole, grid, layout, autocast=contextlib.nullcontext(), compi
     """The model as this rank holds it, cut from the whole single-device GPT by the layout (a
     ParallelConfig): a pipeline stage (its matrices cut by TP when tp > 1) when pp > 1, else every
     layer (whole, or TP slices)."""
+    whole.recompute = layout.recompute
+    dp = dict(dp_mode=layout.dp_mode, bucket_mb=layout.bucket_mb, zero=layout.zero)
     if grid.pp > 1:
-        return PipelineModel(
-            whole, grid, layout.schedule, layout.micro_batches, autocast, layout.dp_mode, layout.bucket_mb
-        )
-    return ShardedModel(whole, grid, autocast, compile, layout.dp_mode, layout.bucket_mb)
+        return PipelineModel(whole, grid, layout.schedule, layout.micro_batches, autocast, **dp)
+    return ShardedModel(whole, grid, autocast, compile, **dp)
 
 
 def start_processes(configs):
@@ -180,10 +193,11 @@ def start_processes(configs):
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device if cfg.device != "auto" else launch.device)
     dtype = pick_dtype(cfg.dtype, device)
-    if grid.pp > 1 and dtype == torch.float16:
+    if (grid.pp > 1 or configs.parallel.zero) and dtype == torch.float16:
         raise ValueError(
-            f"--dtype {cfg.dtype} gives float16 here, which needs loss scaling, which the pipeline "
-            "path lacks: pass --dtype bfloat16 or float32"
+            f"--dtype {cfg.dtype} gives float16 here, which needs loss scaling, whose overflow check the "
+            f"{'pipeline' if grid.pp > 1 else 'ZeRO'} path lacks (under ZeRO a rank sees only its shard of the "
+            "gradients): pass --dtype bfloat16 or float32"
         )
     return grid, say, device, dtype
 
@@ -226,7 +240,7 @@ def set_up(preset, configs):
         eval_batches=eval_batches,
         model=model,
         optimizer_groups=optimizer_groups,
-        optimizer=make_optimizer(model.module, cfg, device),
+        optimizer=make_optimizer(model.module, cfg, device, model.dp if configs.parallel.zero else None),
         scaler=torch.amp.GradScaler(device.type, enabled=dtype == torch.float16),
         dtype=dtype,
         monitor=HealthMonitor(

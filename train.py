@@ -44,7 +44,7 @@ from config import parse_args
 from data import get_tokenizer
 from evaluation import evaluate, final_check
 from mixture import weights_at
-from monitor import Throughput, peak_memory_bytes, plot_metrics
+from monitor import Throughput, peak_memory_bytes, plot_metrics, state_bytes
 from parallel import (
     all_reduce_mean,
     destroy_distributed,
@@ -137,7 +137,8 @@ def optimizer_step(model, optimizer, scaler, next_batch, lr, cfg):
     model.reduce_gradients()  # wait for the DP average (a pipeline also sums its two copies of the tied matrix)
     scaler.unscale_(optimizer)  # clip the true gradients, not the fp16-scaled ones
     grad_norm = model.grad_norm()
-    clip_gradients(model.module.parameters(), grad_norm, cfg.grad_clip)
+    # the gradients AdamW reads: the parameters' own, or under ZeRO this rank's shard of them (zero.py)
+    clip_gradients([p for group in optimizer.param_groups for p in group["params"]], grad_norm, cfg.grad_clip)
     scaler.step(optimizer)  # skips the step if fp16 gradients overflowed
     scaler.update()
     model.clear_gradients()
@@ -154,6 +155,7 @@ def train(preset, configs):
     run = set_up(preset, configs)
     cfg, monitor = run.configs.train, run.monitor
     step = start(run)  # 0, or where the newest checkpoint left off
+    measure_state_at_the_first_update(run)
     throughput = Throughput(run.tokens_per_step)
     while True:
         record, eval_warnings = {"step": step}, []
@@ -361,6 +363,9 @@ def print_cost_account(run):
         run.tokens_per_step,
         run.dtype.itemsize,
         step_seconds,
+        dp=run.grid.dp,
+        zero=3 if run.configs.parallel.dp_mode == "fsdp" else run.configs.parallel.zero,
+        recompute=run.configs.parallel.recompute,
     ):
         run.say("cost: " + line)
 
@@ -593,11 +598,40 @@ def log_step(run, record, throughput):
     if run.grid.world_size > 1:  # the step's communication, each dimension on its busiest rank
         record.update({f"comm_bytes_{d}": b for d, b in take_busiest_comm_bytes(run.model.device).items()})
     run.say(line, flush=True)
+    if run.measured_state is not None:
+        print_state_beside_closed_form(run, record)
     if run.grid.world_size > 1 and not run.comm_compared:
         print_comm_beside_closed_form(run, record)
     run.records.append(record)
     if run.is_rank0:
         append_jsonl(run.metrics_path, record)
+
+
+def measure_state_at_the_first_update(run):
+    """run.measured_state: monitor.state_bytes once, just after the first update, when the weights, their
+    gradients and AdamW's moments all exist (log_step prints it beside cost.py's closed form)."""
+
+    def measure(optimizer, args, kwargs):
+        run.measured_state = state_bytes(run.model.module, optimizer)
+        hook.remove()
+
+    hook = run.optimizer.register_step_post_hook(measure)
+
+
+def print_state_beside_closed_form(run, record):
+    """The state bytes of the first update, on the fullest rank, beside cost.py's closed form."""
+    grid, layout = run.grid, run.configs.parallel
+    measured = torch.tensor(run.measured_state, dtype=torch.int64, device=run.model.device)
+    if dist.is_initialized():
+        dist.all_reduce(measured, op=dist.ReduceOp.MAX)
+    record["state_bytes"] = measured.item()
+    zero = 3 if layout.dp_mode == "fsdp" else layout.zero
+    closed_form = cost.fullest_rank_state_bytes(run.configs.model, grid.dp, grid.tp, grid.pp, zero)
+    run.say(
+        f"state at the first update, on the fullest rank: measured {record['state_bytes']:,} B | closed form "
+        f"{closed_form:,.0f} B = {cost.state_bytes_formula(grid.dp, zero)} per parameter held"
+    )
+    run.measured_state = None
 
 
 def print_comm_beside_closed_form(run, record):
@@ -611,6 +645,8 @@ def print_comm_beside_closed_form(run, record):
         batch_size=cfg.batch_size,
         accumulation=cfg.gradient_accumulation_steps,
         compute_bytes=run.dtype.itemsize,
+        zero=run.configs.parallel.zero,
+        recompute=run.configs.parallel.recompute,
     )  # {dimension: (bytes, formula)}
     run.say("communication of that step, payload bytes on the busiest rank: measured | closed form")
     for d, (closed_form, formula) in closed_forms.items():

@@ -9,6 +9,7 @@ import torch
 
 import checkpoint
 import cost
+import run_setup
 import train
 from conftest import ROOT, write_word_corpus, run_script
 from local_ranks import run_ranks
@@ -110,6 +111,16 @@ def single(corpus):
         (4, ["--batch_size", 8, "--dp", 1, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "gpipe"]),
         (8, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "gpipe"]),
         (8, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "1f1b"]),
+        (2, ["--batch_size", 4, "--zero", 1]),
+        (2, ["--batch_size", 4, "--zero", 2]),
+        (4, ["--batch_size", 2, "--zero", 1]),
+        (4, ["--batch_size", 2, "--zero", 2]),
+        (2, ["--batch_size", 2, "--gradient_accumulation_steps", 2, "--zero", 2]),
+        (4, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--zero", 1]),
+        (4, ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--zero", 1]),
+        (1, ["--batch_size", 8, "--recompute"]),
+        (4, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--recompute"]),
+        (4, ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--zero", 2, "--recompute"]),
     ],
     ids=[
         "dp2",
@@ -123,13 +134,26 @@ def single(corpus):
         "tp2xpp2-gpipe",
         "dp2xtp2xpp2-gpipe",
         "dp2xtp2xpp2-1f1b",
+        "dp2-zero1",
+        "dp2-zero2",
+        "dp4-zero1",
+        "dp4-zero2",
+        "dp2-accumulation-zero2",
+        "dp2xtp2-zero1",
+        "dp2xpp2-zero1",
+        "recompute",
+        "dp2xtp2-recompute",
+        "dp2xpp2-zero2-recompute",
     ],
 )
 def test_layout_matches_single_process(corpus, single, world_size, extra):
     """Same seed, same global batch: every layout takes the single process's steps (fp32 tolerance)."""
     out = corpus / f"ranks{world_size}-{'-'.join(map(str, extra))}"
     argv = args(corpus, out, "--dp", world_size, "--bucket_mb", 0.01, *extra)
-    train_ranks(world_size, argv)
+    if world_size == 1:  # in this process: a forked child of a process that trained before hangs in OpenMP
+        train.main(argv)
+    else:
+        train_ranks(world_size, argv)
     assert_same_run(out, single)
     # every step logs its communication, each dimension on its busiest rank, as the closed form says
     _, _, configs = parse_args(argv)
@@ -142,8 +166,16 @@ def test_layout_matches_single_process(corpus, single, world_size, extra):
         batch_size=cfg.batch_size,
         accumulation=cfg.gradient_accumulation_steps,
         compute_bytes=4,
+        zero=layout.zero,
+        recompute=layout.recompute,
     )
-    for record in metrics(out)[:-1]:  # the last holds the final val loss only
+    # the state at the first update, on the fullest rank, as the closed form says (ZeRO: up to its padding,
+    # under dp elements per bucket)
+    (state,) = [r["state_bytes"] for r in metrics(out) if "state_bytes" in r]
+    state_closed_form = cost.fullest_rank_state_bytes(configs.model, layout.dp, layout.tp, layout.pp, layout.zero)
+    padding = 16 * layout.dp * len(list(GPT(configs.model).parameters())) if layout.zero else 0
+    assert state_closed_form <= state <= state_closed_form + padding
+    for record in metrics(out)[:-1] if world_size > 1 else []:  # the last holds the final val loss only
         assert {d: record[f"comm_bytes_{d}"] for d in closed_form} == {d: b for d, (b, _) in closed_form.items()}
 
 
@@ -496,3 +528,45 @@ def test_every_rank_resumes_from_the_checkpoint_rank_0_chose(corpus, single):
     outcome = run_ranks(2, _train_with_a_late_rank, args(corpus, out, "--dp", 2, "--batch_size", 4), timeout=90)
     assert all(status == "ok" for status, _ in outcome.values()), outcome
     assert_same_run(out, single)
+
+
+def test_zero_shares_out_the_state_as_the_closed_form_says(corpus):
+    """state_bytes at the first update on dp2, of 16 B per parameter: plain DP keeps all 16, ZeRO-1 4 + 4 + 8/2
+    (0.75 of it), ZeRO-2 4 + 12/2 (0.625), each equal to cost.py's closed form up to the padding that makes a
+    bucket split into equal shards (under dp elements per bucket; one bucket here)."""
+    measured = {}
+    for zero in (0, 1, 2):
+        out = corpus / f"state-zero{zero}"
+        train_ranks(2, args(corpus, out, "--dp", 2, "--batch_size", 4, "--max_iters", 2, "--zero", zero))
+        (measured[zero],) = [r["state_bytes"] for r in metrics(out) if "state_bytes" in r]
+        _, _, configs = parse_args(args(corpus, out))
+        closed_form = cost.fullest_rank_state_bytes(configs.model, dp=2, zero=zero)
+        assert closed_form <= measured[zero] < closed_form + 16 * 2, zero
+    assert measured[1] / measured[0] == pytest.approx(0.75, abs=1e-4)
+    assert measured[2] / measured[0] == pytest.approx(0.625, abs=1e-4)
+
+
+def test_a_zero2_run_killed_mid_way_resumes_on_one_process(corpus, single):
+    """A dp2 ZeRO-2 run loses a rank at step 13: its checkpoint of step 10, in single-device form (the moments
+    gathered whole from the ranks' shards), continues on one process and as dp2 ZeRO-1, each with the losses
+    of the uninterrupted single process."""
+    killed = corpus / "zero2-killed"
+    outcome = run_ranks(
+        2,
+        train.main,
+        args(corpus, killed, "--dp", 2, "--batch_size", 4, "--zero", 2, "--inject", "crash@13"),
+        timeout=90,
+    )
+    assert outcome[1] == ("missing", -9), outcome
+    shutil.copytree(killed, corpus / "zero2-to-zero1")
+    train.main(args(corpus, killed, "--batch_size", 8))
+    assert_same_run(killed, single)
+    train_ranks(2, args(corpus, corpus / "zero2-to-zero1", "--dp", 2, "--batch_size", 4, "--zero", 1))
+    assert_same_run(corpus / "zero2-to-zero1", single)
+
+
+def test_zero_is_refused_where_it_cannot_work(corpus):
+    with pytest.raises(ValueError, match=r"--zero 1 shares the training state out over the data-parallel ranks"):
+        run_setup.check_layout(parse_args(args(corpus, corpus / "x", "--zero", 1))[2])
+    with pytest.raises(ValueError, match=r"leave out --dp_mode naive"):
+        run_setup.check_layout(parse_args(args(corpus, corpus / "x", "--dp", 2, "--zero", 2, "--dp_mode", "naive"))[2])
