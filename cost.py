@@ -134,8 +134,9 @@ def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, comp
       tp: per block, 2 all-reduces forward (after attention and after the MLP) and 2 backward
           (before them), every micro-step: at every layer. Recomputation adds the attention's one
           again in backward (the MLP's output feeds no tensor backward keeps, and torch's checkpoint
-          stops rebuilding once backward has what it needs). Plus the embedding's forward on the first stage, the head's backward and the
-          loss's 3 (B, T) reductions (a max, two sums) on the last.
+          stops rebuilding once backward has what it needs). Plus the embedding's forward on the
+          first stage, the head's backward and the loss's 3 (B, T) reductions (a max, two sums) on
+          the last.
       pp: per micro-step, the activation (B, T, C) to the next stage and its gradient back to
           the one before: between stages only. Plus, once per step, the tied embedding's
           gradient between the first and last stages.
@@ -543,8 +544,10 @@ def account_lines(
     dp=1,
     zero=0,
     recompute=False,
+    measured_activations=None,
 ):
-    """Lines of a run's cost account before it trains: compute, memory per device, and time."""
+    """Lines of a run's cost account before it trains: compute, memory per device, and time.
+    measured_activations: the peak bytes autograd kept in a measured step (monitor.SavedActivations)."""
     N, tokens = parameters_on_rank(mc), max_iters * tokens_per_step
     flops = flops_per_token(mc) * tokens
     memory = memory_per_gpu(mc, tp, pp, micro_batch_rows, in_flight, recompute, activation_bytes, dp, zero)
@@ -555,7 +558,8 @@ def account_lines(
         f"training compute: {flops:.3g} FLOPs (6 N D = {6 * N * tokens:.3g}, plus attention)",
         f"memory per device: weights + grads + AdamW {memory.state / gib:.3f} GiB "
         f"({state_bytes_formula(dp, zero)} per parameter held) + activations ~{memory.activations / gib:.3f}"
-        + (" (recomputed)" if recompute else ""),
+        + (" (recomputed)" if recompute else "")
+        + (f"; measured in one step: {measured_activations / gib:.3f}" if measured_activations is not None else ""),
         f"measured forward + backward: {step_seconds * 1e3:.0f} ms per step "
         f"-> ~{step_seconds * max_iters / 60:.1f} min for {max_iters} steps on this device",
         f"the same FLOPs on one H100 at 40% MFU: {h100_hours:.3g} GPU-hours "
@@ -636,9 +640,9 @@ def parse_args(argv=None):
     parser.add_argument(
         "--zero",
         type=int,
-        choices=(0, 1, 2, 3),
+        choices=(0, 1, 2),
         default=0,
-        help="ZeRO stage: 1 shards AdamW's moments over dp, 2 the gradients too, 3 (FSDP) the weights too",
+        help="ZeRO stage (train.py --zero): 1 shards AdamW's moments over dp, 2 the gradients too",
     )
     parser.add_argument("--ckpt_write_gbps", type=float, default=10.0, help="GB/s the cluster writes checkpoints at")
     parser.add_argument(

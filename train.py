@@ -44,7 +44,7 @@ from config import parse_args
 from data import get_tokenizer
 from evaluation import evaluate, final_check
 from mixture import weights_at
-from monitor import Throughput, peak_memory_bytes, plot_metrics, state_bytes
+from monitor import SavedActivations, Throughput, peak_memory_bytes, plot_metrics, state_bytes
 from parallel import (
     all_reduce_mean,
     destroy_distributed,
@@ -353,6 +353,9 @@ def print_cost_account(run):
     run.say(f"device {model.device}, dtype {str(run.dtype).replace('torch.', '')}, out {run.out_dir}")
     batch = [t.to(model.device) for t in next(iter(run.val_streams.values())).next_batch()]
     step_seconds = timed_step_seconds(model, batch) * cfg.gradient_accumulation_steps
+    with SavedActivations(model.module) as saved:  # one more pass, to weigh what backward keeps
+        model.forward_backward(*batch, 1.0, sync=False)
+    model.clear_gradients()
     for line in cost.account_lines(
         run.configs.model,
         run.grid.tp,
@@ -366,6 +369,7 @@ def print_cost_account(run):
         dp=run.grid.dp,
         zero=3 if run.configs.parallel.dp_mode == "fsdp" else run.configs.parallel.zero,
         recompute=run.configs.parallel.recompute,
+        measured_activations=saved.peak,
     ):
         run.say("cost: " + line)
 

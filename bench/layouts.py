@@ -9,8 +9,11 @@ The model is 8 blocks of width 128 (8 heads, block 64, bytes), the global batch 
   tokens/s      the group's, over the timed steps (see below for what it means here)
   dp/tp/pp MiB  payload bytes each dimension carried, on its busiest rank (comm_count.counted);
                 "=" when every rank's count equals the closed form (cost.comm_bytes_per_step)
-  state MiB     parameters + gradients + AdamW moments on the fullest rank (fp32: 4 + 4 + 8 bytes
-                per parameter it holds)
+  state MiB     parameters + gradients + AdamW moments on the fullest rank at an update (fp32: 4 + 4 + 8
+                bytes per parameter it holds; monitor.state_bytes)
+  ZeRO-1, -2    the same under --zero 1 and --zero 2 (zero.py), which share AdamW's moments, then the
+                gradients too, out over the dp ranks: 4 + 4 + 8/dp and 4 + 12/dp bytes per parameter.
+                The weights stay whole on every rank; "-" where dp = 1 (nothing to share)
   act MiB       the peak of what autograd kept for backward on that rank (monitor.SavedActivations)
   bubble        measured idle share of the pipeline's last step, beside (p - 1) / (m + p - 1)
 
@@ -41,7 +44,7 @@ from config import TrainConfig  # noqa: E402
 from local_ranks import results_of, run_ranks  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from cost import comm_bytes_per_step  # noqa: E402
-from monitor import SavedActivations  # noqa: E402
+from monitor import SavedActivations, state_bytes  # noqa: E402
 from comm_count import take_comm_bytes  # noqa: E402
 from parallel import ParallelConfig, ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
 from pipeline import bubble_fraction  # noqa: E402
@@ -61,19 +64,23 @@ def factorizations(ranks):
     ]
 
 
-def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, dtype, micro_batches):
+def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, dtype, micro_batches, zero):
     """On one rank: warm up, time `steps` optimizer steps, then measure one more."""
     launch = init_distributed(300)
     try:
         dp, tp, pp = layout
         grid = ProcessGrid(dp, tp, pp, launch.rank, launch.world_size)
-        layout_cfg = ParallelConfig(dp, tp, pp, micro_batches=micro_batches if pp > 1 else 1, schedule=schedule)
+        layout_cfg = ParallelConfig(
+            dp, tp, pp, micro_batches=micro_batches if pp > 1 else 1, schedule=schedule, zero=zero
+        )
         torch.manual_seed(0)
         model = run_setup.model_for_rank(
             GPT(model_config), grid, layout_cfg, run_setup.autocast_context(torch.device("cpu"), dtype)
         )
         cfg = TrainConfig(batch_size=global_batch // (dp * accumulation), gradient_accumulation_steps=accumulation)
-        optimizer = run_setup.make_optimizer(model.module, cfg, model.device)
+        optimizer = run_setup.make_optimizer(model.module, cfg, model.device, model.dp if zero else None)
+        state = []
+        optimizer.register_step_post_hook(lambda *_: state.append(state_bytes(model.module, optimizer)))
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         generator = torch.Generator().manual_seed(grid.dp_rank)
 
@@ -94,9 +101,6 @@ def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, 
         with SavedActivations(model.module) as saved:  # one more step, measured but not timed (hooks cost time)
             train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)
         held = sum(p.numel() for p in model.module.parameters())
-        moments = sum(
-            t.numel() * t.element_size() for state in optimizer.state.values() for t in state.values() if t.dim() > 0
-        )
         closed_form = comm_bytes_per_step(
             model_config,
             dp=dp,
@@ -106,6 +110,7 @@ def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, 
             batch_size=cfg.batch_size,
             accumulation=accumulation,
             compute_bytes=dtype.itemsize,
+            zero=zero,
         )
         return {
             "grid": (grid.dp_rank, grid.pp_rank, grid.tp_rank),
@@ -113,7 +118,7 @@ def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, 
             "parameters": held,
             "bytes": take_comm_bytes(),
             "formula": {d: b for d, (b, _) in closed_form.items()},
-            "state": held * 4 * 2 + moments,
+            "state": state[-1],
             "activations": saved.peak,
             "records": getattr(model, "records", []),
         }
@@ -130,12 +135,14 @@ def measure_layout(
     global_batch=GLOBAL_BATCH,
     dtype=torch.float32,
     micro_batches=MICRO_BATCHES,
+    zero=0,
 ):
     """One layout on dp * tp * pp local ranks: a row of the table, as a dict (with each rank's own
     measurements under "ranks"). global_batch sequences per step = dp ranks x accumulation
-    micro-steps x the rows of each; dtype is the autocast dtype (float32: none); micro_batches: a pipeline's."""
+    micro-steps x the rows of each; dtype is the autocast dtype (float32: none); micro_batches: a pipeline's;
+    zero: the ZeRO stage (0: none)."""
     dp, tp, pp = layout
-    args = (layout, steps, schedule, model_config, accumulation, global_batch, dtype, micro_batches)
+    args = (layout, steps, schedule, model_config, accumulation, global_batch, dtype, micro_batches, zero)
     if dp * tp * pp == 1:  # one process: this one, with all its threads (a forked child must keep to one)
         ranks = [one_rank(*args)]
     else:
@@ -171,21 +178,25 @@ def main():
     )
     print(
         f"{'dp tp pp':>9} {'tokens/s':>9} {'dp MiB':>7} {'tp MiB':>7} {'pp MiB':>7} {'':1} "
-        f"{'state MiB':>9} {'act MiB':>8} {'bubble':>7} {'formula':>7}"
+        f"{'state MiB':>9} {'ZeRO-1':>7} {'ZeRO-2':>7} {'act MiB':>8} {'bubble':>7} {'formula':>7}"
     )
     for layout in factorizations(args.ranks):
         row = measure_layout(layout, args.steps)
         b = row["bytes"]
+        zero = [
+            f"{measure_layout(layout, 1, zero=stage)['state'] / mib:>7.2f}" if layout[0] > 1 else f"{'-':>7}"
+            for stage in (1, 2)
+        ]
         print(
             f"{row['dp']:>3}{row['tp']:>3}{row['pp']:>3} {row['tokens_per_s']:>9,.0f} {b['dp'] / mib:>7.2f} "
             f"{b['tp'] / mib:>7.2f} {b['pp'] / mib:>7.2f} {'=' if row['bytes_equal_formula'] else '!':1} "
-            f"{row['state'] / mib:>9.2f} {row['activations'] / mib:>8.2f} {row['bubble']:>7.3f} "
+            f"{row['state'] / mib:>9.2f} {zero[0]} {zero[1]} {row['activations'] / mib:>8.2f} {row['bubble']:>7.3f} "
             f"{row['bubble_formula']:>7.3f}",
             flush=True,
         )
     print(
-        "bytes and state memory are exact for any hardware; tokens/s and the measured bubble are 8 processes "
-        "taking turns on this CPU's cores, not a cluster's (see the top of this file)"
+        f"bytes and state memory are exact for any hardware; tokens/s and the measured bubble are {args.ranks} "
+        "processes taking turns on this CPU's cores, not a cluster's (see the top of this file)"
     )
 
 

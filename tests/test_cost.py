@@ -119,6 +119,20 @@ def test_state_is_cut_by_tp_times_pp():
     )
 
 
+def test_zero_shares_the_state_out_over_dp_and_the_planner_uses_it():
+    mc = cost.MODELS["7B"].config
+    held = cost.fullest_rank_parameters(mc, 2, 2)
+    for dp in (1, 2, 8):
+        assert cost.memory_per_gpu(mc, 2, 2, 1, 1, dp=dp).state == 16 * held  # plain DP: every rank holds it all
+        assert cost.memory_per_gpu(mc, 2, 2, 1, 1, dp=dp, zero=1).state == (4 + 4 + 8 / dp) * held
+        assert cost.memory_per_gpu(mc, 2, 2, 1, 1, dp=dp, zero=2).state == (4 + 12 / dp) * held
+    assert cost.state_bytes_formula(4, 2) == "4 + 12/4 = 7 B"
+    # on 64 H100s ZeRO-2 lets the planner trade model parallelism for data parallelism
+    plain, zero2 = (account("--model", "70B", "--gpu", "H100", "--gpus", "64", "--zero", z) for z in ("0", "2"))
+    assert zero2.state_gb_best_layout < plain.state_gb_best_layout
+    assert zero2.layouts[0].dp > plain.layouts[0].dp and zero2.layouts[0].tokens_per_s > plain.layouts[0].tokens_per_s
+
+
 def test_the_planner_ranks_layouts_that_fit_first_and_keeps_tp_in_a_node():
     r = account("--model", "70B", "--tokens", "2T", "--gpu", "H100", "--gpus", "1024")
     layouts = r.layouts
