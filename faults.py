@@ -63,7 +63,8 @@ class FaultInjector:
                 os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))
             elif fault == "nan":
                 with torch.no_grad():
-                    next(model.module.parameters()).view(-1)[0] = float("nan")
+                    weight = next(model.module.parameters())  # under --dp_mode fsdp a DTensor: its local shard
+                    (weight.to_local() if hasattr(weight, "to_local") else weight).view(-1)[0] = float("nan")
             elif fault == "spike":
                 next_batch = garbage_batches(stream, self.vocab_size, seed=step)
             else:

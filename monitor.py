@@ -39,7 +39,8 @@ class SavedActivations:
     autocast's 16-bit copies of the weights from 16-bit activations."""
 
     def __init__(self, module, kind=lambda tensor: str(tensor.dtype).removeprefix("torch.")):
-        self.parameters = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        # a DTensor (--dp_mode fsdp) by its local shard
+        self.parameters = {getattr(p, "_local_tensor", p).untyped_storage().data_ptr() for p in module.parameters()}
         self.live = {}  # storage address -> [bytes, saved tensors that use it]
         self.now = self.peak = 0
         self.kind, self.by_kind = kind, Counter()

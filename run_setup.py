@@ -34,6 +34,7 @@ from pipeline import SCHEDULES, PipelineModel, check_micro_batches, check_pipeli
 from run_folder import check_out_dir_is_ours, out_dir_of, prepare_out_dir, run_identity
 from runbook import Recovery
 from tensor_parallel import check_tensor_parallel_layout
+from torch_engines import ENGINES, DDPModel, FSDPModel, check_torch_engine_layout
 from transfer import fit_to_run, initial_weights
 from zero import ShardedAdamW
 
@@ -156,6 +157,14 @@ def check_layout(configs):
     """Name a layout that cannot work before any process group exists: a collective would wait for peers."""
     layout = configs.parallel
     check_tensor_parallel_layout(configs.model, layout.tp)
+    if layout.dp_mode not in ("bucketed", "naive", *ENGINES):
+        raise ValueError(f"--dp_mode {layout.dp_mode!r}: choose bucketed, naive, {' or '.join(ENGINES)}")
+    check_torch_engine_layout(layout.dp_mode, layout.tp, layout.pp)
+    if layout.zero not in (0, 1, 2):
+        raise ValueError(
+            f"--zero {layout.zero}: choose 1 (AdamW's moments sharded over the dp ranks), 2 (the gradients too) or 0; "
+            "stage 3, the weights sharded too, is torch's FSDP2: --dp_mode fsdp"
+        )
     if layout.zero and layout.dp == 1:
         raise ValueError(
             f"--zero {layout.zero} shares the training state out over the data-parallel ranks, and --dp is 1: "
@@ -175,8 +184,12 @@ def check_layout(configs):
 def model_for_rank(whole, grid, layout, autocast=contextlib.nullcontext(), compile=False):
     """The model as this rank holds it, cut from the whole single-device GPT by the layout (a
     ParallelConfig): a pipeline stage (its matrices cut by TP when tp > 1) when pp > 1, else every
-    layer (whole, or TP slices)."""
+    layer (whole, or TP slices); under --dp_mode ddp or fsdp, torch's own engine (torch_engines.py)."""
     whole.recompute = layout.recompute
+    if layout.dp_mode == "ddp":
+        return DDPModel(whole, grid, autocast, compile, layout.bucket_mb)
+    if layout.dp_mode == "fsdp":
+        return FSDPModel(whole, grid, autocast, compile)
     dp = dict(dp_mode=layout.dp_mode, bucket_mb=layout.bucket_mb, zero=layout.zero)
     if grid.pp > 1:
         return PipelineModel(whole, grid, layout.schedule, layout.micro_batches, autocast, **dp)

@@ -45,8 +45,6 @@ class ZeroDataParallel(DataParallel):
     shards_gradients = True  # after finish(), a rank holds the averaged gradient of its shard only
 
     def __init__(self, model, group, size, rank, stage, bucket_mb=25.0, overlap=True):
-        if stage not in (1, 2):
-            raise ValueError(f"--zero {stage}: choose 1 (AdamW's moments sharded) or 2 (gradients too), or 0")
         self.stage, self.rank = stage, rank
         super().__init__(model, group, size, "bucketed", bucket_mb, overlap)
 

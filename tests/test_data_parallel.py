@@ -568,5 +568,7 @@ def test_a_zero2_run_killed_mid_way_resumes_on_one_process(corpus, single):
 def test_zero_is_refused_where_it_cannot_work(corpus):
     with pytest.raises(ValueError, match=r"--zero 1 shares the training state out over the data-parallel ranks"):
         run_setup.check_layout(parse_args(args(corpus, corpus / "x", "--zero", 1))[2])
+    with pytest.raises(ValueError, match=r"--zero 3: choose 1 .* --dp_mode fsdp"):
+        run_setup.check_layout(parse_args(args(corpus, corpus / "x", "--dp", 2, "--zero", 3))[2])
     with pytest.raises(ValueError, match=r"leave out --dp_mode naive"):
         run_setup.check_layout(parse_args(args(corpus, corpus / "x", "--dp", 2, "--zero", 2, "--dp_mode", "naive"))[2])
