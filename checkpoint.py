@@ -110,8 +110,7 @@ def local_moments(optimizer):
 def load_local_moments(optimizer, moments, param_groups):
     """The inverse of local_moments: {parameter: its AdamW state}, and the groups' hyperparameters."""
     if isinstance(optimizer, ShardedAdamW):
-        optimizer.load_state_by_parameter(moments, param_groups)
-        return
+        moments = optimizer.pieces_state(moments)  # {this rank's piece: its range of its parameter's moments}
     index = {p: i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
     ours = optimizer.state_dict()["param_groups"]  # the hyperparameters from the checkpoint, our parameter indices
     optimizer.load_state_dict(

@@ -141,7 +141,7 @@ def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, comp
           the one before: between stages only. Plus, once per step, the tied embedding's
           gradient between the first and last stages.
       dp: once per step, the gradient of every parameter the rank holds, fp32; under ZeRO a
-          reduce-scatter of it and an all-gather of the updated weights, as many bytes each.
+          reduce-scatter of it (ZeRO-2: every micro-step) and an all-gather of the updated weights.
     """
     B, T, C, A = batch_size, mc.block_size, mc.n_embd, accumulation
     first_block, end_block = stage_layers(mc.n_layer, pp)[stage]
@@ -178,10 +178,12 @@ def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, comp
         )
     if dp > 1:
         held = parameters_on_rank(mc, tp, pp, stage)
-        dp_bytes = (8 if zero else 4) * held
+        scatters = A if zero == 2 else 1  # ZeRO-2 reduces every micro-step's gradient
+        dp_bytes = (4 * scatters + 4 if zero else 4) * held
         dp_how = (
-            f"4 x {held:,} parameters on the rank, reduce-scattered, + 4 x {held:,} all-gathered, once per step "
-            "(a ring moves (dp - 1)/dp of each: one all-reduce's worth)"
+            f"{'A x ' if zero == 2 else ''}4 x {held:,} parameters on the rank, reduce-scattered, + 4 x {held:,} "
+            "all-gathered, per step (a ring moves (dp - 1)/dp of each: one all-reduce's worth each pair)"
+            + (f", A={A}" if zero == 2 else "")
             if zero
             else f"4 x {held:,} parameters on the rank, once per step"
         )
@@ -389,6 +391,7 @@ class Plan:
 
 
 def plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute=False, compute_bytes=2, zero=0):
+    zero = 1 if zero == 2 and pp > 1 else zero  # train.py refuses ZeRO-2 with a pipeline (zero.py says why)
     """The step time and memory of one layout of dp x tp x pp devices, batch_rows sequences per step.
 
     Each dp rank runs batch_rows / dp rows as m micro-batches of micro_batch_rows (a pipeline's
@@ -403,7 +406,8 @@ def plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute
       dp: the all-reduce of the fp32 gradients, once per step. Without a pipeline it overlaps the
           last micro-step's backward (2/3 of its compute) except its last bucket; with one it starts
           after the schedule. Under ZeRO its two halves come apart: the reduce-scatter overlaps as the
-          all-reduce did, the all-gather of the updated weights waits for the update.
+          all-reduce did (ZeRO-2: one per micro-batch, each with its own backward), the all-gather of the
+          updated weights waits for the update. A pipeline's layouts get ZeRO-1 when ZeRO-2 is asked.
     Memory: the state under ZeRO's stage `zero` (state_bytes_per_parameter), and the activations.
     The bubble: a pipeline idles p - 1 micro-batch slots, each the slowest stage's compute and
     communication for one micro-batch: (p - 1) / (m + p - 1) of the step when communication is free.
@@ -433,7 +437,8 @@ def plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute
     dp_full = all_reduce(gradients, dp, link(dp * tp * pp))
     last_bucket = min(1.0, 25 * 2**20 / gradients)
     reduced = dp_full / 2 if zero else dp_full  # ZeRO: the reduce-scatter half; its all-gather comes after
-    dp_seconds = dp_full - reduced + (reduced if pp > 1 else max(reduced - 2 / 3 * compute / m, reduced * last_bucket))
+    exposed = reduced if pp > 1 else max(reduced - 2 / 3 * compute / m, reduced * last_bucket)
+    dp_seconds = exposed * (m if zero == 2 else 1) + dp_full - reduced  # ZeRO-2 reduces every micro-batch
     parts = {"compute": compute, "bubble": bubble, "tp": tp_seconds, "pp": pp_seconds, "dp": dp_seconds}
     step = sum(parts.values())
     in_flight = min(pp, m)  # 1F1B's first stage

@@ -185,6 +185,7 @@ class DataParallel:
     """
 
     shards_gradients = False  # every rank holds every averaged gradient (under ZeRO, zero.py, a shard of them)
+    reduces_every_micro_batch = False  # under accumulation, only the last micro-batch (ZeRO-2 reduces each)
 
     def __init__(self, model, group, size, mode="bucketed", bucket_mb=25.0, overlap=True):
         if mode not in ("bucketed", "naive"):
@@ -228,7 +229,7 @@ class DataParallel:
         return torch.zeros(self.sizes[i], dtype=p.dtype, device=p.device)
 
     def _grad_ready(self, param):
-        if not self.sync:
+        if not (self.sync or self.reduces_every_micro_batch):
             return
         i = self.bucket_of[param]
         self.ready[i] += 1
@@ -280,15 +281,11 @@ class DataParallel:
         return [(p, p.grad) for p in self.params if p.grad is not None]
 
 
-def data_parallel(module, grid, dp_mode, bucket_mb, zero, overlap=True):
-    """The engine that averages this rank's gradients over its dp replicas: DataParallel, or under
-    ZeRO (zero > 0) zero.ZeroDataParallel; None when dp is 1."""
+def data_parallel(module, grid, dp_mode, bucket_mb, overlap=True):
+    """The engine that averages this rank's gradients over its dp replicas, DataParallel; None when dp is 1.
+    ShardedModel and PipelineModel build theirs with it, or with ZeRO's (zero.zero_data_parallel)."""
     if grid.dp == 1:
         return None
-    if zero:
-        from zero import ZeroDataParallel  # zero.py builds on DataParallel, below
-
-        return ZeroDataParallel(module, grid.dp_group, grid.dp, grid.dp_rank, zero, bucket_mb, overlap)
     return DataParallel(module, grid.dp_group, grid.dp, dp_mode, bucket_mb, overlap)
 
 
@@ -314,15 +311,16 @@ def clear_gradients(module, dp):
 # The global gradient norm, over TP slices and pipeline stages
 
 
-def global_grad_norm(sliced, whole, grid=None, sharded_over_dp=False):
+def global_grad_norm(sliced, whole, grid=None, sharded_over_dp=False, device=None):
     """L2 norm of the whole model's gradient, the sum of squares in fp32.
 
     sliced: this rank's gradients of tensor-parallel slices; their squares are summed
     over the TP group. whole: gradients every TP rank holds in full (norm weights,
     positions); they count once. Each pipeline stage holds other parameters, so the
     stages' sums add up over the PP group. sharded_over_dp (ZeRO): each DP rank holds
-    its shard of the gradients, so both sums first add up over the DP group."""
-    device = (sliced + whole)[0].device if sliced + whole else None
+    its shard of the gradients, so both sums first add up over the DP group. device: where
+    the sums live when this rank holds no gradient (NCCL reduces device tensors only)."""
+    device = (sliced + whole)[0].device if sliced + whole else device
 
     def sum_of_squares(grads):  # one multi-tensor kernel instead of three small ops per gradient
         if not grads:
@@ -351,7 +349,8 @@ def sharded_grad_norm(local_parameters, grid, dp=None, skip=None):
     gradients = dp.gradients() if dp is not None else [(p, p.grad) for p in cut_of if p.grad is not None]
     grads = [(g, cut_of[p]) for p, g in gradients if p is not skip]
     sliced, whole = [g for g, cut in grads if cut is not None], [g for g, cut in grads if cut is None]
-    return global_grad_norm(sliced, whole, grid, sharded_over_dp=dp is not None and dp.shards_gradients)
+    device = local_parameters[0][1].device
+    return global_grad_norm(sliced, whole, grid, dp is not None and dp.shards_gradients, device)
 
 
 # ----------------------------------------------------------------------------
@@ -386,14 +385,14 @@ class ShardedModel:
         compile=False,
         dp_mode="bucketed",
         bucket_mb=25.0,
-        zero=0,
+        make_dp=data_parallel,
     ):
         self.cuts = tensor_parallel(model, grid)  # each rank keeps its slices; {} when tp = 1
         self.module, self.grid, self.autocast = model, grid, autocast
         self.micro_batches = self.in_flight = 1  # one forward per micro-step (a pipeline cuts it into more)
         self.device = next(model.parameters()).device
         self.forward = torch.compile(model) if compile else model
-        self.dp = data_parallel(model, grid, dp_mode, bucket_mb, zero)
+        self.dp = make_dp(model, grid, dp_mode, bucket_mb)
 
     def forward_backward(self, x, y, loss_weight, sync=True):
         if self.dp is not None:

@@ -361,7 +361,7 @@ class PipelineModel:
         autocast=contextlib.nullcontext(),
         dp_mode="bucketed",
         bucket_mb=25.0,
-        zero=0,
+        make_dp=data_parallel,
     ):
         self.cuts = tensor_parallel(model, grid)  # {single-device name: Cut}; {} when tp = 1
         self.module = PipelineStage(model, grid.pp_rank, grid.pp)  # this rank keeps only its stage (its TP slices)
@@ -373,7 +373,7 @@ class PipelineModel:
         self.records = []  # this stage's timeline of the latest step
         # A stage runs backward once per micro-batch, so its gradients are complete only at the end
         # of the schedule: there (overlap=False) every DP bucket is launched at once.
-        self.dp = data_parallel(self.module, grid, dp_mode, bucket_mb, zero, overlap=False)
+        self.dp = make_dp(self.module, grid, dp_mode, bucket_mb, overlap=False)
 
     def _from_last_stage(self, loss):
         """The loss lives on the last stage; every stage gets it, to log and to judge incidents alike."""

@@ -26,6 +26,7 @@ from parallel import (
     ProcessGrid,
     ShardedModel,
     check_visible_everywhere,
+    data_parallel,
     init_distributed,
     raise_on_every_rank,
     run_on_rank0,
@@ -36,7 +37,7 @@ from runbook import Recovery
 from tensor_parallel import check_tensor_parallel_layout
 from torch_engines import ENGINES, DDPModel, FSDPModel, check_torch_engine_layout
 from transfer import fit_to_run, initial_weights
-from zero import ShardedAdamW
+from zero import ShardedAdamW, zero_data_parallel
 
 # ----------------------------------------------------------------------------
 # Device, precision, optimizer
@@ -170,6 +171,12 @@ def check_layout(configs):
             f"--zero {layout.zero} shares the training state out over the data-parallel ranks, and --dp is 1: "
             "pass --dp 2 or more, or leave out --zero"
         )
+    if layout.zero == 2 and layout.pp > 1:
+        raise ValueError(
+            "--zero 2 keeps only a shard of each gradient, reduced as backward completes it; a pipeline stage runs "
+            "backward once per micro-batch, so its whole gradient piles up until the schedule ends anyway: pass "
+            "--zero 1 with --pp"
+        )
     if layout.zero and layout.dp_mode != "bucketed":
         raise ValueError(
             f"--zero {layout.zero} is built on the bucketed gradients: leave out --dp_mode {layout.dp_mode}"
@@ -190,7 +197,8 @@ def model_for_rank(whole, grid, layout, autocast=contextlib.nullcontext(), compi
         return DDPModel(whole, grid, autocast, compile, layout.bucket_mb)
     if layout.dp_mode == "fsdp":
         return FSDPModel(whole, grid, autocast, compile)
-    dp = dict(dp_mode=layout.dp_mode, bucket_mb=layout.bucket_mb, zero=layout.zero)
+    make_dp = zero_data_parallel(layout.zero) if layout.zero else data_parallel
+    dp = dict(dp_mode=layout.dp_mode, bucket_mb=layout.bucket_mb, make_dp=make_dp)
     if grid.pp > 1:
         return PipelineModel(whole, grid, layout.schedule, layout.micro_batches, autocast, **dp)
     return ShardedModel(whole, grid, autocast, compile, **dp)
@@ -206,11 +214,13 @@ def start_processes(configs):
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device if cfg.device != "auto" else launch.device)
     dtype = pick_dtype(cfg.dtype, device)
-    if (grid.pp > 1 or configs.parallel.zero) and dtype == torch.float16:
+    layout = configs.parallel
+    sharded = layout.zero or layout.dp_mode == "fsdp"
+    if (grid.pp > 1 or sharded) and dtype == torch.float16:
         raise ValueError(
             f"--dtype {cfg.dtype} gives float16 here, which needs loss scaling, whose overflow check the "
-            f"{'pipeline' if grid.pp > 1 else 'ZeRO'} path lacks (under ZeRO a rank sees only its shard of the "
-            "gradients): pass --dtype bfloat16 or float32"
+            f"{'pipeline' if grid.pp > 1 else 'sharded'} path lacks (under ZeRO or FSDP a rank sees only its shard "
+            "of the gradients, and the ranks could disagree on skipping a step): pass --dtype bfloat16 or float32"
         )
     return grid, say, device, dtype
 

@@ -2,6 +2,9 @@
 (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", the
 engine of DeepSpeed).
 
+    torchrun --standalone --nproc_per_node=2 train.py --dp 2 --zero 1 --batch_size 8   # AdamW's moments shared out
+    torchrun --standalone --nproc_per_node=2 train.py --dp 2 --zero 2 --batch_size 8   # the gradients too
+
 Plain data parallelism (parallel.DataParallel) keeps all 16 bytes per parameter on each of the dp ranks:
 fp32 weights (4), gradients (4) and AdamW's two moments (8). Yet a rank needs the moments only of the
 parameters it updates, and the averaged gradient only where it updates. ZeRO cuts every gradient bucket
@@ -13,15 +16,17 @@ parameters it updates, and the averaged gradient only where it updates. ZeRO cut
            leaves on each rank the sum of its own shard; each rank runs AdamW on its shard only, so it
            keeps the moments of 1/dp of the parameters; an all-gather then copies every rank's updated
            shard into every rank's weights.                           4 + 4 + 8/dp bytes per parameter
-  stage 2  the gradient, too, is kept only as the rank's shard: when a bucket is complete it is copied
-           into a flat buffer that is reduce-scattered and dropped.   4 + 12/dp bytes per parameter
+  stage 2  the gradient, too, is kept only as the rank's shard: when backward completes a bucket, its
+           gradients are copied into a flat buffer that is reduce-scattered and dropped, at most two
+           buckets in flight. Under gradient accumulation every micro-batch is reduced so (as DeepSpeed
+           does), one reduce-scatter per micro-batch.                 4 + 12/dp bytes per parameter
   (stage 3 shards the weights too and gathers them layer by layer before use: that is FSDP,
    torch_engines.py's --dp_mode fsdp.)
 
 A ring reduce-scatter and a ring all-gather each move (dp - 1)/dp of the bucket, as the two halves of a
-ring all-reduce do: stages 1 and 2 cost no more communication than plain DP. Under gradient accumulation
-both keep the full gradient until the last micro-batch and reduce once (DeepSpeed's stage 2 reduces every
-micro-batch instead, to hold only the shard throughout, for that many more reduce-scatters).
+ring all-reduce do: stage 1, and stage 2 without accumulation, cost no more communication than plain DP.
+Stage 2 does not combine with a pipeline (run_setup refuses it): a stage's backward runs once per
+micro-batch inside the schedule, so its whole gradient piles up until the schedule ends anyway.
 
 The weights become views into one flat buffer per bucket, so the all-gather writes them in place. AdamW
 updates *pieces*: where a parameter meets this rank's shard, a contiguous range of it, so each piece
@@ -30,12 +35,24 @@ state_by_parameter gathers every parameter's moments whole (checkpoint.py does t
 resumes on any layout, with or without ZeRO, and the reverse.
 """
 
+from typing import NamedTuple
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from comm_count import counted
 from parallel import DataParallel, flat_views
+
+
+class Piece(NamedTuple):
+    """Where a parameter meets this rank's shard of its bucket: what AdamW updates in the parameter's place."""
+
+    parameter: nn.Parameter  # the model's
+    bucket: int
+    in_parameter: int  # where the piece starts in the flattened parameter
+    in_shard: int  # ... and in this rank's shard
+    weights: nn.Parameter  # a view into the bucket's flat weights; its .grad a view into the shard's gradient
 
 
 class ZeroDataParallel(DataParallel):
@@ -46,17 +63,21 @@ class ZeroDataParallel(DataParallel):
 
     def __init__(self, model, group, size, rank, stage, bucket_mb=25.0, overlap=True):
         self.stage, self.rank = stage, rank
+        self.reduces_every_micro_batch = stage == 2
+        self.in_flight = []  # stage 2: (bucket, received shard, the flat copy it came from, work), oldest first
         super().__init__(model, group, size, "bucketed", bucket_mb, overlap)
+
+    def shard_numel(self, i):
+        return -(-self.sizes[i] // self.size)  # bucket i's elements over dp ranks, rounded up: the padding
 
     def new_flat(self, i):
         """A zeroed flat buffer for bucket i, padded to dp equal shards: (dp * shard numel,)."""
         p = self.buckets[i][0]
-        return torch.zeros(-(-self.sizes[i] // self.size) * self.size, dtype=p.dtype, device=p.device)
+        return torch.zeros(self.shard_numel(i) * self.size, dtype=p.dtype, device=p.device)
 
     def shard_range(self, i):
         """[start, end) of this rank's shard of bucket i's flat buffer."""
-        shard = -(-self.sizes[i] // self.size)
-        return self.rank * shard, (self.rank + 1) * shard
+        return self.rank * self.shard_numel(i), (self.rank + 1) * self.shard_numel(i)
 
     def make_gradient_buffers(self):
         """The weights moved into flat buffers; stage 1: DataParallel's flat gradient buffers, this rank's
@@ -72,12 +93,8 @@ class ZeroDataParallel(DataParallel):
             self.shard_grads = [flat[slice(*self.shard_range(i))] for i, flat in enumerate(self.flats)]
         else:
             self.flats, self.views = [], []
-            self.shard_grads = [
-                torch.zeros_like(flat[slice(*self.shard_range(i))]) for i, flat in enumerate(self.weights)
-            ]
+            self.shard_grads = [flat.new_zeros(self.shard_numel(i)) for i, flat in enumerate(self.weights)]
             self.zero_buckets()
-        # (parameter, bucket, where the piece starts in the parameter, in the shard, piece): the piece is a
-        # Parameter viewing the weights' flat buffer, its .grad the matching view of the shard's gradient
         self.pieces = []
         for i, bucket in enumerate(self.buckets):
             start, end = self.shard_range(i)
@@ -85,38 +102,57 @@ class ZeroDataParallel(DataParallel):
             for p in bucket:
                 first, last = max(offset, start), min(offset + p.numel(), end)
                 if first < last:
-                    piece = nn.Parameter(self.weights[i][first:last])
-                    piece.grad = self.shard_grads[i][first - start : last - start]
-                    self.pieces.append((p, i, first - offset, first - start, piece))
+                    weights = nn.Parameter(self.weights[i][first:last])
+                    weights.grad = self.shard_grads[i][first - start : last - start]
+                    self.pieces.append(Piece(p, i, first - offset, first - start, weights))
                 offset += p.numel()
 
     def pieces_of(self, params):
         """This rank's pieces of the given parameters: what AdamW updates in their place."""
         ids = {id(p) for p in params}
-        return [piece for p, _, _, _, piece in self.pieces if id(p) in ids]
+        return [piece.weights for piece in self.pieces if id(piece.parameter) in ids]
 
     def _launch(self, i):
         if self.stage == 1:
             flat = self.fill_bucket(i)  # the gradients are views into it
-        else:  # copied into a flat buffer that lives until the reduce-scatter is done; the gradients go
-            grads = [p.grad.flatten() if p.grad is not None else p.new_zeros(p.numel()) for p in self.buckets[i]]
-            flat = self.new_flat(i)
-            torch.cat(grads, out=flat[: self.sizes[i]])
-            for p in self.buckets[i]:
-                p.grad = None
-        counted("dp", flat[: self.sizes[i]])  # the parameters' gradients; the padding (under dp elements) not
-        shard = self.shard_grads[i]  # stage 1: this rank's range of flat itself (a reduce-scatter in place)
-        self.launched[i] = (shard, flat, dist.reduce_scatter_single(shard, flat, group=self.group, async_op=True))
+            shard = self.shard_grads[i]  # this rank's range of flat itself: a reduce-scatter in place
+            work = dist.reduce_scatter_single(
+                shard, counted_numel("dp", flat, self.sizes[i]), group=self.group, async_op=True
+            )
+            self.launched[i] = (shard, work)
+            return
+        # stage 2: the gradients are copied out into a flat buffer and dropped; the buffer lives until its
+        # reduce-scatter is done, and at most two buckets' buffers are in flight
+        flat = self.new_flat(i)
+        for p, view in zip(self.buckets[i], flat_views(flat, self.buckets[i])):
+            if p.grad is not None:
+                view.copy_(p.grad)
+            p.grad = None
+        received = torch.empty_like(self.shard_grads[i])
+        work = dist.reduce_scatter_single(
+            received, counted_numel("dp", flat, self.sizes[i]), group=self.group, async_op=True
+        )
+        self.in_flight.append((i, received, flat, work))
+        self.ready[i] = 0  # the next micro-batch counts afresh
+        while len(self.in_flight) > 2:
+            self._land(self.in_flight.pop(0))
+
+    def _land(self, reduced):
+        """Stage 2: add a finished reduce-scatter's average into its bucket's shard; its flat copy goes."""
+        i, received, _, work = reduced
+        work.wait()
+        self.shard_grads[i] += received / self.size
 
     def finish(self):
         """Block until this rank's shard of every bucket holds the DP average of its gradients."""
-        for i in range(len(self.buckets)):
-            if i not in self.launched:  # a bucket whose hooks did not all fire (an unused parameter)
+        if self.stage == 1:  # DataParallel's own: launched holds (this rank's shard, its reduce-scatter)
+            super().finish()
+            return
+        for i, bucket in enumerate(self.buckets):
+            if any(p.grad is not None for p in bucket):  # not launched (unused parameters, or no hooks)
                 self._launch(i)
-        for shard, _, work in self.launched.values():
-            work.wait()
-            shard /= self.size
-        self.launched.clear()
+        while self.in_flight:
+            self._land(self.in_flight.pop(0))
         self.ready = [0] * len(self.buckets)
 
     def zero_buckets(self):
@@ -125,6 +161,10 @@ class ZeroDataParallel(DataParallel):
         if self.stage == 1:
             super().zero_buckets()
             return
+        for _, _, _, work in self.in_flight:  # reduce-scatters of backwards that take no step (a timing)
+            work.wait()
+        self.in_flight.clear()
+        self.ready = [0] * len(self.buckets)
         for shard in self.shard_grads:
             shard.zero_()
         for p in self.params:
@@ -133,22 +173,43 @@ class ZeroDataParallel(DataParallel):
     def gradients(self):
         """[(parameter, this rank's piece of its averaged gradient)]: the grad norm sums their squares over the
         DP group (parallel.global_grad_norm's sharded_over_dp)."""
-        return [(p, piece.grad) for p, _, _, _, piece in self.pieces]
+        return [(piece.parameter, piece.weights.grad) for piece in self.pieces]
 
     def gather_parameters(self):
         """Every rank's updated shard into every rank's weights: an all-gather per bucket, in place."""
         works = []
         for i, flat in enumerate(self.weights):
-            counted("dp", flat[: self.sizes[i]])
             shard = flat[slice(*self.shard_range(i))]
-            works.append(dist.all_gather_single(flat, shard, group=self.group, async_op=True))
+            works.append(
+                dist.all_gather_single(counted_numel("dp", flat, self.sizes[i]), shard, group=self.group, async_op=True)
+            )
         for work in works:
             work.wait()
 
 
+def counted_numel(dimension, flat, numel):
+    """flat, its first numel elements counted (comm_count.counted): the parameters' gradients, not the padding
+    after them, which the closed form does not count (under dp elements per bucket)."""
+    counted(dimension, flat[:numel])
+    return flat
+
+
+def zero_data_parallel(stage):
+    """The DP engine of ZeRO's stage for ShardedModel and PipelineModel, taking parallel.data_parallel's
+    arguments (dp_mode is bucketed: ZeRO is built on the buckets)."""
+
+    def make(module, grid, dp_mode, bucket_mb, overlap=True):
+        if grid.dp == 1:
+            return None
+        return ZeroDataParallel(module, grid.dp_group, grid.dp, grid.dp_rank, stage, bucket_mb, overlap)
+
+    return make
+
+
 class ShardedAdamW(torch.optim.AdamW):
     """AdamW over this rank's pieces of ZeRO's shards, in the groups of the parameters they come from.
-    Each step ends by all-gathering the updated shards, so every rank's weights are whole again.
+    Each step ends by all-gathering the updated shards (a step post-hook, registered first), so every
+    rank's weights are whole again before any other hook or the next forward sees them.
 
     groups: [(parameters, weight decay)], as run_setup.make_optimizer groups the whole parameters."""
 
@@ -156,46 +217,46 @@ class ShardedAdamW(torch.optim.AdamW):
         pieces = [{"params": zero.pieces_of(params), "weight_decay": decay} for params, decay in groups]
         super().__init__(pieces, **adamw)
         self.zero = zero
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = super().step(closure)
-        self.zero.gather_parameters()
-        return loss
+        self.register_step_post_hook(lambda *_: zero.gather_parameters())
 
     def state_by_parameter(self):
         """{parameter: {"step", "exp_avg", "exp_avg_sq"}} for every parameter of the DP engine, its moments
         all-gathered whole from the ranks' pieces: what AdamW without ZeRO holds. {} before the first step.
-        Every DP rank must call it."""
+        Every DP rank must call it (a rank whose shards are all padding holds no piece, and joins in)."""
         zero = self.zero
-        if not self.state:
+        step = torch.zeros(1, device=zero.weights[0].device)  # the step count, from a rank that has pieces
+        for state in self.state.values():
+            step = state["step"].reshape(1).to(step)
+        dist.all_reduce(step, op=dist.ReduceOp.MAX, group=zero.group)
+        if step.item() == 0:
             return {}
-        whole = {p: {"step": next(iter(self.state.values()))["step"].clone()} for p in zero.params}
+        # each parameter its own 0-dim step, as AdamW keeps it: one shared tensor would be counted up once per
+        # parameter by the AdamW that loads it
+        whole = {p: {"step": step.reshape(()).clone()} for p in zero.params}
         for key in ("exp_avg", "exp_avg_sq"):
             for i, (bucket, flat) in enumerate(zip(zero.buckets, zero.weights)):
-                start, end = zero.shard_range(i)
-                shard = torch.zeros(end - start, dtype=flat.dtype, device=flat.device)
-                for _, piece_bucket, _, in_shard, piece in zero.pieces:
-                    if piece_bucket == i:
-                        shard[in_shard : in_shard + piece.numel()] = self.state[piece][key]
+                shard = flat.new_zeros(zero.shard_numel(i))
+                for piece in zero.pieces:
+                    if piece.bucket == i:
+                        shard[piece.in_shard : piece.in_shard + piece.weights.numel()] = self.state[piece.weights][key]
                 gathered = torch.empty_like(flat)
                 dist.all_gather_single(gathered, shard, group=zero.group)
                 for p, view in zip(bucket, flat_views(gathered, bucket)):
                     whole[p][key] = view
         return whole
 
-    def load_state_by_parameter(self, moments, param_groups):
-        """The inverse of state_by_parameter: each piece takes its range of its parameter's moments.
-        param_groups: the hyperparameters of the two groups (a single-device state dict's)."""
-        index = {piece: i for i, piece in enumerate(q for group in self.param_groups for q in group["params"])}
-        state = {}
-        for p, _, in_param, _, piece in self.zero.pieces:
-            if p in moments:
-                state[index[piece]] = {
-                    key: value.flatten()[in_param : in_param + piece.numel()] if value.dim() > 0 else value
-                    for key, value in moments[p].items()
-                }
-        ours = self.state_dict()["param_groups"]
-        self.load_state_dict(
-            {"state": state, "param_groups": [dict(g, params=o["params"]) for g, o in zip(param_groups, ours)]}
-        )
+    def pieces_state(self, moments):
+        """The inverse of state_by_parameter, without communication: {piece: its range of its parameter's
+        moments}, each a copy (a view would keep the whole moment alive; a shared step would count up twice)."""
+        return {
+            piece.weights: {
+                key: (
+                    value.flatten()[piece.in_parameter : piece.in_parameter + piece.weights.numel()]
+                    if value.dim()
+                    else value
+                ).clone()
+                for key, value in moments[piece.parameter].items()
+            }
+            for piece in self.zero.pieces
+            if piece.parameter in moments
+        }

@@ -13,7 +13,8 @@ The model is 8 blocks of width 128 (8 heads, block 64, bytes), the global batch 
                 bytes per parameter it holds; monitor.state_bytes)
   ZeRO-1, -2    the same under --zero 1 and --zero 2 (zero.py), which share AdamW's moments, then the
                 gradients too, out over the dp ranks: 4 + 4 + 8/dp and 4 + 12/dp bytes per parameter.
-                The weights stay whole on every rank; "-" where dp = 1 (nothing to share)
+                The weights stay whole on every rank; "-" where dp = 1 (nothing to share), and for ZeRO-2
+                where pp > 1 (refused: a stage's gradients pile up over its micro-batches anyway)
   act MiB       the peak of what autograd kept for backward on that rank (monitor.SavedActivations)
   bubble        measured idle share of the pipeline's last step, beside (p - 1) / (m + p - 1)
 
@@ -79,8 +80,13 @@ def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, 
         )
         cfg = TrainConfig(batch_size=global_batch // (dp * accumulation), gradient_accumulation_steps=accumulation)
         optimizer = run_setup.make_optimizer(model.module, cfg, model.device, model.dp if zero else None)
-        state = []
-        optimizer.register_step_post_hook(lambda *_: state.append(state_bytes(model.module, optimizer)))
+        state = []  # monitor.state_bytes at the first update, then the hook goes (it would cost the timed steps)
+
+        def measure(*_):
+            state.append(state_bytes(model.module, optimizer))
+            hook.remove()
+
+        hook = optimizer.register_step_post_hook(measure)
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         generator = torch.Generator().manual_seed(grid.dp_rank)
 
@@ -118,7 +124,7 @@ def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, 
             "parameters": held,
             "bytes": take_comm_bytes(),
             "formula": {d: b for d, (b, _) in closed_form.items()},
-            "state": state[-1],
+            "state": state[0],
             "activations": saved.peak,
             "records": getattr(model, "records", []),
         }
@@ -183,8 +189,10 @@ def main():
     for layout in factorizations(args.ranks):
         row = measure_layout(layout, args.steps)
         b = row["bytes"]
-        zero = [
-            f"{measure_layout(layout, 1, zero=stage)['state'] / mib:>7.2f}" if layout[0] > 1 else f"{'-':>7}"
+        zero = [  # ZeRO-2 is refused with a pipeline (zero.py says why)
+            f"{measure_layout(layout, 1, zero=stage)['state'] / mib:>7.2f}"
+            if layout[0] > 1 and (stage == 1 or layout[2] == 1)
+            else f"{'-':>7}"
             for stage in (1, 2)
         ]
         print(

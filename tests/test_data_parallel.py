@@ -120,7 +120,8 @@ def single(corpus):
         (4, ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--zero", 1]),
         (1, ["--batch_size", 8, "--recompute"]),
         (4, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--recompute"]),
-        (4, ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--zero", 2, "--recompute"]),
+        (4, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--zero", 2]),
+        (4, ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--zero", 1, "--recompute"]),
     ],
     ids=[
         "dp2",
@@ -143,7 +144,8 @@ def single(corpus):
         "dp2xpp2-zero1",
         "recompute",
         "dp2xtp2-recompute",
-        "dp2xpp2-zero2-recompute",
+        "dp2xtp2-zero2",
+        "dp2xpp2-zero1-recompute",
     ],
 )
 def test_layout_matches_single_process(corpus, single, world_size, extra):
@@ -561,8 +563,13 @@ def test_a_zero2_run_killed_mid_way_resumes_on_one_process(corpus, single):
     shutil.copytree(killed, corpus / "zero2-to-zero1")
     train.main(args(corpus, killed, "--batch_size", 8))
     assert_same_run(killed, single)
-    train_ranks(2, args(corpus, corpus / "zero2-to-zero1", "--dp", 2, "--batch_size", 4, "--zero", 1))
+    resumed = args(corpus, corpus / "zero2-to-zero1", "--dp", 2, "--batch_size", 4, "--zero", 1)
+    train_ranks(2, resumed)
     assert_same_run(corpus / "zero2-to-zero1", single)
+    # each rank took only its pieces of the checkpoint's moments, not views that keep them whole
+    state = [r["state_bytes"] for r in metrics(corpus / "zero2-to-zero1") if "state_bytes" in r][-1]  # resumed
+    closed_form = cost.fullest_rank_state_bytes(parse_args(resumed)[2].model, dp=2, zero=1)
+    assert closed_form <= state < closed_form + 16 * 2 * len(list(GPT(parse_args(resumed)[2].model).parameters()))
 
 
 def test_zero_is_refused_where_it_cannot_work(corpus):
@@ -570,5 +577,7 @@ def test_zero_is_refused_where_it_cannot_work(corpus):
         run_setup.check_layout(parse_args(args(corpus, corpus / "x", "--zero", 1))[2])
     with pytest.raises(ValueError, match=r"--zero 3: choose 1 .* --dp_mode fsdp"):
         run_setup.check_layout(parse_args(args(corpus, corpus / "x", "--dp", 2, "--zero", 3))[2])
+    with pytest.raises(ValueError, match=r"--zero 2 keeps only a shard .* pass --zero 1 with --pp"):
+        run_setup.check_layout(parse_args(args(corpus, corpus / "x", "--dp", 2, "--pp", 2, "--zero", 2))[2])
     with pytest.raises(ValueError, match=r"leave out --dp_mode naive"):
         run_setup.check_layout(parse_args(args(corpus, corpus / "x", "--dp", 2, "--zero", 2, "--dp_mode", "naive"))[2])
