@@ -54,6 +54,7 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 = no clipping
     # monitoring
     log_interval: int = 25
+    log_to: str = ""  # also log to: tensorboard, wandb, or both ("tensorboard,wandb"); "" = metrics.jsonl only
     eval_interval: int = 250
     eval_iters: int = 20  # global batches per val-loss estimate: always the first ones of val.bin
     peak_tflops: float = 0.0  # device peak for MFU; 0 = look it up by GPU name
@@ -104,6 +105,8 @@ class SampleConfig:
     max_new_tokens: int = 300
     temperature: float = 0.8
     top_k: int = 200
+    top_p: float = 1.0  # nucleus sampling: the fewest tokens whose probabilities sum to top_p; 1.0 = all of them
+    kv_cache: bool = True  # keep each layer's keys and values: one token's forward per new token, not the context's
 
 
 @dataclass
