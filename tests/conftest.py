@@ -1,5 +1,10 @@
-"""Shared fixtures. The staged data (Tiny Shakespeare, GPT-2 BPE files) sits in ../shared/data beside the repo.
-Multi-rank tests start their ranks with local_ranks.run_ranks (forked processes with torchrun's environment)."""
+"""Shared fixtures. Multi-rank tests start their ranks with local_ranks.run_ranks (forked processes with
+torchrun's environment).
+
+A few tests read data the project would otherwise download: Tiny Shakespeare and GPT-2's BPE files (tiktoken's
+cache). They look in the first of these folders that exists, and are skipped, naming what they need, where none
+holds it: $MINIPRETRAIN_TEST_DATA; data/test-data in the repository (where `python tests/fetch_test_data.py`
+puts them, once, with network); ../shared/data beside the repository (a team's copy for offline machines)."""
 
 import os
 import random
@@ -12,16 +17,26 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the project's modules, however the tests were started
 
-SHARED_DATA = ROOT.parent / "shared" / "data"
-SHAKESPEARE = SHARED_DATA / "tinyshakespeare.txt"
-TIKTOKEN_CACHE = SHARED_DATA / "tiktoken_cache"
+TEST_DATA_FOLDERS = [
+    *([Path(os.environ["MINIPRETRAIN_TEST_DATA"])] if os.environ.get("MINIPRETRAIN_TEST_DATA") else []),
+    ROOT / "data" / "test-data",
+    ROOT.parent / "shared" / "data",
+]
+TEST_DATA = next((folder for folder in TEST_DATA_FOLDERS if folder.is_dir()), TEST_DATA_FOLDERS[0])
+SHAKESPEARE = TEST_DATA / "tinyshakespeare.txt"
+TIKTOKEN_CACHE = TEST_DATA / "tiktoken_cache"
 HELLASWAG_FIXTURE = ROOT / "tests" / "data" / "hellaswag_mini.jsonl"  # 8 examples in HellaSwag's format, 4 endings each
 
 if TIKTOKEN_CACHE.is_dir():  # tiktoken reads this at load time: gpt2 works offline
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))
 
-needs_shakespeare = pytest.mark.skipif(not SHAKESPEARE.exists(), reason=f"{SHAKESPEARE} not staged")
-needs_gpt2 = pytest.mark.skipif(not TIKTOKEN_CACHE.is_dir(), reason=f"{TIKTOKEN_CACHE} not staged")
+FETCH = "python tests/fetch_test_data.py (once, with network; README: Testing)"
+needs_shakespeare = pytest.mark.skipif(
+    not SHAKESPEARE.exists(), reason=f"needs Tiny Shakespeare (tinyshakespeare.txt) in a test-data folder: {FETCH}"
+)
+needs_gpt2 = pytest.mark.skipif(
+    not TIKTOKEN_CACHE.is_dir(), reason=f"needs GPT-2's BPE files (tiktoken_cache/) in a test-data folder: {FETCH}"
+)
 
 
 def run_script(args, cwd, timeout=600):
