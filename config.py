@@ -2,16 +2,26 @@
 
 Every field of GPTConfig (model.py), DataConfig (data.py), ParallelConfig
 (parallel.py) and the dataclasses below is a flag, `--name value`, type-checked;
-defaults < preset < command line. nanoGPT's names mean the same here.
+defaults < preset < --config file < command line. nanoGPT's names mean the same here.
+A config file (JSON, or TOML on Python 3.11+) holds the same settings, one table
+per concern; a preset is such a file in presets/, and a run's run.json is one too.
 
     python train.py --preset shakespeare --n_layer 6 --learning_rate 3e-4
+    python train.py --config out/tiny/run.json --out_dir out/again    # the same run again
 """
 
 import argparse
 import dataclasses
 import difflib
+import json
 import os
-from dataclasses import dataclass
+import sys
+from dataclasses import asdict, dataclass
+
+try:
+    import tomllib  # Python 3.11+
+except ModuleNotFoundError:  # Python 3.10: JSON config files only
+    tomllib = None
 
 from data import DataConfig
 from model import GPTConfig
@@ -108,6 +118,10 @@ class SampleConfig:
     top_p: float = 1.0  # nucleus sampling: the fewest tokens whose probabilities sum to top_p; 1.0 = all of them
     kv_cache: bool = True  # keep each layer's keys and values: one token's forward per new token, not the context's
 
+    def __post_init__(self):  # here, not when sampling starts: at the end of a run that would be hours later
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"--top_p {self.top_p}: a share of the probability, above 0 and at most 1 (1 keeps all)")
+
 
 @dataclass
 class ExportConfig:
@@ -124,33 +138,6 @@ class BenchmarkConfig:  # the benchmark of the final check and --eval_only (eval
     def __post_init__(self):
         if self.benchmark_examples < 0:
             raise ValueError(f"--benchmark_examples {self.benchmark_examples}: give a count, or 0 for all")
-
-
-# fmt: off
-PRESETS = {
-    "tiny": {},  # the defaults above: ~0.8M parameters on Python's own source code, minutes on a laptop CPU
-    # nanoGPT's CPU "baby GPT", the same model and batch, with a faster schedule: RMSNorm and the
-    # width-scaled init keep twice its LR stable, and a cosine that ends at step 1500 (then holds 1e-4)
-    # reaches its final loss sooner (DESIGN.md, "Choices measured"; bench/time_to_loss.py).
-    # 144 eval batches read val.bin once.
-    "shakespeare": dict(
-        source="shakespeare", block_size=64, batch_size=12, n_layer=4, n_head=4, n_embd=128,
-        max_iters=2000, learning_rate=2e-3, min_lr=1e-4, lr_decay_iters=1500, warmup_iters=100, beta2=0.99,
-        eval_iters=144, log_interval=10,
-    ),
-    # GPT-2 small (124M) on one GPU: 2^19 tokens per step (16 x 1024 x 32), 19073 steps = 10B tokens. GPT-2's
-    # architecture exactly (LayerNorm with biases, biases in every Linear, GELU's tanh approximation; learned
-    # positions and the tied head as every preset), so GPT-2's weights load into it and its runs export to it.
-    # No source: a 10B-token plan needs a corpus the user names (source "" is refused at start-up).
-    "gpt2-small": dict(
-        source="", tokenizer="gpt2", block_size=1024, n_layer=12, n_head=12, n_embd=768,
-        norm="layernorm", bias=True, activation="gelu_tanh",
-        batch_size=16, gradient_accumulation_steps=32, lanes=512, max_iters=19073,
-        learning_rate=6e-4, min_lr=6e-5, warmup_iters=700, beta2=0.95,
-        log_interval=10, eval_interval=500, eval_iters=4, compile=True, benchmark="hellaswag",
-    ),
-}
-# fmt: on
 
 
 def parse_bool(text):
@@ -178,17 +165,174 @@ class Configs:
 MODES = ("sample", "eval_only", "export_hf")  # what to do instead of training: a flag each, at most one
 
 
-def parse_args(argv):
-    """--preset NAME, --sample, --eval_only or --export_hf DIR, and --field value for every field of the config
-    dataclasses.
+# ----------------------------------------------------------------------------
+# Config files: JSON, or TOML where Python reads it. A preset is such a file, shipped in presets/.
 
-    Precedence: dataclass default < preset < command line. Returns
-    (preset, mode: "train" or one of MODES, Configs).
+CONCERNS = {concern.name: concern.type for concern in dataclasses.fields(Configs)}  # "model": GPTConfig, ...
+NOT_FLAGS = ("vocab_size",)  # set from the data, not by hand
+# every flag: name -> (the concern whose dataclass has it, its dataclasses.Field)
+FLAGS = {
+    f.name: (name, f) for name, kind in CONCERNS.items() for f in dataclasses.fields(kind) if f.name not in NOT_FLAGS
+}
+ACTIONS = ("overwrite", "resume", "export_hf")  # what one command does to a run, not what the run is: never recorded
+PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
+DEFAULT_PRESET = "tiny"
+
+
+def did_you_mean(name, valid):
+    """' (did you mean X?)' for the valid name closest to a misspelt one, or ''."""
+    close = difflib.get_close_matches(name, valid, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def checked_value(where, kind, value):
+    """value as a flag of type `kind` would hold it, or ValueError naming `where` (FILE: section.name)."""
+    if kind is bool:
+        ok, wanted = isinstance(value, bool), "true or false"
+    elif kind is int:
+        ok, wanted = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif kind is float:
+        ok, wanted = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        value = float(value) if ok else value
+    elif kind is str:
+        ok, wanted = isinstance(value, str), "a string"
+    else:
+        raise TypeError(f"{where}: no config-file reading for fields of type {kind}")
+    if not ok:
+        raise ValueError(f"{where} = {value!r}: expected {wanted}")
+    return value
+
+
+def read_config_file(path):
+    """(preset name or None, {flag: value}) from a config file, JSON or TOML (TOML needs tomllib: Python 3.11+).
+
+    The format: one table per concern, named as Configs names them (model, data, train, parallel, recovery,
+    sample, benchmark, export), each holding flags of that concern with values of the flag's type; an optional
+    "preset" whose values these go over, and an optional "about" (text for the reader, which JSON lacks comments
+    for). Every key is optional. A run's run.json holds its configuration in this format under "config", so a
+    run.json is a config file too.
+        {"preset": "shakespeare", "model": {"n_layer": 6}, "train": {"learning_rate": 3e-4}}
+    """
+    document, values = load_config_document(str(path)), {}
+    for key, table in document.items():
+        if key in ("preset", "about"):
+            checked_value(f"{path}: {key}", str, table)
+        elif key in CONCERNS and isinstance(table, dict):
+            for name, value in table.items():
+                values[name] = checked_value(f"{path}: {key}.{name}", flag_in_table(path, key, name).type, value)
+        elif key in CONCERNS:
+            raise ValueError(f"{path}: {key} = {table!r}: {key} is a table of {CONCERNS[key].__name__}'s fields")
+        elif key in FLAGS:
+            raise ValueError(
+                f"{path}: {key} at the top level: settings go in their concern's table: {FLAGS[key][0]}.{key}"
+            )
+        else:
+            valid = ["preset", "about", *CONCERNS]
+            raise ValueError(f"{path}: unknown key {key}{did_you_mean(key, valid)}; valid keys: {', '.join(valid)}")
+    return document.get("preset"), values
+
+
+def load_config_document(path):
+    """The mapping a config file holds (a run.json's "config"), ValueError naming the file where there is none."""
+    if path.endswith(".toml"):
+        if tomllib is None:
+            raise ValueError(
+                f"--config {path}: TOML is read with tomllib, which came with Python 3.11, and this is Python "
+                f"{sys.version_info.major}.{sys.version_info.minor}: write the file as JSON"
+            )
+        load = tomllib.loads
+    elif path.endswith(".json"):
+        load = json.loads
+    else:
+        raise ValueError(f"--config {path}: name a .json or .toml file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            document = load(f.read())
+    except OSError as e:
+        raise ValueError(f"--config {path}: {e.strerror}") from None
+    except ValueError as e:  # json.JSONDecodeError and tomllib.TOMLDecodeError both are
+        raise ValueError(f"--config {path} is not valid {path.rsplit('.', 1)[1].upper()}: {e}") from None
+    if isinstance(document, dict) and "GPTConfig" in document:  # a run.json: the run's identity, and its config
+        if "config" not in document:
+            raise ValueError(
+                f"{path} is the run.json of a run that did not record its configuration (it holds only the run's "
+                "identity, as runs did before --config existed), so it cannot be repeated from it: give the run's "
+                "flags instead"
+            )
+        document = document["config"]
+    if not isinstance(document, dict):
+        raise ValueError(f"{path}: a config file holds a mapping of tables, not {document!r}")
+    return document
+
+
+def flag_in_table(path, table, name):
+    """The dataclass field of flag `name` found in `table` of a config file, or ValueError naming the file and key."""
+    concern, field = FLAGS.get(name, (None, None))
+    if name in ACTIONS:
+        raise ValueError(f"{path}: {table}.{name} is what one command does, not a setting a file keeps: give --{name}")
+    if concern is not None and concern != table:
+        raise ValueError(f"{path}: {table}.{name}: {name} is a setting of {concern}, so it goes in {concern}.{name}")
+    if concern is None:
+        close = difflib.get_close_matches(name, [n for n in FLAGS if n not in ACTIONS], n=1)  # in any table
+        hint = f" (did you mean {FLAGS[close[0]][0]}.{close[0]}?)" if close else ""
+        valid = ", ".join(n for n, (c, _) in FLAGS.items() if c == table and n not in ACTIONS)
+        raise ValueError(f"{path}: unknown key {table}.{name}{hint}; valid keys of {table}: {valid}")
+    return field
+
+
+def read_preset(name):
+    """A preset's values: presets/NAME.json, read as any --config file; a preset goes over the defaults only."""
+    preset, values = read_config_file(os.path.join(PRESET_DIR, f"{name}.json"))
+    if preset is not None:
+        raise ValueError(f"presets/{name}.json names a preset ({preset!r}): a preset goes over the defaults only")
+    return values
+
+
+def read_presets():
+    """{name: {flag: value}} of the files in presets/: the default first, then the smaller models (--help's order)."""
+    names = [file.removesuffix(".json") for file in os.listdir(PRESET_DIR) if file.endswith(".json")]
+    presets = {name: read_preset(name) for name in names}
+
+    def size(name):
+        model = {**asdict(GPTConfig()), **presets[name]}
+        return model["n_layer"] * model["n_embd"] ** 2
+
+    return {
+        name: presets[name] for name in sorted(presets, key=lambda name: (name != DEFAULT_PRESET, size(name), name))
+    }
+
+
+PRESETS = read_presets()
+
+
+def config_file_form(preset, configs):
+    """The configuration in read_config_file's format: the preset's name and every flag's value by concern (what one
+    command does, ACTIONS, left out). A run records it in run.json under "config", for `--config OUT/run.json`."""
+    tables = {
+        section: {k: v for k, v in asdict(getattr(configs, section)).items() if k in FLAGS and k not in ACTIONS}
+        for section in CONCERNS
+    }
+    return {"preset": preset, **{section: table for section, table in tables.items() if table}}
+
+
+def parse_args(argv):
+    """--preset NAME, --config FILE, --sample, --eval_only or --export_hf DIR, and --field value for every field of
+    the config dataclasses.
+
+    Precedence: dataclass default < preset (--preset, else the file's, else tiny) < --config file < command line.
+    Returns (preset, mode: "train" or one of MODES, Configs). A bad config file raises ValueError naming it.
     """
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
-    parser.add_argument("--preset", default="tiny", help=f"one of: {', '.join(PRESETS)}")
+    parser.add_argument("--preset", default=None, help=f"one of: {', '.join(PRESETS)} (default {DEFAULT_PRESET})")
+    parser.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="settings from a .json or .toml file (a run's run.json repeats that run), over the preset; "
+        "flags go over the file",
+    )
     # a boolean flag alone means true (--resume); --resume true|false also works
     boolean = dict(type=parse_bool, nargs="?", const=True, metavar="true|false")
     parser.add_argument("--sample", default=False, help="sample from the newest checkpoint in --out_dir", **boolean)
@@ -199,36 +343,31 @@ def parse_args(argv):
         "--out_dir, logged to its metrics.jsonl; no training",
         **boolean,
     )
-    owner = {}  # flag name -> the Configs field whose dataclass has it
-    concerns = dataclasses.fields(Configs)
-    for concern in concerns:
-        for f in dataclasses.fields(concern.type):
-            if f.name in ("vocab_size",):  # set from the data, not by hand
-                continue
-            owner[f.name] = concern.name
-            kind = boolean if f.type is bool else dict(type=f.type)
-            parser.add_argument(
-                f"--{f.name}", default=None, help=f"{concern.type.__name__} (default {f.default!r})", **kind
-            )
+    for name, (concern, f) in FLAGS.items():
+        kind = boolean if f.type is bool else dict(type=f.type)
+        help = f"{CONCERNS[concern].__name__} (default {f.default!r})"
+        parser.add_argument(f"--{name}", default=None, help=help, **kind)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         flag = unknown[0].split("=")[0]
-        valid = ["--preset", "--sample", "--eval_only"] + [f"--{name}" for name in owner]
-        close = difflib.get_close_matches(flag, valid, n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        parser.error(f"unknown flag {flag}{hint}. Valid flags: {' '.join(valid)}")
-    if args.preset not in PRESETS:
-        parser.error(f"unknown preset {args.preset!r}: choose one of {', '.join(PRESETS)}")
+        valid = ["--preset", "--config", "--sample", "--eval_only"] + [f"--{name}" for name in FLAGS]
+        parser.error(f"unknown flag {flag}{did_you_mean(flag, valid)}. Valid flags: {' '.join(valid)}")
+    file_preset, file_values = read_config_file(args.config) if args.config else (None, {})
+    preset = args.preset or file_preset or DEFAULT_PRESET
+    if preset not in PRESETS:
+        named_in = f" (named in {args.config})" if preset == file_preset and not args.preset else ""
+        parser.error(f"unknown preset {preset!r}{named_in}: choose one of {', '.join(PRESETS)}")
     modes = [mode for mode in MODES if getattr(args, mode)]
     if len(modes) > 1:
         parser.error(f"--{modes[0]} and --{modes[1]} exclude each other: give one")
     if modes and args.overwrite:  # they read a run: starting it over would delete what they came to read
         parser.error(f"--{modes[0]} reads the run in --out_dir, and --overwrite would delete it: drop --overwrite")
-    values = {**PRESETS[args.preset], **{k: v for k, v in vars(args).items() if v is not None and k in owner}}
+    flags = {k: v for k, v in vars(args).items() if v is not None and k in FLAGS}
+    values = {**PRESETS[preset], **file_values, **flags}
     configs = Configs(
         **{
-            concern.name: concern.type(**{k: v for k, v in values.items() if owner[k] == concern.name})
-            for concern in concerns
+            concern: kind(**{k: v for k, v in values.items() if FLAGS[k][0] == concern})
+            for concern, kind in CONCERNS.items()
         }
     )
-    return args.preset, modes[0] if modes else "train", configs
+    return preset, modes[0] if modes else "train", configs

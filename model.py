@@ -85,10 +85,15 @@ def causal_attention(q, k, v, dropout_p):
     Under bf16 autocast on a CPU it runs in fp32: there PyTorch's bf16 attention kernel is slower
     than its fp32 one at small head sizes, while the matmuls around it still gain from bf16
     (DESIGN.md, "Choices measured")."""
+    # A KV cache's step brings one query, the newest position, against all S keys: it sees every one of them,
+    # so no mask (is_causal would align its mask with the first key and hide all but that one).
+    is_causal = q.size(-2) > 1
     if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
         with torch.autocast("cpu", enabled=False):
-            return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True, dropout_p=dropout_p)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+            return F.scaled_dot_product_attention(
+                q.float(), k.float(), v.float(), is_causal=is_causal, dropout_p=dropout_p
+            )
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, dropout_p=dropout_p)
 
 
 def manual_causal_attention(q, k, v, dropout_p):
@@ -112,6 +117,31 @@ def manual_causal_attention(q, k, v, dropout_p):
     # exercise attention: end
 
 
+class KVCache:
+    """One layer's keys and values of every position generated so far, (B, H, S, C/H) each.
+
+    A position's key and value depend only on it and the positions before it, so once computed they never
+    change: GPT.generate keeps them, and each new token then needs one position's forward (its q, k, v and its
+    attention over the S kept keys) instead of the whole context's again (Pope et al. 2022, "Efficiently
+    Scaling Transformer Inference"). Only generation uses it; training sees every position at once."""
+
+    def __init__(self):
+        self.k = self.v = None  # (B, H, S, C/H) each; None before the first position
+
+    def __len__(self):  # S, the positions held
+        return 0 if self.k is None else self.k.size(2)
+
+    def extend(self, k, v):
+        """Append T new positions' keys and values, (B, H, T, C/H) each; return all S so far, the new ones last.
+        Once it holds positions it takes one at a time: the attention kernels mask a query that sees every key
+        (the newest position) or a square causal block, not T queries against S > T keys."""
+        if self.k is not None and k.size(2) != 1:
+            raise ValueError(f"a KV cache holding {len(self)} positions takes 1 new token at a time, not {k.size(2)}")
+        self.k = k if self.k is None else torch.cat((self.k, k), dim=2)
+        self.v = v if self.v is None else torch.cat((self.v, v), dim=2)
+        return self.k, self.v
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -122,12 +152,16 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # back into the residual stream
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x):
+    def forward(self, x, cache=None):
         B, T, _ = x.shape
         # each (B, T, C); under tensor parallelism c_attn yields this rank's heads only: (B, T, C/tp)
         q, k, v = self.c_attn(x).chunk(3, dim=2)
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H, T, C/H)
-        # softmax(q k^T / sqrt(C/H) + causal mask) v: position t attends to positions <= t only
+        if cache is not None:  # generating: these T positions' keys and values join those of the earlier ones
+            k, v = cache.extend(k, v)  # (B, H, S, C/H): every position so far, these T the last
+        # softmax(q k^T / sqrt(C/H) + causal mask) v: position t attends to positions <= t only. A cached step's
+        # one query is the newest position, which attends to all S: both kernels then mask nothing (the manual
+        # one's (1, 1) mask above the diagonal is empty).
         dropout_p = self.dropout if self.training else 0.0
         if self.attention == "sdpa":
             y = causal_attention(q, k, v, dropout_p)  # (B, H, T, C/H)
@@ -169,12 +203,12 @@ class Block(nn.Module):
         self.norm_2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x):  # (B, T, C) -> (B, T, C)
+    def forward(self, x, cache=None):  # (B, T, C) -> (B, T, C); cache: this layer's KVCache when generating
         if self.pre_norm:
-            x = x + self.attn(self.norm_1(x))
+            x = x + self.attn(self.norm_1(x), cache)
             x = x + self.mlp(self.norm_2(x))
         else:
-            x = self.norm_1(x + self.attn(x))
+            x = self.norm_1(x + self.attn(x, cache))
             x = self.norm_2(x + self.mlp(x))
         return x
 
@@ -205,6 +239,17 @@ def run_blocks(blocks, x, recompute=False):
     for block in blocks:
         x = checkpoint(block, x, use_reentrant=False) if recompute and torch.is_grad_enabled() else block(x)
     return x
+
+
+def filter_top_p(logits, top_p):
+    """Nucleus sampling (Holtzman et al. 2019, "The Curious Case of Neural Text Degeneration"): logits (B, V)
+    with every token outside the nucleus set to -inf. The nucleus is the fewest most likely tokens whose
+    probabilities sum to at least top_p; the most likely token is always in it."""
+    probs, order = F.softmax(logits, dim=-1).sort(dim=-1, descending=True)  # (B, V), most likely first
+    mass_before = probs.cumsum(dim=-1) - probs  # (B, V): the probability of the tokens ranked above each
+    outside = mass_before >= top_p  # (B, V): the tokens above already reach top_p, the nucleus is complete
+    outside = torch.empty_like(outside).scatter(-1, order, outside)  # (B, V): back in vocabulary order
+    return logits.masked_fill(outside, -float("inf"))
 
 
 class GPT(nn.Module):
@@ -269,14 +314,21 @@ class GPT(nn.Module):
         # self.apply visits children first, so the c_proj rule above overwrites the generic Linear one.
         # exercise init: end
 
-    def forward(self, idx, targets=None):
-        """idx (B, T) int64 -> logits (B, T, V); with targets (B, T), also the CLM loss (fp32 scalar)."""
+    def forward(self, idx, targets=None, cache=None):
+        """idx (B, T) int64 -> logits (B, T, V); with targets (B, T), also the CLM loss (fp32 scalar).
+
+        cache (generate only): one KVCache per block, holding the positions before idx; idx's are appended."""
         B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        pos = torch.arange(T, device=idx.device)
+        start = 0 if cache is None else len(cache[0])  # idx's first position: the cache's positions come before
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence length {start + T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(start, start + T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
-        x = run_blocks(self.blocks, x, self.recompute)
+        if cache is None:
+            x = run_blocks(self.blocks, x, self.recompute)
+        else:  # each block attends over its layer's kept keys and values, and appends idx's
+            for block, layer_cache in zip(self.blocks, cache):
+                x = block(x, layer_cache)
         logits = self.lm_head(self.norm_f(x))  # (B, T, V)
         if targets is None:
             return logits, None
@@ -286,15 +338,40 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())  # the tied matrix counts once
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Extend idx (B, T0) by max_new_tokens sampled tokens -> (B, T0 + max_new_tokens)."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=1.0, kv_cache=True, on_token=None):
+        """Extend idx (B, T0) by max_new_tokens sampled tokens -> (B, T0 + max_new_tokens).
+
+        Each token is drawn from the last position's logits / temperature, restricted first to the top_k most
+        likely tokens (None: all), then to the nucleus of top_p among those (filter_top_p; 1.0: all). on_token,
+        if given, gets each new (B, 1) column as soon as it is drawn (sample.py prints it).
+
+        kv_cache keeps each layer's keys and values (KVCache): a new token then costs one position's forward
+        instead of the whole context's, and the tokens drawn are the same. The context is its last block_size
+        tokens. When it outgrows block_size, the cache is recomputed from the cropped context rather than slid
+        along it: positions are learned and absolute, so cropping moves every kept token one position earlier,
+        and every layer's keys above the first also mixed in the token that fell out. Past block_size each
+        token thus costs a whole context's forward, with the cache or without."""
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p {top_p} must lie in (0, 1]: the probability mass to keep (1.0: all tokens)")
+        block_size, cache = self.config.block_size, None
         for _ in range(max_new_tokens):
-            context = idx[:, -self.config.block_size :]
-            logits, _ = self(context)
+            context = idx[:, -block_size:]
+            if not kv_cache:  # the whole context again
+                logits, _ = self(context)
+            elif cache is None or len(cache[0]) == block_size:
+                # the first token, or the newest one outgrew block_size: a new cache from the (cropped) context
+                cache = [KVCache() for _ in self.blocks]  # one per layer
+                logits, _ = self(context, cache=cache)
+            else:  # one position's forward: the newest token against the kept keys and values
+                logits, _ = self(idx[:, -1:], cache=cache)
             logits = logits[:, -1, :].float() / max(temperature, 1e-6)  # (B, V)
             if top_k is not None:
                 kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
                 logits[logits < kth] = -float("inf")
+            if top_p < 1:
+                logits = filter_top_p(logits, top_p)
             next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)  # (B, 1)
             idx = torch.cat((idx, next_token), dim=1)
+            if on_token is not None:
+                on_token(next_token)
         return idx

@@ -1,10 +1,11 @@
 """The run's folder: one run per out_dir, and the JSON-lines logs in it.
 
-A run writes run.json (what makes it this run), metrics.jsonl, incidents.jsonl,
-injected.json, metrics.png, pipeline.png, samples.txt and ckpt/ into its
-out_dir. A second command with the same out_dir continues that run, or is
-refused: nothing of an earlier run, and nothing that is not a run of ours, is
-overwritten unless --overwrite says so.
+A run writes run.json (what makes it this run; under "config", the
+configuration it was trained with, which `--config OUT/run.json` repeats),
+metrics.jsonl, incidents.jsonl, injected.json, metrics.png, pipeline.png,
+samples.txt and ckpt/ into its out_dir. A second command with the same out_dir
+continues that run, or is refused: nothing of an earlier run, and nothing that
+is not a run of ours, is overwritten unless --overwrite says so.
 """
 
 import json
@@ -48,6 +49,8 @@ RUN_FILES = (
     "metrics.png",
     "pipeline.png",
     "samples.txt",
+    "tensorboard",  # --log_to tensorboard (tracking.py)
+    "wandb",  # --log_to wandb, offline
     "ckpt",
     "run.json",
 )
@@ -109,7 +112,24 @@ def prepare_out_dir(out_dir, identity, overwrite):
 
 
 def record_identity(out_dir, identity):
-    write_json_atomic(os.path.join(out_dir, "run.json"), identity)
+    """Write the run's identity into run.json, keeping the configuration recorded there (record_config)."""
+    path = os.path.join(out_dir, "run.json")
+    kept = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = {k: v for k, v in json.load(f).items() if k == "config"}
+    write_json_atomic(path, {**identity, **kept})
+
+
+def record_config(out_dir, config):
+    """Add to run.json the configuration of the command that trains this run, in config.py's config-file format,
+    under "config", so that `python train.py --config OUT/run.json` repeats the run. It is not part of the
+    identity: prepare_out_dir compares only the identity's keys, so another layout or a larger max_iters still
+    continues the run, and the command that does records its own configuration here."""
+    path = os.path.join(out_dir, "run.json")
+    with open(path) as f:
+        identity = {k: v for k, v in json.load(f).items() if k != "config"}
+    write_json_atomic(path, {**identity, "config": config})
 
 
 def is_finished(metrics_path, step, max_iters):

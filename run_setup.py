@@ -36,6 +36,7 @@ from run_folder import check_out_dir_is_ours, out_dir_of, prepare_out_dir, run_i
 from runbook import Recovery
 from tensor_parallel import check_tensor_parallel_layout
 from torch_engines import ENGINES, DDPModel, FSDPModel, check_torch_engine_layout
+from tracking import Tracker, hyperparameters, trackers_asked
 from transfer import fit_to_run, initial_weights
 from zero import ShardedAdamW, zero_data_parallel
 
@@ -104,7 +105,8 @@ def make_optimizer(module, cfg, device, zero=None):
 class Run:
     """What the loop and its stages share. set_up builds it; afterwards the stages change only `recovery`,
     `records`, `comm_compared` and `measured_state` (start, restore_checkpoint, respond_to_incident, log_step,
-    the first update), while the objects it holds (model, optimizer, streams, monitor) change state as they work."""
+    the first update), while the objects it holds (model, optimizer, streams, monitor, tracker) change state as they
+    work."""
 
     configs: Configs  # the model's with the vocabulary padded
     grid: ProcessGrid
@@ -131,6 +133,7 @@ class Run:
     tokens_per_step: int  # all ranks together
     flops_per_token: float  # of the whole single-device model, whatever share this rank holds
     peak_flops: float | None  # one device's peak, for MFU; None on CPU
+    tracker: Tracker = field(default_factory=Tracker)  # --log_to's TensorBoard / W&B on rank 0 (tracking.py); else none
     comm_compared: bool = False  # the first logged step printed its measured bytes beside the closed form
     measured_state: int | None = None  # monitor.state_bytes at this process's first update, until logged
     recovery: Recovery = field(default_factory=Recovery)  # the incident runbook's state (runbook.py)
@@ -229,6 +232,7 @@ def set_up(preset, configs):
     """Everything before the first step: processes, data, the run's folder, model, optimizer, watchers."""
     cfg, recovery = configs.train, configs.recovery
     grid, say, device, dtype = start_processes(configs)
+    trackers = run_on_rank0(lambda: trackers_asked(cfg.log_to), grid.rank == 0)  # rank 0 logs: it needs the packages
     out_dir = out_dir_of(preset, cfg)
     run_on_rank0(lambda: check_out_dir_is_ours(out_dir), grid.rank == 0)  # before the data may land inside it
     mix, meta, data_dirs = prepare_data(preset, configs, grid.rank == 0)
@@ -280,6 +284,7 @@ def set_up(preset, configs):
         tokens_per_step=global_batch * configs.model.block_size,
         flops_per_token=cost.flops_per_token(configs.model),
         peak_flops=cost.device_peak_flops(device, cfg.peak_tflops),
+        tracker=Tracker(trackers if grid.rank == 0 else (), out_dir, hyperparameters(configs, identity)),
     )
 
 

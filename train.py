@@ -40,7 +40,7 @@ import torch.distributed as dist
 import checkpoint
 import cost
 from comm_count import take_busiest_comm_bytes, take_comm_bytes
-from config import parse_args
+from config import config_file_form, parse_args
 from data import get_tokenizer
 from evaluation import evaluate, final_check
 from mixture import weights_at
@@ -60,6 +60,7 @@ from run_folder import (
     is_finished,
     out_dir_of,
     read_jsonl,
+    record_config,
     record_identity,
     write_jsonl,
 )
@@ -155,6 +156,8 @@ def train(preset, configs):
     run = set_up(preset, configs)
     cfg, monitor = run.configs.train, run.monitor
     step = start(run)  # 0, or where the newest checkpoint left off
+    # run.json's "config": this command's settings, which `--config OUT/run.json` repeats
+    run_on_rank0(lambda: record_config(run.out_dir, config_file_form(preset, configs)), run.is_rank0)
     measure_state_at_the_first_update(run)
     throughput = Throughput(run.tokens_per_step)
     while True:
@@ -398,6 +401,8 @@ def finish(run, final_evaluation):
     record = {**final_evaluation, **record}  # a mix's val_loss_by_source and mix_tokens beside the final check's
     run.records.append(record)
     append_jsonl(run.metrics_path, record)
+    run.tracker.log(run.records)
+    run.tracker.close()
     plot_metrics(
         run.records,
         read_jsonl(run.incidents_path),
@@ -523,6 +528,8 @@ def respond_to_incident(run, step, fired):
     response = runbook_response(run.recovery, step, run.configs.recovery)
     incident = {"step": step, "detector": detector, "values": values, "rung": RUNGS[response], "response": response}
     if response == "stop":
+        run.tracker.incident(incident)
+        run.tracker.close()
         stop_for_incidents(run, incident)
     bad_end = run.train_stream.position  # the data up to here led to the incident
     recovery = replace(run.recovery, incidents=run.recovery.incidents + 1, last_incident_step=step)
@@ -551,6 +558,7 @@ def respond_to_incident(run, step, fired):
     if run.is_rank0:
         write_jsonl(run.metrics_path, run.records)
         append_jsonl(run.incidents_path, incident)
+        run.tracker.incident(incident)
     run.say(
         f"INCIDENT at step {step}: {detector} {values} -> rung {RUNGS[response]} ({response}): rolled back to "
         f"step {restored}, skipped data rows {skipped[0]}..{skipped[1]}, LR x{recovery.lr_scale:.3g}",
@@ -581,7 +589,7 @@ def stop_for_incidents(run, incident):
 
 
 def log_step(run, record, throughput):
-    """One line on the console, one record in metrics.jsonl."""
+    """One line on the console, one record in metrics.jsonl and in the trackers --log_to names (tracking.py)."""
     step = record["step"]
     tokens_per_s, seconds_per_step = throughput.read()
     record["tokens_per_s"] = tokens_per_s
@@ -609,6 +617,7 @@ def log_step(run, record, throughput):
     run.records.append(record)
     if run.is_rank0:
         append_jsonl(run.metrics_path, record)
+        run.tracker.log(run.records)  # the timeline: a tracker drops what a resume or rollback dropped
 
 
 def measure_state_at_the_first_update(run):
