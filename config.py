@@ -175,6 +175,7 @@ FLAGS = {
     f.name: (name, f) for name, kind in CONCERNS.items() for f in dataclasses.fields(kind) if f.name not in NOT_FLAGS
 }
 ACTIONS = ("overwrite", "resume", "export_hf")  # what one command does to a run, not what the run is: never recorded
+SETTINGS = [name for name in FLAGS if name not in ACTIONS]  # what a run.json's recorded configuration sets: all of them
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
 DEFAULT_PRESET = "tiny"
 
@@ -207,7 +208,7 @@ def read_config_file(path):
     """(preset name or None, {flag: value}) from a config file, JSON or TOML (TOML needs tomllib: Python 3.11+).
 
     The format: one table per concern, named as Configs names them (model, data, train, parallel, recovery,
-    sample, benchmark, export), each holding flags of that concern with values of the flag's type; an optional
+    sample, benchmark), each holding flags of that concern with values of the flag's type; an optional
     "preset" whose values these go over, and an optional "about" (text for the reader, which JSON lacks comments
     for). Every key is optional. A run's run.json holds its configuration in this format under "config", so a
     run.json is a config file too.
@@ -256,8 +257,8 @@ def load_config_document(path):
         if "config" not in document:
             raise ValueError(
                 f"{path} is the run.json of a run that did not record its configuration (it holds only the run's "
-                "identity, as runs did before --config existed), so it cannot be repeated from it: give the run's "
-                "flags instead"
+                "identity: written before runs recorded it, or by a command that stopped before its first step), so "
+                "it cannot be repeated from it: give the run's flags instead"
             )
         document = document["config"]
     if not isinstance(document, dict):
@@ -353,6 +354,12 @@ def parse_args(argv):
         valid = ["--preset", "--config", "--sample", "--eval_only"] + [f"--{name}" for name in FLAGS]
         parser.error(f"unknown flag {flag}{did_you_mean(flag, valid)}. Valid flags: {' '.join(valid)}")
     file_preset, file_values = read_config_file(args.config) if args.config else (None, {})
+    if args.preset and file_preset not in (None, args.preset) and set(SETTINGS) <= set(file_values):
+        parser.error(
+            f"--preset {args.preset} beside --config {args.config}, which sets every setting (a run's recorded "
+            f"configuration, built on preset {file_preset!r}): the preset would change only its name and the default "
+            "--out_dir. Drop --preset, and give the settings you want to change as flags"
+        )
     preset = args.preset or file_preset or DEFAULT_PRESET
     if preset not in PRESETS:
         named_in = f" (named in {args.config})" if preset == file_preset and not args.preset else ""

@@ -9,10 +9,11 @@ state_bytes, ...; a nested dict as "val_loss_by_source/code"), its strings as te
 imported only when asked for, and one that is missing is named at start-up with the command that installs it.
 
 A tracker follows metrics.jsonl's timeline. A resume or a rollback drops the records from the step the run goes back
-to; TensorBoard is told the same, by a SessionLog START at that step (what torch's SummaryWriter(purge_step=...)
-writes), so it hides the steps it had been sent from there on and shows the latest timeline. W&B has no such marker:
-its charts (against our step) keep both, the line stepping back at a rollback. Incidents are never dropped
-(incidents.jsonl keeps them all): TensorBoard gets them in a run of their own, tensorboard/incidents.
+to; TensorBoard shows the same, as it keeps, per tag, only the points before a step that comes again (its default
+loader by itself; the older Python one reads the SessionLog START written there, what torch's
+SummaryWriter(purge_step=...) writes). W&B has no such rule: its charts (against our step) keep both, the line
+stepping back at a rollback. Incidents go to TensorBoard as a run of their own, tensorboard/incidents; one at a step no
+later than an earlier one's (a repeat after a rollback) replaces it there, while incidents.jsonl keeps them all.
 """
 
 import difflib

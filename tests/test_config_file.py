@@ -69,6 +69,9 @@ def test_flags_beside_config_go_over_it(first_run, tmp_path):
     assert (configs.train.learning_rate, configs.train.max_iters) == (1e-3, 70)
     preset, _, configs = parse_args(["--config", str(file), "--preset", "tiny"])
     assert preset == "tiny" and configs.model.block_size == 128 and configs.train.learning_rate == 1e-3
+    # a run.json sets every setting: another preset beside it would only rename it (and its default out_dir)
+    with pytest.raises(SystemExit):
+        parse_args(["--config", str(out / "run.json"), "--preset", "shakespeare"])
 
 
 @pytest.mark.parametrize(

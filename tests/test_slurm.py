@@ -65,10 +65,10 @@ def test_the_signal_before_the_time_limit_requeues_the_job(slurm):
     env, calls = slurm
     job = subprocess.Popen(["bash", SCRIPT], env={**env, "SLEEP": "30"}, start_new_session=True)
     try:
-        for _ in range(100):  # until torchrun has started
-            if calls.exists():
-                break
+        deadline = time.monotonic() + 60  # until torchrun has started (and the trap is set): slow on a busy machine
+        while not calls.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
+        assert calls.exists(), "the script started torchrun"
         job.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@120 sends the batch script
         job.wait(timeout=20)
         assert "scontrol requeue 1234" in calls.read_text().splitlines()
