@@ -100,7 +100,8 @@ def manual_causal_attention(q, k, v, dropout_p):
     """causal_attention written out, as a learner reads it: softmax(q k^T / sqrt(C/H) + causal mask) v, each
     attention weight dropped with probability dropout_p (the kept ones scaled by 1 / (1 - dropout_p)).
     q, k, v (B, H, T, C/H) -> (B, H, T, C/H) in v's dtype. It stores the (B, H, T, T) scores and weights that
-    the fused kernel never does: memory grows with T^2.
+    the fused kernel never does: memory grows with T^2. (Sampling with the KV cache passes one query, the newest
+    token, against the S keys so far: scores (B, H, 1, S), the mask built from q's length hiding nothing.)
 
     The scores and their softmax are fp32 whatever the inputs' dtype, as in the fused kernels: a score near
     100 held in bf16 is off by up to 0.25, which moves its weight by up to 28%. (Under autocast the matmul
