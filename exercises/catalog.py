@@ -62,6 +62,7 @@ EXERCISES = [
             "tests/test_attention.py::test_equals_pytorch_attention_in_output_and_gradients",
             "tests/test_attention.py::test_earlier_positions_never_see_the_future",
             "tests/test_attention.py::test_the_first_position_reads_its_own_value",
+            "tests/test_attention.py::test_one_new_query_sees_every_key_so_far",
             "tests/test_attention.py::test_each_output_averages_the_values_it_sees",
             "tests/test_attention.py::test_equal_keys_give_the_running_mean_of_the_values",
             "tests/test_attention.py::test_scores_are_scaled_by_one_over_root_head_size",

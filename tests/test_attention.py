@@ -105,6 +105,16 @@ def test_the_first_position_reads_its_own_value(T):
     assert_close(y[..., 0, :], v[..., 0, :], "position 0 sees only itself: its output is v[0]", atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("S", [1, 7])
+def test_one_new_query_sees_every_key_so_far(S):
+    """Sampling with the KV cache asks for one query, the newest token, against the S keys so far: its output is
+    the last row of the same attention over all S positions (the mask comes from the queries' positions)."""
+    q, k, v = random_qkv(2, 3, S, 8)
+    y = manual_causal_attention(q[..., -1:, :], k, v, 0.0)
+    assert y.shape == (2, 3, 1, 8), f"one query in, one row out (B, H, 1, head size): got {tuple(y.shape)}"
+    assert_close(y, manual_causal_attention(q, k, v, 0.0)[..., -1:, :], "the newest query over all S keys")
+
+
 @pytest.mark.parametrize("T", [1, 6, 11])
 def test_each_output_averages_the_values_it_sees(T):
     """With v the identity the output reads out the weights: non-negative, zero on the future, each row summing
