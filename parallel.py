@@ -373,6 +373,15 @@ def sharded_grad_norm(local_parameters, grid, dp=None, skip=None):
 #   report(out_dir, say, is_rank0)           the layout's own account at the end of the run
 
 
+def forward_and_backward(forward, autocast, x, y, loss_weight):
+    """One micro-batch of a model that runs every layer: the loss of (x, y) under autocast, loss_weight times it
+    backpropagated; returns the loss, detached. Each DP engine wraps it in its own way of holding the sync back."""
+    with autocast:
+        _, loss = forward(x, y)
+    (loss * loss_weight).backward()
+    return loss.detach()
+
+
 class ShardedModel:
     """A rank that runs every layer of the GPT: all of each matrix (tp = 1), or its
     tensor-parallel slices (tp > 1); gradients averaged over the dp replicas."""
@@ -397,10 +406,7 @@ class ShardedModel:
     def forward_backward(self, x, y, loss_weight, sync=True):
         if self.dp is not None:
             self.dp.sync = sync  # under accumulation only the last micro-batch starts the all-reduces
-        with self.autocast:
-            _, loss = self.forward(x, y)
-        (loss * loss_weight).backward()
-        return loss.detach()
+        return forward_and_backward(self.forward, self.autocast, x, y, loss_weight)
 
     def loss(self, x, y):
         with self.autocast:

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from comm_count import counted
-from parallel import sharded_grad_norm
+from parallel import forward_and_backward, sharded_grad_norm
 
 ENGINES = ("ddp", "fsdp")  # the --dp_mode values this file serves
 
@@ -88,10 +88,7 @@ class DDPModel:
         # under accumulation only the last micro-batch all-reduces: no_sync() around the others' forward and backward
         skip_sync = self.ddp.no_sync() if self.ddp is not None and not sync else contextlib.nullcontext()
         with skip_sync:
-            with self.autocast:
-                _, loss = self.forward(x, y)
-            (loss * loss_weight).backward()
-        return loss.detach()
+            return forward_and_backward(self.forward, self.autocast, x, y, loss_weight)
 
     def loss(self, x, y):
         with self.autocast:
@@ -188,10 +185,7 @@ class FSDPModel:
             # on the whole parameters they keep (not resharded after backward) until clear_gradients() frees them.
             self.module.set_requires_gradient_sync(sync)
             self.module.set_reshard_after_backward(sync)
-        with self.autocast:
-            _, loss = self.forward(x, y)
-        (loss * loss_weight).backward()
-        return loss.detach()
+        return forward_and_backward(self.forward, self.autocast, x, y, loss_weight)
 
     def loss(self, x, y):
         with self.autocast:
