@@ -11,7 +11,6 @@ file:// URLs too, for a machine without network.
 import hashlib
 import json
 import os
-import shutil
 import urllib.request
 
 
@@ -72,7 +71,7 @@ def download(name, dest_dir, spec, url=None):
     tmp = path + ".tmp"
     try:
         with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as f:
-            shutil.copyfileobj(response, f)
+            copy_with_progress(response, f, int(response.headers.get("Content-Length") or 0), name)
     except OSError as e:
         remove_if_exists(tmp)
         path_flag, url_flag = spec["offline_flags"]
@@ -86,3 +85,17 @@ def download(name, dest_dir, spec, url=None):
         raise ValueError(f"{url} has sha256 {got}, expected {spec['sha256']}: not the {name} file")
     os.replace(tmp, path)
     return path
+
+
+def copy_with_progress(source, dest, total_bytes, name, block=1 << 20):
+    """Copy a stream, printing a line at each tenth of total_bytes (each 100 MB where the size is unknown):
+    GPT-2 XL's weights are 6 GB, minutes of silence otherwise."""
+    done, next_report = 0, 0
+    step = max(total_bytes // 10, 1 << 20) if total_bytes else 100 << 20  # at least a MB between lines
+    for chunk in iter(lambda: source.read(block), b""):
+        dest.write(chunk)
+        done += len(chunk)
+        if done >= next_report + step:
+            next_report = done - done % step
+            of_total = f" of {total_bytes / 1e6:,.0f} MB" if total_bytes else " MB"
+            print(f"  {name}: {done / 1e6:,.0f}{of_total}", flush=True)

@@ -310,9 +310,9 @@ def _flag(key, value):
 # Where a run's first weights come from
 
 
-def _gpt2_model(repo, sha256, n_layer, n_head, n_embd):
+def _gpt2_model(repo, revision, sha256, n_layer, n_head, n_embd):
     return dict(
-        url=f"https://huggingface.co/openai-community/{repo}/resolve/main/model.safetensors",
+        url=f"https://huggingface.co/openai-community/{repo}/resolve/{revision}/model.safetensors",
         sha256=sha256,
         filename="model.safetensors",
         offline_flags=("--init_from", "--init_url"),  # how a user without network hands over a local copy
@@ -322,14 +322,43 @@ def _gpt2_model(repo, sha256, n_layer, n_head, n_embd):
     )
 
 
-# OpenAI's four GPT-2s as Hugging Face serves them. sha256: the Git LFS oid of each model.safetensors, as
-# projects that pin them publish it (gpt2 at revision 607a30d, gpt2-xl at 15ea56d). None where no published
-# hash was found: that name is refused, and a copy downloaded by hand loads as a folder instead.
+# OpenAI's four GPT-2s as Hugging Face serves them, each at a pinned revision (a commit of its repository), so the
+# bytes cannot change under the hash. sha256: the Git LFS oid of that revision's model.safetensors, as projects
+# that pin these revisions publish it. None where no published hash was found: that name is refused, and a copy
+# downloaded by hand loads as a folder instead.
 GPT2_MODELS = {
-    "gpt2": _gpt2_model("gpt2", "248dfc3911869ec493c76e65bf2fcf7f615828b0254c12b473182f0f81d3a707", 12, 12, 768),
-    "gpt2-medium": _gpt2_model("gpt2-medium", None, 24, 16, 1024),
-    "gpt2-large": _gpt2_model("gpt2-large", None, 36, 20, 1280),
-    "gpt2-xl": _gpt2_model("gpt2-xl", "0f8b28eb05a8075f48b61b6f35332978c74fc7763fa9fb4051a1c30511736a6a", 48, 25, 1600),
+    "gpt2": _gpt2_model(
+        "gpt2",
+        revision="607a30d783dfa663caf39e06633721c8d4cfcd7e",
+        sha256="248dfc3911869ec493c76e65bf2fcf7f615828b0254c12b473182f0f81d3a707",
+        n_layer=12,
+        n_head=12,
+        n_embd=768,
+    ),
+    "gpt2-medium": _gpt2_model(
+        "gpt2-medium",
+        revision="6dcaa7a952f72f9298047fd5137cd6e4f05f41da",
+        sha256="fc5a354a19255ad494f3d71549390baca1ccf61d1d822b9408971705c687c9cd",
+        n_layer=24,
+        n_head=16,
+        n_embd=1024,
+    ),
+    "gpt2-large": _gpt2_model(
+        "gpt2-large",
+        revision="32b71b12589c2f8d625668d2335a01cac3249519",
+        sha256=None,
+        n_layer=36,
+        n_head=20,
+        n_embd=1280,
+    ),
+    "gpt2-xl": _gpt2_model(
+        "gpt2-xl",
+        revision="15ea56dee5df4983c59b2538573817e1667135e2",
+        sha256="0f8b28eb05a8075f48b61b6f35332978c74fc7763fa9fb4051a1c30511736a6a",
+        n_layer=48,
+        n_head=25,
+        n_embd=1600,
+    ),
 }
 GPT2_WEIGHTS_DIR = os.path.join("data", "gpt2-weights")  # a named model lands in data/gpt2-weights/<name>/
 
@@ -347,7 +376,7 @@ def initial_weights(init_from, init_url="", say=print):
         if spec["sha256"] is None:
             raise ValueError(
                 f"no pinned sha256 for {init_from}: download its model.safetensors (and config.json) from "
-                f"{spec['url'].removesuffix('/resolve/main/model.safetensors')} yourself and pass "
+                f"{spec['url'].split('/resolve/')[0]} yourself and pass "
                 "--init_from path/to/folder"
             )
         path = files.download(init_from, os.path.join(GPT2_WEIGHTS_DIR, init_from), spec, init_url or None)

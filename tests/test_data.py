@@ -11,7 +11,7 @@ import torch
 import data
 from data import DOWNLOADS, DataConfig, TokenStream, get_tokenizer, prepare
 from conftest import ROOT, SHAKESPEARE, needs_gpt2, needs_shakespeare, run_script
-from files import download
+from files import download, file_sha256
 
 TEXT = "Hello, world!\n\tunicode: naïve café 日本語 🙂 <|endoftext|> done"
 
@@ -145,6 +145,16 @@ def test_shakespeare_download_is_checked(tmp_path):
 def test_unreachable_download_says_what_to_do(tmp_path):
     with pytest.raises(ValueError, match="could not download shakespeare.*--source"):
         download("shakespeare", str(tmp_path), DOWNLOADS["shakespeare"], url=(tmp_path / "missing.txt").as_uri())
+
+
+def test_a_long_download_reports_its_progress(tmp_path, capsys):
+    served = tmp_path / "big.bin"
+    served.write_bytes(os.urandom(5 << 20))  # 5 MB: a line per MB, the most often it reports
+    spec = dict(sha256=file_sha256(served), filename="big.bin", offline_flags=("--source", "--url"))
+    path = download("big", str(tmp_path / "dest"), spec, url=served.as_uri())
+    assert open(path, "rb").read() == served.read_bytes()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  big: ")]
+    assert lines == [f"  big: {mb} of 5 MB" for mb in range(1, 6)]  # 5 MiB is 5.24 MB
 
 
 def write_tokens(path, n):

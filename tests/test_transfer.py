@@ -284,9 +284,12 @@ def test_initial_weights_refuses_what_it_cannot_read(tmp_path, monkeypatch):
     (pickled / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(ValueError, match=r"pytorch_model\.bin only.*save_pretrained"):
         transfer.initial_weights(str(pickled))
-    monkeypatch.setitem(transfer.GPT2_MODELS, "gpt2-medium", {**transfer.GPT2_MODELS["gpt2-medium"], "sha256": None})
-    with pytest.raises(ValueError, match=r"no pinned sha256 for gpt2-medium: .*--init_from path/to/folder"):
-        transfer.initial_weights("gpt2-medium")
+    with pytest.raises(
+        ValueError,
+        match=r"no pinned sha256 for gpt2-large: download .* from https://huggingface\.co/openai-community/gpt2-large "
+        r"yourself and pass --init_from path/to/folder",
+    ):
+        transfer.initial_weights("gpt2-large")
 
 
 def test_a_named_download_is_checked_against_its_sha256(tmp_path, monkeypatch):
