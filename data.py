@@ -398,8 +398,11 @@ def read_json(path):
 
 
 def default_data_dir(dcfg):
-    """data/<source>-<tokenizer>, the source reduced to a folder-safe name: 'texts/*.txt' -> texts_txt."""
+    """data/<source>-<tokenizer>, the source reduced to a folder-safe name: 'texts/*.txt' -> texts_txt. A long one
+    (an absolute path) keeps its last 40 characters and a hash of the whole, so two sources never share a folder."""
     name = re.sub(r"[^A-Za-z0-9]+", "_", dcfg.source).strip("_") or "corpus"
+    if len(name) > 48:
+        name = f"{name[-40:].strip('_')}_{hashlib.sha256(dcfg.source.encode()).hexdigest()[:8]}"
     return os.path.join("data", f"{name}-{dcfg.tokenizer}")
 
 

@@ -41,6 +41,18 @@ def run_identity(mcfg, cfg, meta, global_batch):
     }
 
 
+def identity_defaults(mcfg, cfg):
+    """The identity's config fields at their defaults, which fill_new_fields gives a record that lacks them."""
+    return {"GPTConfig": asdict(type(mcfg)()), "TrainConfig": asdict(type(cfg)())}
+
+
+def fill_new_fields(recorded, defaults):
+    """A run.json's (or a checkpoint's) identity with the config fields it lacks at their defaults: it was written
+    before those fields existed, and each field came with the default that keeps what runs did before it (an
+    older gpt2-small run's activation is "gelu"; a run from before --init_from started from a fresh init)."""
+    return {**recorded, **{section: {**defaults[section], **recorded[section]} for section in defaults}}
+
+
 # run.json last: an --overwrite cut short leaves a folder that is still recognisably a run of ours
 RUN_FILES = (
     "metrics.jsonl",
@@ -81,11 +93,11 @@ def check_out_dir_is_ours(out_dir):
         )
 
 
-def prepare_out_dir(out_dir, identity, overwrite):
+def prepare_out_dir(out_dir, identity, overwrite, defaults):
     """Make out_dir this run's folder, refusing to mix two runs in one: a folder of another run is
     refused unless --overwrite starts this one afresh there. Returns the CONTINUABLE fields that
     differ from the run already there, for the caller to record (record_identity) once it has
-    decided that the run goes on."""
+    decided that the run goes on. defaults (identity_defaults): what an older run.json's missing fields were."""
     path = os.path.join(out_dir, "run.json")
     os.makedirs(out_dir, exist_ok=True)
     if overwrite:
@@ -99,7 +111,7 @@ def prepare_out_dir(out_dir, identity, overwrite):
         record_identity(out_dir, identity)
         return []
     with open(path) as f:
-        old = json.load(f)
+        old = fill_new_fields(json.load(f), defaults)
     changed = config_changes(old, identity, ignore=CONTINUABLE)
     if changed:
         raise ValueError(

@@ -1,19 +1,22 @@
 """A run's set-up: everything before its first step, built into one `Run` the loop and its stages share.
 
 Processes and devices (the process grid, the compute dtype), the data (one source, or a mix: mixture.py), the
-run's folder (run_folder.py), the model (a fresh init or --init_from's weights: transfer.py) cut for this rank's
-place in the layout, AdamW, the loss scaler, the health monitor and the fault injector.
+run's folder (run_folder.py), the model cut for this rank's place in the layout (a fresh init, or --init_from's
+weights, read and fitted here, which start() loads), AdamW, the loss scaler, the health monitor and the fault injector.
 """
 
 import contextlib
+import json
 import math
 import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from typing import NamedTuple
 
 import torch
 
+import checkpoint
 import cost
 from config import Configs
 from data import TokenStream, default_data_dir, load_or_prepare
@@ -32,7 +35,7 @@ from parallel import (
     run_on_rank0,
 )
 from pipeline import SCHEDULES, PipelineModel, check_micro_batches, check_pipeline_layout
-from run_folder import check_out_dir_is_ours, out_dir_of, prepare_out_dir, run_identity
+from run_folder import check_out_dir_is_ours, identity_defaults, out_dir_of, prepare_out_dir, run_identity
 from runbook import Recovery
 from tensor_parallel import check_tensor_parallel_layout
 from torch_engines import ENGINES, DDPModel, FSDPModel, check_torch_engine_layout
@@ -101,12 +104,17 @@ def make_optimizer(module, cfg, device, zero=None):
 # The run
 
 
+class InitialWeights(NamedTuple):
+    state_dict: dict  # single-device form, this run's names and shapes
+    source: str  # where they came from, in words
+
+
 @dataclass
 class Run:
     """What the loop and its stages share. set_up builds it; afterwards the stages change only `recovery`,
-    `records`, `comm_compared` and `measured_state` (start, restore_checkpoint, respond_to_incident, log_step,
-    the first update), while the objects it holds (model, optimizer, streams, monitor, tracker) change state as they
-    work."""
+    `records`, `comm_compared`, `measured_state` and `initial_weights` (start, restore_checkpoint,
+    respond_to_incident, log_step, the first update), while the objects it holds (model, optimizer, streams,
+    monitor, tracker) change state as they work."""
 
     configs: Configs  # the model's with the vocabulary padded
     grid: ProcessGrid
@@ -114,7 +122,9 @@ class Run:
     out_dir: str
     identity: dict  # what makes two runs the same run (run.json)
     continued: list[str]  # the schedule fields that differ from the run already in out_dir ("max_iters: 2000 -> 3000")
-    initialized_from: str  # where --init_from's weights came from, in words; "": a fresh init
+    # --init_from's weights, fitted to this run, for start() to load if it starts at step 0 (then dropped); None:
+    # a fresh init, or a run that resumes from its own checkpoints (the source was not read: it may be gone)
+    initial_weights: InitialWeights | None
     meta: dict  # the token files' meta.json; for a mix, the sources' together (mixture.mix_meta)
     mix: Mix | None  # --mix: the sources and their weights by step; None: one source
     benchmark_examples: list[dict]  # for the final check ([]: none); read at set-up, so a failed download fails early
@@ -237,10 +247,11 @@ def set_up(preset, configs):
     run_on_rank0(lambda: check_out_dir_is_ours(out_dir), grid.rank == 0)  # before the data may land inside it
     mix, meta, data_dirs = prepare_data(preset, configs, grid.rank == 0)
     benchmark_examples = run_on_rank0(lambda: read_benchmark(configs.benchmark), grid.rank == 0)
-    configs, whole, initialized_from = initial_model(configs, meta, grid, say, device)
+    configs, whole, initial_weights = initial_model(configs, meta, grid, say, device, out_dir)
     global_batch = grid.dp * cfg.batch_size * cfg.gradient_accumulation_steps  # sequences per optimizer step
     identity = run_identity(configs.model, cfg, meta, global_batch)
-    continued = run_on_rank0(lambda: prepare_out_dir(out_dir, identity, cfg.overwrite), grid.rank == 0)
+    defaults = identity_defaults(configs.model, cfg)
+    continued = run_on_rank0(lambda: prepare_out_dir(out_dir, identity, cfg.overwrite, defaults), grid.rank == 0)
     check_visible_everywhere(
         [os.path.join(d, "meta.json") for d in data_dirs.values()] + [os.path.join(out_dir, "run.json")]
     )
@@ -258,7 +269,7 @@ def set_up(preset, configs):
         out_dir=out_dir,
         identity=identity,
         continued=continued,
-        initialized_from=initialized_from,
+        initial_weights=initial_weights,
         meta=meta,
         mix=mix,
         benchmark_examples=benchmark_examples,
@@ -310,37 +321,59 @@ def prepare_data(preset, configs, is_rank0):
     return None, meta, {"data": data_dir}
 
 
-def initial_model(configs, meta, grid, say, device):
-    """(configs with the model's vocabulary, the whole single-device GPT every rank starts from, where its weights
-    came from: "" for a fresh init). The same on every rank, so any layout starts from the same weights.
-    --init_from gives the weights only: the optimizer, the step, the data and the LR schedule are this run's."""
+def initial_model(configs, meta, grid, say, device, out_dir):
+    """(configs with the model's vocabulary, the whole single-device GPT every rank starts from, --init_from's
+    weights for start() to load, or None). A fresh init is the same on every rank, so any layout starts alike.
+    --init_from gives the weights only: the optimizer, the step, the data and the LR schedule are this run's. A run
+    that already holds checkpoints of its own resumes from them, so its source is not read again: only its
+    vocabulary (the source's rows, recorded in run.json) shapes the model."""
     # Pad V to a multiple of 64 for fast matmuls (50257 -> 50304); the extra ids are never targets.
     configs = replace(configs, model=replace(configs.model, vocab_size=64 * math.ceil(meta["vocab_size"] / 64)))
     if not configs.train.init_from:
-        return configs, GPT(configs.model).to(device), ""
-    source_config, weights, tokenizer, source = read_initial_weights(configs.train, grid, say)
+        return configs, GPT(configs.model).to(device), None
+    # rank 0 decides, and every rank follows: a rank that read the source alone would wait for the others forever
+    recorded_vocab_size = run_on_rank0(lambda: vocab_size_of_a_run_to_resume(out_dir, configs.train), grid.rank == 0)
+    if recorded_vocab_size is not None:
+        configs = replace(configs, model=replace(configs.model, vocab_size=recorded_vocab_size))
+        return configs, GPT(configs.model).to(device), None
+    gpt_config, weights = read_initial_weights(configs, meta, grid, say)
+    configs = replace(configs, model=GPTConfig(**gpt_config))
+    return configs, GPT(configs.model).to(device), weights
+
+
+def vocab_size_of_a_run_to_resume(out_dir, cfg):
+    """The vocab_size run.json records when out_dir holds checkpoints of a run from this --init_from, which it will
+    resume (or refuse, when the rest of its identity differs); None when it starts afresh."""
+    path = os.path.join(out_dir, "run.json")
+    if cfg.overwrite or not os.path.isfile(path) or not checkpoint.list_steps(os.path.join(out_dir, "ckpt")):
+        return None
+    with open(path) as f:
+        recorded = json.load(f)
+    if recorded["TrainConfig"].get("init_from") != cfg.init_from:
+        return None
+    return recorded["GPTConfig"]["vocab_size"]
+
+
+def read_initial_weights(configs, meta, grid, say):
+    """(the GPTConfig fields for the run's model, InitialWeights): --init_from's weights checked against and fitted
+    to this run (transfer.fit_to_run), on every rank: rank 0 first, as it may download them (once)."""
+    weights, problem = None, None
+    if grid.rank == 0:
+        try:
+            weights = initial_weights(configs.train.init_from, configs.train.init_url, say)
+        except ValueError as e:
+            problem = str(e)
+    raise_on_every_rank(problem)  # a barrier too: the others read what rank 0 fetched
+    if grid.rank != 0:
+        weights = initial_weights(configs.train.init_from, configs.train.init_url, say)
+    source_config, state_dict, tokenizer, source = weights
     if tokenizer is not None and tokenizer != meta["tokenizer"]:
         raise ValueError(
             f"--init_from {source} learned {tokenizer!r} tokens, and this run's data holds {meta['tokenizer']!r} "
             f"tokens: the same id would mean another token. Pass --tokenizer {tokenizer} (and its data)"
         )
-    gpt_config, weights = fit_to_run(source_config, weights, asdict(configs.model), source, say)
-    configs = replace(configs, model=GPTConfig(**gpt_config))
-    whole = GPT(configs.model)
-    whole.load_state_dict(weights)
-    return configs, whole.to(device), source
-
-
-def read_initial_weights(cfg, grid, say):
-    """transfer.initial_weights of --init_from on every rank: rank 0 first, as it may download them (once)."""
-    weights, problem = None, None
-    if grid.rank == 0:
-        try:
-            weights = initial_weights(cfg.init_from, cfg.init_url, say)
-        except ValueError as e:
-            problem = str(e)
-    raise_on_every_rank(problem)  # a barrier too: the others read what rank 0 fetched
-    return weights if grid.rank == 0 else initial_weights(cfg.init_from, cfg.init_url, say)
+    gpt_config, state_dict = fit_to_run(source_config, state_dict, asdict(configs.model), source, say)
+    return gpt_config, InitialWeights(state_dict, source)
 
 
 def open_token_streams(mix, data_dirs, meta, cfg, block_size, grid, say):

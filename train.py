@@ -52,11 +52,13 @@ from parallel import (
     run_on_rank0,
 )
 from sample import sample, sample_texts
-from run_setup import pick_device, set_up
+from run_setup import pick_device, read_initial_weights, set_up
 from runbook import RUNGS, Recovery, runbook_response
 from run_folder import (
     append_jsonl,
     config_changes,
+    fill_new_fields,
+    identity_defaults,
     is_finished,
     out_dir_of,
     read_jsonl,
@@ -284,13 +286,22 @@ def start(run):
         raise ValueError(f"--resume, but {run.ckpt_dir} holds no checkpoint that verifies")
     else:
         step = 0
-        if run.initialized_from:
-            run.say(f"starting from the weights of {run.initialized_from}: a fresh optimizer, step 0, this run's data")
+        if run.configs.train.init_from:
+            load_initial_weights(run)
         save_checkpoint(run, 0)
     run.records = [r for r in read_jsonl(run.metrics_path) if r["step"] < step]  # the timeline that led here
     if run.is_rank0:
         write_jsonl(run.metrics_path, run.records)
     return step
+
+
+def load_initial_weights(run):
+    """--init_from's weights into the model as this rank holds it, as a checkpoint's are (any layout). A run that
+    had checkpoints of its own but none that verifies reads its source now, which set-up skipped."""
+    weights = run.initial_weights or read_initial_weights(run.configs, run.meta, run.grid, run.say)[1]
+    checkpoint.load_full_state_dict(run.model, weights.state_dict, run.grid)
+    run.initial_weights = None  # the model holds them now
+    run.say(f"starting from the weights of {weights.source}: a fresh optimizer, step 0, this run's data")
 
 
 def check_epochs(run):
@@ -447,7 +458,8 @@ def restore_checkpoint(run, state, forget=()):
     forget (--resume_without) leaves out some of the chapter's three pieces, to show what each
     one is for: "optimizer" (AdamW restarts from zero moments), "data_position" (train.bin is
     read again from its start) or "schedule" (the LR schedule starts over, warmup first)."""
-    if changed := config_changes(state["config"], {"GPTConfig": run.identity["GPTConfig"]}):
+    recorded = fill_new_fields(state["config"], identity_defaults(run.configs.model, run.configs.train))
+    if changed := config_changes(recorded, {"GPTConfig": run.identity["GPTConfig"]}):
         raise ValueError(f"the checkpoint holds a model of another shape ({'; '.join(changed)})")
     if "optimizer" not in state and not (run.configs.recovery.reset_optimizer or "optimizer" in forget):
         raise ValueError(
@@ -604,7 +616,7 @@ def log_step(run, record, throughput):
         line += f" | val loss {record['val_loss']:.4f}"
     if "skipped" in record:
         line += f" | step skipped: {record['skipped']}"
-    if step == 0 and not run.initialized_from:
+    if step == 0 and not run.configs.train.init_from:
         vocab = run.meta["vocab_size"]
         line += f"\n  a fresh model guesses uniformly: loss ~ ln(vocab) = ln {vocab} = {math.log(vocab):.4f}"
     if run.grid.world_size > 1:  # the step's communication, each dimension on its busiest rank

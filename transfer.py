@@ -473,10 +473,11 @@ def fit_to_run(source_config, state_dict, run_config, source_description, say=pr
             f"{', '.join(f'{k} {run_config[k]}' for k in differ)}: pass {' '.join(_flag(k, source[k]) for k in differ)}"
             + cropped
         )
-    if 64 * math.ceil(source["vocab_size"] / 64) != run_config["vocab_size"]:
+    padded = 64 * math.ceil(run_config["vocab_size"] / 64)  # the run's tokenizer's vocabulary, padded (it may be)
+    if 64 * math.ceil(source["vocab_size"] / 64) != padded:
         raise ValueError(
             f"--init_from {source_description} holds {source['vocab_size']} token rows; this run's tokenizer pads "
-            f"to {run_config['vocab_size']}: train with the tokenizer these weights learned (--tokenizer)"
+            f"to {padded}: train with the tokenizer these weights learned (--tokenizer)"
         )
     gpt_config = {**run_config, "vocab_size": source["vocab_size"]}
     if source["block_size"] > run_config["block_size"]:

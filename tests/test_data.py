@@ -157,6 +157,14 @@ def test_a_long_download_reports_its_progress(tmp_path, capsys):
     assert lines == [f"  big: {mb} of 5 MB" for mb in range(1, 6)]  # 5 MiB is 5.24 MB
 
 
+def test_default_data_dir_is_short_and_one_per_source():
+    assert data.default_data_dir(DataConfig(source="texts/*.txt")) == os.path.join("data", "texts_txt-byte")
+    deep = [f"/home/someone/corpora/2026/{kind}/collected/by/hand/**/*.txt" for kind in ("prose", "poems")]
+    names = [os.path.basename(data.default_data_dir(DataConfig(source=source, tokenizer="gpt2"))) for source in deep]
+    assert names[0] != names[1] and all(len(name) <= 54 for name in names)
+    assert names[0].startswith("corpora_2026_prose_collected_by_hand_txt_") and names[0].endswith("-gpt2")
+
+
 def write_tokens(path, n):
     """A token file whose token i is the number i, so every window names its own position."""
     np.arange(n, dtype=np.uint16).tofile(path)

@@ -9,6 +9,7 @@ import re
 import pytest
 import torch
 
+import checkpoint
 from conftest import ROOT, TIKTOKEN_CACHE, needs_gpt2, run_script, write_word_corpus
 
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))  # for this process and the scripts it starts
@@ -73,6 +74,30 @@ def test_init_from_a_transformers_gpt2_samples_what_transformers_generates(tmp_p
 
 
 @needs_gpt2
+def test_init_from_gpt2_under_tensor_parallelism_takes_the_steps_one_process_takes(tmp_path):
+    """GPT-2's 50257 vocabulary rows are odd, so a tp=2 cut pads them; two ranks start from the same weights and take
+    the same steps as one process."""
+    transformers_gpt2(tmp_path / "hf")
+    corpus = write_word_corpus(tmp_path / "words.txt", 3000)
+    # fmt: off
+    flags = [
+        *QUIET, "--init_from", tmp_path / "hf", "--tokenizer", "gpt2", "--source", corpus, "--data_dir", tmp_path / "d",
+        "--n_layer", "2", "--n_head", "4", "--n_embd", "64", "--block_size", "64", "--batch_size", "4",
+        *GPT2_ARCHITECTURE, "--max_iters", "3", "--eval_interval", "3",
+    ]
+    # fmt: on
+    one = train(tmp_path, *flags, "--out_dir", tmp_path / "one")
+    assert one.returncode == 0, one.stderr
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    two = run_script([*launcher, ROOT / "train.py", *flags, "--tp", "2", "--out_dir", tmp_path / "tp2"], cwd=tmp_path)
+    assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-3000:]
+    for a, b in zip(metrics(tmp_path / "one"), metrics(tmp_path / "tp2"), strict=True):
+        assert a["step"] == b["step"] and a.keys() & {"loss", "val_loss"} == b.keys() & {"loss", "val_loss"}
+        for key in a.keys() & {"loss", "val_loss"}:
+            assert b[key] == pytest.approx(a[key], rel=1e-5), (a["step"], key)
+
+
+@needs_gpt2
 def test_export_hf_loads_in_transformers_with_the_same_logits_and_greedy_text(tmp_path):
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
     from sample import single_device_model
@@ -127,7 +152,25 @@ def test_init_from_a_finished_run_starts_at_its_final_val_loss(tmp_path, small_c
     )
     assert follow.returncode == 0, follow.stderr
     assert "its checkpoint of step 10" in follow.stdout
-    assert metrics(tmp_path / "next")[0]["val_loss"] == metrics(tmp_path / "base")[-1]["val_loss"]
+    base_final = metrics(tmp_path / "base")[-1]["val_loss"]
+    assert metrics(tmp_path / "next")[0]["val_loss"] == base_final
+
+    # Resuming reads the run's own checkpoints, not its source again: it goes on with the source gone.
+    (tmp_path / "base").rename(tmp_path / "base-moved")
+    further = ["--init_from", tmp_path / "base", "--out_dir", tmp_path / "next"]
+    resumed = train(tmp_path, *common, "--max_iters", "8", *further)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from the checkpoint of step 5" in resumed.stdout
+    assert "starting from the weights" not in resumed.stdout
+
+    # With no checkpoint of its own that verifies, it starts over from the source, read then.
+    for step in (tmp_path / "next" / "ckpt").iterdir():
+        (step / checkpoint.STATE_FILE).write_bytes(b"damaged")
+    (tmp_path / "base-moved").rename(tmp_path / "base")
+    restarted = train(tmp_path, *common, "--max_iters", "8", *further)
+    assert restarted.returncode == 0, restarted.stderr
+    assert "starting from the weights of" in restarted.stdout and "its checkpoint of step 10" in restarted.stdout
+    assert metrics(tmp_path / "next")[0]["val_loss"] == base_final
 
 
 def test_init_from_refuses_another_shape_naming_both(tmp_path, small_corpus):

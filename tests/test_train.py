@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import checkpoint
 import run_setup
 import train
 from data import TokenStream
@@ -248,6 +249,28 @@ def test_short_run_in_process_and_out_dir_protection(small_corpus, tmp_path, cap
     train.main([str(a) for a in [*args, "--n_layer", "3", "--overwrite", "--num_samples", "0"]])
     assert json.loads((out / "run.json").read_text())["GPTConfig"]["n_layer"] == 3
     assert (out / "samples.txt").read_text() == "\n"  # --num_samples 0: no samples, and no error
+
+
+def test_a_run_recorded_before_newer_fields_existed_continues(small_corpus, tmp_path, capsys):
+    """run.json and the checkpoints of a run from before --activation and --init_from lack those fields: they read
+    as their defaults, which is what that run did, so it continues; a command that sets one is another run."""
+    out = tmp_path / "run"
+    args = ["--source", small_corpus, "--data_dir", tmp_path / "data", "--out_dir", out, *QUICK, "--num_samples", "0"]
+    train.main([str(a) for a in [*args, "--max_iters", "3"]])
+
+    def without_new_fields(identity):
+        del identity["GPTConfig"]["activation"], identity["TrainConfig"]["init_from"]
+        return identity
+
+    run_json = out / "run.json"
+    run_json.write_text(json.dumps(without_new_fields(json.loads(run_json.read_text()))))
+    state = checkpoint.load(checkpoint.step_path(out / "ckpt", 3))
+    checkpoint.save(str(out / "ckpt"), 3, {**state, "config": without_new_fields(state["config"])}, healthy=True)
+
+    train.main([str(a) for a in [*args, "--max_iters", "5"]])
+    assert "resuming from the checkpoint of step 3" in capsys.readouterr().out
+    code, _ = run_main([*args, "--max_iters", "7", "--activation", "gelu_tanh"], capsys)
+    assert "holds a different run" in str(code) and "activation: 'gelu' -> 'gelu_tanh'" in str(code)
 
 
 def snapshot(folder):
