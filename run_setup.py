@@ -349,9 +349,9 @@ def vocab_size_of_a_run_to_resume(out_dir, cfg):
         return None
     with open(path) as f:
         recorded = json.load(f)
-    if recorded["TrainConfig"].get("init_from") != cfg.init_from:
+    if recorded.get("TrainConfig", {}).get("init_from") != cfg.init_from:
         return None
-    return recorded["GPTConfig"]["vocab_size"]
+    return recorded.get("GPTConfig", {}).get("vocab_size")  # None: a malformed record, which prepare_out_dir names
 
 
 def read_initial_weights(configs, meta, grid, say):

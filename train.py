@@ -266,7 +266,8 @@ def evaluate_only(preset, configs):
 
 def start(run):
     """The run's first moments: refuse a finished run, print the cost account, then resume
-    from the newest checkpoint that verifies, or save step 0. Returns the first step."""
+    from the newest checkpoint that verifies, or start at step 0 (from --init_from's weights, if
+    given) and save it. Returns the first step."""
     cfg = run.configs.train
     check_epochs(run)
     latest = load_checkpoint(run)
@@ -298,7 +299,15 @@ def start(run):
 def load_initial_weights(run):
     """--init_from's weights into the model as this rank holds it, as a checkpoint's are (any layout). A run that
     had checkpoints of its own but none that verifies reads its source now, which set-up skipped."""
-    weights = run.initial_weights or read_initial_weights(run.configs, run.meta, run.grid, run.say)[1]
+    if run.initial_weights is None:  # set-up built the model from run.json's record: the source must still fit it
+        gpt_config, weights = read_initial_weights(run.configs, run.meta, run.grid, run.say)
+        if changed := config_changes({"GPTConfig": asdict(run.configs.model)}, {"GPTConfig": gpt_config}):
+            raise ValueError(
+                f"--init_from {weights.source} no longer fits the model this run recorded ({'; '.join(changed)}): "
+                "start over with --overwrite, or point --init_from at the weights the run started from"
+            )
+    else:
+        weights = run.initial_weights
     checkpoint.load_full_state_dict(run.model, weights.state_dict, run.grid)
     run.initial_weights = None  # the model holds them now
     run.say(f"starting from the weights of {weights.source}: a fresh optimizer, step 0, this run's data")

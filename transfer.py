@@ -376,7 +376,7 @@ def initial_weights(init_from, init_url="", say=print):
         if spec["sha256"] is None:
             raise ValueError(
                 f"no pinned sha256 for {init_from}: download its model.safetensors (and config.json) from "
-                f"{spec['url'].split('/resolve/')[0]} yourself and pass "
+                f"{spec['url'].replace('/resolve/', '/tree/').removesuffix('/model.safetensors')} yourself and pass "
                 "--init_from path/to/folder"
             )
         path = files.download(init_from, os.path.join(GPT2_WEIGHTS_DIR, init_from), spec, init_url or None)

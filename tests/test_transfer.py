@@ -188,6 +188,9 @@ def test_fit_to_run_crops_positions_and_keeps_the_source_vocabulary():
     idx = torch.randint(0, 250, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(model(idx)[0], source(idx)[0])
+    # a model already built with the source's rows (a resumed run, from run.json's record) fits them as they are
+    fitted, _ = transfer.fit_to_run(source_config, source.state_dict(), {**run_config, "vocab_size": 250}, "x")
+    assert fitted == gpt_config
 
 
 def test_a_bare_safetensors_file_is_compared_by_its_tensors(tmp_path):
@@ -286,8 +289,8 @@ def test_initial_weights_refuses_what_it_cannot_read(tmp_path, monkeypatch):
         transfer.initial_weights(str(pickled))
     with pytest.raises(
         ValueError,
-        match=r"no pinned sha256 for gpt2-large: download .* from https://huggingface\.co/openai-community/gpt2-large "
-        r"yourself and pass --init_from path/to/folder",
+        match=r"no pinned sha256 for gpt2-large: download .* from https://huggingface\.co/openai-community/gpt2-large/"
+        r"tree/32b71b12589c2f8d625668d2335a01cac3249519 yourself and pass --init_from path/to/folder",
     ):
         transfer.initial_weights("gpt2-large")
 
