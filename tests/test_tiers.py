@@ -74,9 +74,14 @@ def test_init_from_a_transformers_gpt2_samples_what_transformers_generates(tmp_p
 
 
 @needs_gpt2
-def test_init_from_gpt2_under_tensor_parallelism_takes_the_steps_one_process_takes(tmp_path):
-    """GPT-2's 50257 vocabulary rows are odd, so a tp=2 cut pads them; two ranks start from the same weights and take
-    the same steps as one process."""
+@pytest.mark.parametrize(
+    "layout",
+    [["--tp", "2"], ["--pp", "2", "--micro_batches", "2"], ["--dp", "2", "--dp_mode", "fsdp", "--batch_size", "2"]],
+    ids=["tp2", "pp2", "fsdp-dp2"],
+)
+def test_init_from_gpt2_on_two_ranks_takes_the_steps_one_process_takes(tmp_path, layout):
+    """Two ranks load --init_from's weights into their parts (GPT-2's 50257 rows are odd: a tp=2 cut pads them; a
+    pipeline holds the tied embedding on both stages; FSDP2 shards every matrix) and take one process's steps."""
     transformers_gpt2(tmp_path / "hf")
     corpus = write_word_corpus(tmp_path / "words.txt", 3000)
     # fmt: off
@@ -89,12 +94,12 @@ def test_init_from_gpt2_under_tensor_parallelism_takes_the_steps_one_process_tak
     one = train(tmp_path, *flags, "--out_dir", tmp_path / "one")
     assert one.returncode == 0, one.stderr
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    two = run_script([*launcher, ROOT / "train.py", *flags, "--tp", "2", "--out_dir", tmp_path / "tp2"], cwd=tmp_path)
+    two = run_script([*launcher, ROOT / "train.py", *flags, *layout, "--out_dir", tmp_path / "two"], cwd=tmp_path)
     assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-3000:]
-    for a, b in zip(metrics(tmp_path / "one"), metrics(tmp_path / "tp2"), strict=True):
+    for a, b in zip(metrics(tmp_path / "one"), metrics(tmp_path / "two"), strict=True):
         assert a["step"] == b["step"] and a.keys() & {"loss", "val_loss"} == b.keys() & {"loss", "val_loss"}
-        for key in a.keys() & {"loss", "val_loss"}:
-            assert b[key] == pytest.approx(a[key], rel=1e-5), (a["step"], key)
+        for key in a.keys() & {"loss", "val_loss"}:  # a fresh init would be a nat or more away
+            assert b[key] == pytest.approx(a[key], rel=1e-4), (a["step"], key)
 
 
 @needs_gpt2
