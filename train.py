@@ -258,6 +258,8 @@ def evaluate_only(preset, configs):
     )
     if run.is_rank0:
         append_jsonl(run.metrics_path, record)
+        run.tracker.log(read_jsonl(run.metrics_path))  # the timeline this record now ends, as the loop sends it
+        run.tracker.close()
 
 
 # ----------------------------------------------------------------------------

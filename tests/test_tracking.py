@@ -165,6 +165,17 @@ def test_wandb_gets_every_record_by_step_offline(tmp_path, monkeypatch, capsys, 
     assert "val_loss_by_source/code" in logged[0] and "mix_tokens/prose" in logged[-1]
     assert calls[-1] == ("finish",)
 
+    calls.clear()  # --eval_only's record goes where the run's records went, in a W&B run of its own
+    # fmt: off
+    train.main([str(a) for a in [
+        "--eval_only", "--mix", mix, "--data_dir", tmp_path / "data", "--out_dir", out, *TINY, "--max_iters", "6",
+        "--log_to", "wandb",
+    ]])
+    # fmt: on
+    last = read_jsonl(out / "metrics.jsonl")[-1]
+    assert last["eval_only"] and [c[0] for c in calls] == ["init", "define_metric", "define_metric", "log", "finish"]
+    assert calls[3][1] == {**flat(last), "eval_only": "true"} and calls[3][1]["step"] == 6  # a flag goes as text
+
 
 @pytest.mark.parametrize("name, module", [("tensorboard", "torch.utils.tensorboard"), ("wandb", "wandb")])
 def test_a_missing_package_is_named_at_start_up(name, module, tmp_path, monkeypatch, capsys):
