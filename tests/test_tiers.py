@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import checkpoint
+import transfer
 from conftest import ROOT, TIKTOKEN_CACHE, needs_gpt2, run_script, write_word_corpus
+from model import GPT, GPTConfig
 
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))  # for this process and the scripts it starts
 
@@ -176,6 +178,36 @@ def test_init_from_a_finished_run_starts_at_its_final_val_loss(tmp_path, small_c
     assert restarted.returncode == 0, restarted.stderr
     assert "starting from the weights of" in restarted.stdout and "its checkpoint of step 10" in restarted.stdout
     assert metrics(tmp_path / "next")[0]["val_loss"] == base_final
+
+
+def test_a_source_that_changed_under_a_run_is_refused_when_read_again(tmp_path, small_corpus):
+    """A run whose checkpoints all fail to verify reads its --init_from again; if the file there has changed shape
+    since the run recorded its model, it says so rather than loading it into the model it built."""
+
+    def gpt2_shaped_file(rows):
+        torch.manual_seed(0)
+        # fmt: off
+        config = GPTConfig(
+            n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=rows, norm="layernorm", bias=True,
+            activation="gelu_tanh",
+        )
+        # fmt: on
+        transfer.write_safetensors(
+            str(tmp_path / "w.safetensors"), transfer.state_dict_to_hf(GPT(config).state_dict(), rows)
+        )
+
+    flags = [
+        *["--source", small_corpus, "--data_dir", tmp_path / "data", *TINY, *GPT2_ARCHITECTURE, "--max_iters", "2"],
+        *["--init_from", tmp_path / "w.safetensors", "--out_dir", tmp_path / "run"],
+    ]
+    gpt2_shaped_file(256)
+    assert train(tmp_path, *flags).returncode == 0
+    for step in (tmp_path / "run" / "ckpt").iterdir():
+        (step / checkpoint.STATE_FILE).write_bytes(b"damaged")
+    gpt2_shaped_file(250)  # pads to 256 as well, so the run's identity still matches
+    again = train(tmp_path, *flags)
+    assert again.returncode != 0
+    assert "no longer fits the model this run recorded (vocab_size: 256 -> 250)" in again.stderr
 
 
 def test_init_from_refuses_another_shape_naming_both(tmp_path, small_corpus):
