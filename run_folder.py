@@ -118,9 +118,18 @@ def prepare_out_dir(out_dir, identity, overwrite, defaults):
             f"{out_dir} holds a different run, whose checkpoints cannot continue with this config "
             f"({'; '.join(changed)}). Choose another --out_dir, or start over there with --overwrite."
         )
-    old_mix, new_mix = old["data"].get("mix"), identity["data"].get("mix")
-    mix_changes = weight_changes(old_mix, new_mix) if new_mix and old_mix != new_mix else []
-    return config_changes(old, identity, ignore=("mix",)) + mix_changes
+    return config_changes(old, identity, ignore=("mix",)) + data_changes(old["data"], identity["data"])
+
+
+def data_changes(old, new):
+    """What differs between the data two runs read (run.json's "data"), in words: a mix's sources, weights and
+    schedule (mixture.weight_changes), or the one source."""
+    old_mix, new_mix = old.get("mix"), new.get("mix")
+    if new_mix:
+        return weight_changes(old_mix, new_mix) if old_mix != new_mix else []
+    if old_mix:
+        return [f"mix: {', '.join(old_mix['sources'])} -> none; source: {new['source']}"]
+    return [f"source: {old['source']} -> {new['source']}"] if old["source_sha256"] != new["source_sha256"] else []
 
 
 def record_identity(out_dir, identity):

@@ -107,6 +107,7 @@ def make_optimizer(module, cfg, device, zero=None):
 class InitialWeights(NamedTuple):
     state_dict: dict  # single-device form, this run's names and shapes
     source: str  # where they came from, in words
+    data: dict | None  # what the source read, if it is a run of ours (its run.json's "data"); None: unknown
 
 
 @dataclass
@@ -366,14 +367,16 @@ def read_initial_weights(configs, meta, grid, say):
     raise_on_every_rank(problem)  # a barrier too: the others read what rank 0 fetched
     if grid.rank != 0:
         weights = initial_weights(configs.train.init_from, configs.train.init_url, say)
-    source_config, state_dict, tokenizer, source = weights
-    if tokenizer is not None and tokenizer != meta["tokenizer"]:
+    if weights.tokenizer is not None and weights.tokenizer != meta["tokenizer"]:
         raise ValueError(
-            f"--init_from {source} learned {tokenizer!r} tokens, and this run's data holds {meta['tokenizer']!r} "
-            f"tokens: the same id would mean another token. Pass --tokenizer {tokenizer} (and its data)"
+            f"--init_from {weights.description} learned {weights.tokenizer!r} tokens, and this run's data holds "
+            f"{meta['tokenizer']!r} tokens: the same id would mean another token. Pass --tokenizer "
+            f"{weights.tokenizer} (and its data)"
         )
-    gpt_config, state_dict = fit_to_run(source_config, state_dict, asdict(configs.model), source, say)
-    return gpt_config, InitialWeights(state_dict, source)
+    gpt_config, state_dict = fit_to_run(
+        weights.gpt_config, weights.state_dict, asdict(configs.model), weights.description, say
+    )
+    return gpt_config, InitialWeights(state_dict, weights.description, weights.data)
 
 
 def open_token_streams(mix, data_dirs, meta, cfg, block_size, grid, say):

@@ -57,6 +57,7 @@ from runbook import RUNGS, Recovery, runbook_response
 from run_folder import (
     append_jsonl,
     config_changes,
+    data_changes,
     fill_new_fields,
     identity_defaults,
     is_finished,
@@ -313,6 +314,8 @@ def load_initial_weights(run):
     checkpoint.load_full_state_dict(run.model, weights.state_dict, run.grid)
     run.initial_weights = None  # the model holds them now
     run.say(f"starting from the weights of {weights.source}: a fresh optimizer, step 0, this run's data")
+    if weights.data is not None and (changed := data_changes(weights.data, run.identity["data"])):
+        run.say(f"the data, against what {weights.source} read: {'; '.join(changed)}")
 
 
 def check_epochs(run):

@@ -23,6 +23,7 @@ import os
 import shutil
 import struct
 from dataclasses import fields
+from typing import NamedTuple
 
 import torch
 
@@ -363,9 +364,18 @@ GPT2_MODELS = {
 GPT2_WEIGHTS_DIR = os.path.join("data", "gpt2-weights")  # a named model lands in data/gpt2-weights/<name>/
 
 
+class Source(NamedTuple):
+    """What --init_from hands a run."""
+
+    gpt_config: dict | None  # the source's GPTConfig fields; None where unknown (a bare .safetensors)
+    state_dict: dict  # in our names
+    tokenizer: str | None  # its tokenizer's name; None where unknown
+    description: str  # for messages: "out/base, its checkpoint of step 400"
+    data: dict | None = None  # a run of ours: what it read (its run.json's "data"); None: unknown
+
+
 def initial_weights(init_from, init_url="", say=print):
-    """(gpt_config: the source's GPTConfig fields, or None where unknown; state dict in our names; its tokenizer's
-    name, or None where unknown; a description for messages) of --init_from, which is one of:
+    """The Source of --init_from, which is one of:
     - a run's out_dir: its newest healthy checkpoint;
     - a Hugging Face GPT-2 folder: its model.safetensors, and the config.json beside it;
     - a .safetensors file in GPT-2's layout (its config.json, if one lies beside it);
@@ -380,7 +390,7 @@ def initial_weights(init_from, init_url="", say=print):
                 "--init_from path/to/folder"
             )
         path = files.download(init_from, os.path.join(GPT2_WEIGHTS_DIR, init_from), spec, init_url or None)
-        return dict(spec["config"]), _read_hf_weights(path), "gpt2", f"{init_from} ({spec['sha256'][:12]})"
+        return Source(dict(spec["config"]), _read_hf_weights(path), "gpt2", f"{init_from} ({spec['sha256'][:12]})")
     if os.path.isfile(os.path.join(init_from, "run.json")):  # a run of ours
         ckpt_dir = os.path.join(init_from, "ckpt")
         latest = checkpoint.load_latest(ckpt_dir, healthy_only=True, warn=say)
@@ -398,7 +408,8 @@ def initial_weights(init_from, init_url="", say=print):
                 f"{step}, the newest healthy one"
             )
         description = f"{init_from}, its checkpoint of step {step}"
-        return state["config"]["GPTConfig"], state["model"], state["meta"]["tokenizer"], description
+        config = state["config"]
+        return Source(config["GPTConfig"], state["model"], state["meta"]["tokenizer"], description, config.get("data"))
     path = os.path.join(init_from, "model.safetensors") if os.path.isdir(init_from) else init_from
     if not os.path.isfile(path) and os.path.isfile(os.path.join(init_from, "pytorch_model.bin")):
         raise ValueError(
@@ -414,13 +425,13 @@ def initial_weights(init_from, init_url="", say=print):
     state_dict = _read_hf_weights(path)
     config_path = os.path.join(os.path.dirname(path), "config.json")
     if not os.path.isfile(config_path):
-        return None, state_dict, None, init_from
+        return Source(None, state_dict, None, init_from)
     try:
         with open(config_path) as f:
             gpt_config = gpt_config_from_hf(json.load(f))
     except ValueError as e:  # not JSON, or not GPT-2's
         raise ValueError(f"{config_path}: {e}") from None
-    return gpt_config, state_dict, "gpt2", init_from
+    return Source(gpt_config, state_dict, "gpt2", init_from)
 
 
 def _read_hf_weights(path):

@@ -10,6 +10,7 @@ import torch
 
 from data import DataConfig, TokenStream
 from mixture import Change, Mix, MixedStream, assign_rows, prepare_sources, read_mix, weight_changes, weights_at
+from run_folder import data_changes
 
 T = 4  # block size
 SOURCE_TOKENS = 10_000  # source i's file holds the tokens i * 10_000 + 0, 1, 2, ...: a token tells its source
@@ -402,6 +403,15 @@ def test_weight_changes_in_words(tmp_path):
     assert weight_changes(new, new) == []
     assert weight_changes(None, old) == ["mix: none -> prose (shakespeare), code (stdlib)"]
     assert weight_changes(new, old)[0] == "source dropped: web (web/*.jsonl)"
+
+    # two runs' data (run.json's "data"): a mix against a mix, a source, or the other way round
+    stdlib = {"source": "stdlib", "source_sha256": "a" * 64, "tokenizer": "byte"}
+    shakespeare = {"source": "shakespeare", "source_sha256": "b" * 64, "tokenizer": "byte"}
+    assert data_changes({"mix": old}, {"mix": new}) == weight_changes(old, new)
+    assert data_changes(stdlib, {"mix": old}) == ["mix: none -> prose (shakespeare), code (stdlib)"]
+    assert data_changes({"mix": old}, stdlib) == ["mix: prose, code -> none; source: stdlib"]
+    assert data_changes(stdlib, shakespeare) == ["source: stdlib -> shakespeare"]
+    assert data_changes(stdlib, {**stdlib, "val_fraction": 0.2}) == []  # the same corpus
 
 
 def test_each_source_is_prepared_into_its_own_folder(tmp_path, monkeypatch):

@@ -158,7 +158,7 @@ def test_init_from_a_finished_run_starts_at_its_final_val_loss(tmp_path, small_c
         tmp_path, *common, "--max_iters", "5", "--init_from", tmp_path / "base", "--out_dir", tmp_path / "next"
     )
     assert follow.returncode == 0, follow.stderr
-    assert "its checkpoint of step 10" in follow.stdout
+    assert "its checkpoint of step 10" in follow.stdout and "the data, against" not in follow.stdout  # the same
     base_final = metrics(tmp_path / "base")[-1]["val_loss"]
     assert metrics(tmp_path / "next")[0]["val_loss"] == base_final
 
@@ -274,6 +274,17 @@ def test_continuing_a_mix_run_with_a_changed_mix_says_what_changed(tmp_path):
     more = train(tmp_path, *mix_args(tmp_path, tmp_path / "run"), "--max_iters", "30")
     assert more.returncode == 0, more.stderr
     assert "continuing the run in" in more.stdout and "schedule: none -> step 24: prose 1, code 0" in more.stdout
+    # a new run from this one's weights, on another mix, says how its data differs from what they learned from
+    two_source_mix(tmp_path, [])
+    mix = json.loads((tmp_path / "mix.json").read_text())
+    (tmp_path / "mix.json").write_text(json.dumps({**mix, "weights": {"prose": 3, "code": 1}}))
+    new = train(tmp_path, *mix_args(tmp_path, tmp_path / "new"), "--init_from", tmp_path / "run", "--max_iters", "2")
+    assert new.returncode == 0, new.stderr
+    said = f"the data, against what {tmp_path / 'run'}, its checkpoint of step 30 read: "
+    assert (
+        said + "weights: prose 0.25 -> 0.75, code 0.75 -> 0.25; schedule: step 24: prose 1, code 0 -> none"
+        in new.stdout
+    )
 
 
 def test_gpt2_small_without_a_corpus_is_refused_with_the_data_command(tmp_path):

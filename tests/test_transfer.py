@@ -118,7 +118,7 @@ def test_gpt2_weights_come_in_and_go_out_with_the_same_logits(tmp_path):
     transformers = pytest.importorskip("transformers", reason="transformers is the reference GPT-2 (test-only)")
     hf = random_hf_gpt2(transformers)
     hf.save_pretrained(tmp_path / "hf")
-    gpt_config, state_dict, tokenizer, _ = transfer.initial_weights(str(tmp_path / "hf"))
+    gpt_config, state_dict, tokenizer, _, _ = transfer.initial_weights(str(tmp_path / "hf"))
     assert tokenizer == "gpt2"
     assert gpt_config == dict(
         block_size=128, vocab_size=50257, n_layer=2, n_head=4, n_embd=64, **transfer.GPT2_ARCHITECTURE
@@ -197,8 +197,8 @@ def test_a_bare_safetensors_file_is_compared_by_its_tensors(tmp_path):
     source, source_config = small_model(**GPT2_SHAPED)
     path = tmp_path / "w.safetensors"
     transfer.write_safetensors(str(path), transfer.state_dict_to_hf(source.state_dict(), 256))
-    gpt_config, state_dict, tokenizer, description = transfer.initial_weights(str(path))
-    assert (gpt_config, tokenizer, description) == (None, None, str(path))
+    gpt_config, state_dict, tokenizer, description, data = transfer.initial_weights(str(path))
+    assert (gpt_config, tokenizer, description, data) == (None, None, str(path), None)
     said = []
     fitted, _ = transfer.fit_to_run(gpt_config, state_dict, source_config, description, said.append)
     assert fitted == source_config and "read from its tensors" in said[0]
@@ -267,11 +267,13 @@ def test_initial_weights_from_a_run_takes_its_newest_healthy_checkpoint(tmp_path
     (out_dir / "run.json").write_text("{}")
     with pytest.raises(ValueError, match=r"--init_from .*run is a run with no healthy checkpoint in .*ckpt"):
         transfer.initial_weights(str(out_dir))
-    state = {"model": model.state_dict(), "config": {"GPTConfig": config}, "meta": {"tokenizer": "byte"}}
+    read = {"source": "stdlib", "source_sha256": "ab" * 32, "tokenizer": "byte", "val_fraction": 0.1}
+    state = {"model": model.state_dict(), "config": {"GPTConfig": config, "data": read}, "meta": {"tokenizer": "byte"}}
     checkpoint.save(str(out_dir / "ckpt"), 200, state, healthy=True)
     checkpoint.save(str(out_dir / "ckpt"), 300, state, healthy=False)  # a spike's: not a start
-    gpt_config, state_dict, tokenizer, description = transfer.initial_weights(str(out_dir))
+    gpt_config, state_dict, tokenizer, description, data = transfer.initial_weights(str(out_dir))
     assert (gpt_config, tokenizer, description) == (config, "byte", f"{out_dir}, its checkpoint of step 200")
+    assert data == read  # what the run read, for the next run to say what it reads differently
     assert all(torch.equal(state_dict[k], v) for k, v in model.state_dict().items())
 
 
@@ -312,7 +314,7 @@ def test_a_named_download_is_checked_against_its_sha256(tmp_path, monkeypatch):
         transfer.initial_weights("tiny")
     assert not (tmp_path / "weights" / "tiny" / "model.safetensors").exists()
     monkeypatch.setitem(transfer.GPT2_MODELS, "tiny", {**spec, "sha256": file_sha256(served)})
-    gpt_config, state_dict, tokenizer, description = transfer.initial_weights("tiny")
+    gpt_config, state_dict, tokenizer, description, data = transfer.initial_weights("tiny")
     assert (gpt_config, tokenizer) == (config, "gpt2") and description.startswith("tiny (")
     assert all(torch.equal(state_dict[k], v) for k, v in model.state_dict().items())
     assert (tmp_path / "weights" / "tiny" / "model.safetensors").exists()  # kept: the next start reads it
