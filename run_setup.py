@@ -2,7 +2,8 @@
 
 Processes and devices (the process grid, the compute dtype), the data (one source, or a mix: mixture.py), the
 run's folder (run_folder.py), the model cut for this rank's place in the layout (a fresh init, or --init_from's
-weights, read and fitted here, which start() loads), AdamW, the loss scaler, the health monitor and the fault injector.
+weights, read and fitted here, which train.start loads with load_initial_weights), AdamW, the loss scaler, the
+health monitor and the fault injector; and check_epochs, the guard start runs on a plan that reads its data too often.
 """
 
 import contextlib
@@ -22,7 +23,7 @@ from config import Configs
 from data import TokenStream, default_data_dir, load_or_prepare
 from evaluation import read_benchmark
 from faults import FaultInjector
-from mixture import Mix, MixedStream, mix_meta, prepare_sources, read_mix
+from mixture import Mix, MixedStream, mix_meta, prepare_sources, read_mix, weights_at
 from model import GPT, GPTConfig
 from monitor import HealthMonitor
 from parallel import (
@@ -35,7 +36,15 @@ from parallel import (
     run_on_rank0,
 )
 from pipeline import SCHEDULES, PipelineModel, check_micro_batches, check_pipeline_layout
-from run_folder import check_out_dir_is_ours, identity_defaults, out_dir_of, prepare_out_dir, run_identity
+from run_folder import (
+    check_out_dir_is_ours,
+    config_changes,
+    data_changes,
+    identity_defaults,
+    out_dir_of,
+    prepare_out_dir,
+    run_identity,
+)
 from runbook import Recovery
 from tensor_parallel import check_tensor_parallel_layout
 from torch_engines import ENGINES, DDPModel, FSDPModel, check_torch_engine_layout
@@ -377,6 +386,54 @@ def read_initial_weights(configs, meta, grid, say):
         weights.gpt_config, weights.state_dict, asdict(configs.model), weights.description, say
     )
     return gpt_config, InitialWeights(state_dict, weights.description, weights.data)
+
+
+def load_initial_weights(run):
+    """--init_from's weights into the model as this rank holds it, as a checkpoint's are (any layout). A run that
+    had checkpoints of its own but none that verifies reads its source now, which set-up skipped."""
+    if run.initial_weights is None:  # set-up built the model from run.json's record: the source must still fit it
+        gpt_config, weights = read_initial_weights(run.configs, run.meta, run.grid, run.say)
+        if changed := config_changes({"GPTConfig": asdict(run.configs.model)}, {"GPTConfig": gpt_config}):
+            raise ValueError(
+                f"--init_from {weights.source} no longer fits the model this run recorded ({'; '.join(changed)}): "
+                "start over with --overwrite, or point --init_from at the weights the run started from"
+            )
+    else:
+        weights = run.initial_weights
+    checkpoint.load_full_state_dict(run.model, weights.state_dict, run.grid)
+    run.initial_weights = None  # the model holds them now
+    run.say(f"starting from the weights of {weights.source}: a fresh optimizer, step 0, this run's data")
+    if weights.data is not None and (changed := data_changes(weights.data, run.identity["data"])):
+        run.say(f"the data, against what {weights.source} read: {'; '.join(changed)}")
+
+
+def check_epochs(run):
+    """Stop before training when the plan reads its data more than --max_epochs times: a large preset
+    pointed at a small corpus would mostly memorize it, and say nothing. For a mix, each source's share of
+    the planned tokens (its weight, step by step) against that source's train tokens."""
+    cfg = run.configs.train
+    if not cfg.max_epochs:
+        return
+    if run.mix is None:
+        planned = {"data": (cfg.max_iters * run.tokens_per_step, run.meta)}
+    else:
+        share = {name: 0.0 for name in run.mix.sources}  # steps' worth of each source over the plan
+        for step in range(cfg.max_iters):
+            for name, weight in weights_at(run.mix, step).items():
+                share[name] += weight
+        planned = {name: (steps * run.tokens_per_step, run.meta["sources"][name]) for name, steps in share.items()}
+    for name, (tokens, meta) in planned.items():
+        epochs = tokens / meta["train_tokens"]
+        if epochs > cfg.max_epochs:
+            whose = f"; source {name!r} of the mix ({meta['source']}) gets {tokens:,.0f} of them" if run.mix else ""
+            raise ValueError(
+                f"this run plans {cfg.max_iters:,} steps x {run.tokens_per_step:,} tokens = "
+                f"{cfg.max_iters * run.tokens_per_step:,} tokens{whose}, but its data holds "
+                f"{meta['train_tokens']:,} train tokens: it would read them {epochs:.1f} times, more than "
+                f"--max_epochs {cfg.max_epochs:g}. Past a few epochs a model mostly memorizes its data. Give it "
+                "more data (--source, --data_dir, --mix), plan fewer tokens (--max_iters), or pass --max_epochs 0 "
+                "to go on anyway"
+            )
 
 
 def open_token_streams(mix, data_dirs, meta, cfg, block_size, grid, say):

@@ -52,12 +52,11 @@ from parallel import (
     run_on_rank0,
 )
 from sample import sample, sample_texts
-from run_setup import pick_device, read_initial_weights, set_up
+from run_setup import check_epochs, load_initial_weights, pick_device, set_up
 from runbook import RUNGS, Recovery, runbook_response
 from run_folder import (
     append_jsonl,
     config_changes,
-    data_changes,
     fill_new_fields,
     identity_defaults,
     is_finished,
@@ -297,54 +296,6 @@ def start(run):
     if run.is_rank0:
         write_jsonl(run.metrics_path, run.records)
     return step
-
-
-def load_initial_weights(run):
-    """--init_from's weights into the model as this rank holds it, as a checkpoint's are (any layout). A run that
-    had checkpoints of its own but none that verifies reads its source now, which set-up skipped."""
-    if run.initial_weights is None:  # set-up built the model from run.json's record: the source must still fit it
-        gpt_config, weights = read_initial_weights(run.configs, run.meta, run.grid, run.say)
-        if changed := config_changes({"GPTConfig": asdict(run.configs.model)}, {"GPTConfig": gpt_config}):
-            raise ValueError(
-                f"--init_from {weights.source} no longer fits the model this run recorded ({'; '.join(changed)}): "
-                "start over with --overwrite, or point --init_from at the weights the run started from"
-            )
-    else:
-        weights = run.initial_weights
-    checkpoint.load_full_state_dict(run.model, weights.state_dict, run.grid)
-    run.initial_weights = None  # the model holds them now
-    run.say(f"starting from the weights of {weights.source}: a fresh optimizer, step 0, this run's data")
-    if weights.data is not None and (changed := data_changes(weights.data, run.identity["data"])):
-        run.say(f"the data, against what {weights.source} read: {'; '.join(changed)}")
-
-
-def check_epochs(run):
-    """Stop before training when the plan reads its data more than --max_epochs times: a large preset
-    pointed at a small corpus would mostly memorize it, and say nothing. For a mix, each source's share of
-    the planned tokens (its weight, step by step) against that source's train tokens."""
-    cfg = run.configs.train
-    if not cfg.max_epochs:
-        return
-    if run.mix is None:
-        planned = {"data": (cfg.max_iters * run.tokens_per_step, run.meta)}
-    else:
-        share = {name: 0.0 for name in run.mix.sources}  # steps' worth of each source over the plan
-        for step in range(cfg.max_iters):
-            for name, weight in weights_at(run.mix, step).items():
-                share[name] += weight
-        planned = {name: (steps * run.tokens_per_step, run.meta["sources"][name]) for name, steps in share.items()}
-    for name, (tokens, meta) in planned.items():
-        epochs = tokens / meta["train_tokens"]
-        if epochs > cfg.max_epochs:
-            whose = f"; source {name!r} of the mix ({meta['source']}) gets {tokens:,.0f} of them" if run.mix else ""
-            raise ValueError(
-                f"this run plans {cfg.max_iters:,} steps x {run.tokens_per_step:,} tokens = "
-                f"{cfg.max_iters * run.tokens_per_step:,} tokens{whose}, but its data holds "
-                f"{meta['train_tokens']:,} train tokens: it would read them {epochs:.1f} times, more than "
-                f"--max_epochs {cfg.max_epochs:g}. Past a few epochs a model mostly memorizes its data. Give it "
-                "more data (--source, --data_dir, --mix), plan fewer tokens (--max_iters), or pass --max_epochs 0 "
-                "to go on anyway"
-            )
 
 
 def refuse_finished_run(run, finished_at):
