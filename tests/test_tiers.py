@@ -75,30 +75,38 @@ def test_init_from_a_transformers_gpt2_samples_what_transformers_generates(tmp_p
     assert sampled.stdout.split("\n==========")[0].strip() == expected.strip()
 
 
+@pytest.fixture(scope="module")
+def gpt2_started_on_one_process(tmp_path_factory):
+    """(its folder, the flags): a run of 3 steps from a transformers GPT-2 on one process, for the layouts below."""
+    folder = tmp_path_factory.mktemp("gpt2_one_process")
+    transformers_gpt2(folder / "hf")
+    corpus = write_word_corpus(folder / "words.txt", 3000)
+    # fmt: off
+    flags = [
+        *QUIET, "--init_from", folder / "hf", "--tokenizer", "gpt2", "--source", corpus, "--data_dir", folder / "d",
+        "--n_layer", "2", "--n_head", "4", "--n_embd", "64", "--block_size", "64", "--batch_size", "4",
+        *GPT2_ARCHITECTURE, "--max_iters", "3", "--eval_interval", "3",
+    ]
+    # fmt: on
+    one = train(folder, *flags, "--out_dir", folder / "one")
+    assert one.returncode == 0, one.stderr
+    return folder, flags
+
+
 @needs_gpt2
 @pytest.mark.parametrize(
     "layout",
     [["--tp", "2"], ["--pp", "2", "--micro_batches", "2"], ["--dp", "2", "--dp_mode", "fsdp", "--batch_size", "2"]],
     ids=["tp2", "pp2", "fsdp-dp2"],
 )
-def test_init_from_gpt2_on_two_ranks_takes_the_steps_one_process_takes(tmp_path, layout):
+def test_init_from_gpt2_on_two_ranks_takes_the_steps_one_process_takes(tmp_path, layout, gpt2_started_on_one_process):
     """Two ranks load --init_from's weights into their parts (GPT-2's 50257 rows are odd: a tp=2 cut pads them; a
     pipeline holds the tied embedding on both stages; FSDP2 shards every matrix) and take one process's steps."""
-    transformers_gpt2(tmp_path / "hf")
-    corpus = write_word_corpus(tmp_path / "words.txt", 3000)
-    # fmt: off
-    flags = [
-        *QUIET, "--init_from", tmp_path / "hf", "--tokenizer", "gpt2", "--source", corpus, "--data_dir", tmp_path / "d",
-        "--n_layer", "2", "--n_head", "4", "--n_embd", "64", "--block_size", "64", "--batch_size", "4",
-        *GPT2_ARCHITECTURE, "--max_iters", "3", "--eval_interval", "3",
-    ]
-    # fmt: on
-    one = train(tmp_path, *flags, "--out_dir", tmp_path / "one")
-    assert one.returncode == 0, one.stderr
+    folder, flags = gpt2_started_on_one_process
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    two = run_script([*launcher, ROOT / "train.py", *flags, *layout, "--out_dir", tmp_path / "two"], cwd=tmp_path)
+    two = run_script([*launcher, ROOT / "train.py", *flags, *layout, "--out_dir", tmp_path / "two"], cwd=folder)
     assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-3000:]
-    for a, b in zip(metrics(tmp_path / "one"), metrics(tmp_path / "two"), strict=True):
+    for a, b in zip(metrics(folder / "one"), metrics(tmp_path / "two"), strict=True):
         assert a["step"] == b["step"] and a.keys() & {"loss", "val_loss"} == b.keys() & {"loss", "val_loss"}
         for key in a.keys() & {"loss", "val_loss"}:  # a fresh init would be a nat or more away
             assert b[key] == pytest.approx(a[key], rel=1e-4), (a["step"], key)
