@@ -129,7 +129,8 @@ def data_changes(old, new):
         return weight_changes(old_mix, new_mix) if old_mix != new_mix else []
     if old_mix:
         return [f"mix: {', '.join(old_mix['sources'])} -> none; source: {new['source']}"]
-    return [f"source: {old['source']} -> {new['source']}"] if old["source_sha256"] != new["source_sha256"] else []
+    same = old.get("source_sha256") == new["source_sha256"]  # .get: a record from before it was kept
+    return [] if same else [f"source: {old.get('source')} -> {new['source']}"]
 
 
 def record_identity(out_dir, identity):
