@@ -27,7 +27,10 @@ import train  # noqa: E402
 from local_ranks import run_ranks  # noqa: E402
 from run_folder import read_jsonl  # noqa: E402
 
-plt.rcParams.update({"figure.dpi": 72, "figure.figsize": (10, 3.6), "axes.grid": True, "grid.alpha": 0.3})
+# 110 dpi and 9-pt legends: a committed figure reads on a code-hosting site without zooming
+plt.rcParams.update(
+    {"figure.dpi": 110, "figure.figsize": (10, 3.6), "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 9}
+)
 
 
 @dataclass
@@ -96,45 +99,108 @@ def _train_quietly(argv):
 #   mechanism: the code does what it says (a property of how it is written, shown by running it)
 
 VERDICT_MIME = "application/vnd.minipretrain.verdict+json"  # what tests/test_notebooks.py reads back
+KINDS = ("measured", "computed", "mechanism")
+
+
+CONTROL_KINDS = ("counterfactual", "noise")
+THRESHOLD_FROM = ("chapter", "noise", "both")
+TRENDS = ("grows toward the claim", "flat", "shrinks")
 
 
 def measured(
-    claim, textbook, shown, values, control, rule, threshold, direction=None, one_seed="", unit="seeds", fmt="{:.3g}"
+    claim,
+    textbook,
+    shown,
+    values,
+    control,
+    rule,
+    threshold,
+    control_kind,
+    threshold_from,
+    direction=None,
+    one_seed="",
+    unit="seeds",
+    fmt="{:.3g}",
+    trend=None,
+    topic=None,
 ):
     """A claim put to an experiment.
     values:    the judged number from each independent run (one per seed), e.g. an effect size;
-    control:   the same number from the arm where the claim should *not* hold (a list, one per seed,
-               or one number), e.g. the run with warmup when the claim is about no warmup;
-    rule:      number -> bool, the threshold, applied to the mean of `values` and to the control;
-    threshold: the rule in words, e.g. "effect > 3 x seed std and within the chapter's 0.2-0.3";
+    control:   the same number from the control arm (a list, one per seed, or one number);
+    control_kind: what that arm is, one of CONTROL_KINDS:
+               "counterfactual": the chapter's other choice at the same budget (Post-LN against Pre-LN, no
+               clipping against clipping), the arm where the claim says the outcome differs;
+               "noise": an A/A arm, the same configuration with another seed, whose effect is the noise the
+               real one must beat. Never an arm built to fail (an untrained model, an absurd LR);
+    rule:      number -> bool, the threshold, applied to the mean of `values`, to their median (a mean
+               carried by a minority of runs does not pass), and to the control;
+    threshold: the rule in words, e.g. "effect > 3 x the A/A arm's std and within the chapter's 0.2-0.3";
+    threshold_from: where its number comes from, one of THRESHOLD_FROM: "chapter" (a size the chapter
+               states), "noise" (the A/A spread), "both"; never the effect's own spread;
     direction: number -> bool, the sign of the effect alone: where it holds and `rule` does not,
                the claim holds "partly" (the direction is right, the size is not);
     one_seed:  with a single value, why one run is enough (deterministic and seed-free);
     unit:      what the independent runs are, where not seeds: "timing rounds", "text draws", ...
+    trend:     for a claim about a scale this notebook cannot reach: how the effect moves along the axis
+               where the chapter's setting differs (depth, width, steps), one of TRENDS, read by `trend_of`;
+    topic:     a name for the chapter's claim this row answers (e.g. "normalization"), where the issue
+               tracker or another notebook refers to it.
     A control that passes the rule means the experiment could not have said "no": the notebook
     test fails on such a row."""
+    for name, value, allowed in [
+        ("control_kind", control_kind, CONTROL_KINDS),
+        ("threshold_from", threshold_from, THRESHOLD_FROM),
+        ("trend", trend, (None, *TRENDS)),
+    ]:
+        if value not in allowed:
+            raise ValueError(f"{claim!r}: {name} {value!r} is not one of {allowed}")
     values, controls = list(values), list(control) if isinstance(control, (list, tuple)) else [control]
     if len(values) == 1 and not one_seed:
         raise ValueError(f"{claim!r}: one run only; measure >= 3 seeds, or say in one_seed why one run is enough")
     value, spread = statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
-    control_value = statistics.fmean(controls)
-    holds = "yes" if rule(value) else "partly" if direction is not None and direction(value) else "no"
+    median, control_value = statistics.median(values), statistics.fmean(controls)
+    if rule(value) and rule(median):
+        holds = "yes"
+    elif direction is not None and direction(value) and direction(median):
+        holds = "partly"
+    else:
+        holds = "no"
     measured_text = fmt.format(value) + (f" ± {fmt.format(spread)}" if spread is not None else "")
+    if len(values) > 2 and not rule(median) and rule(value):
+        measured_text += f", median {fmt.format(median)}"
     seeds = f"{len(values)} {unit}" if len(values) > 1 else f"1 run: {one_seed}"
-    return {
+    row = {
         "claim": claim,
         "textbook": textbook,
         "kind": "measured",
         "holds": holds,
         "measured": f"{measured_text} ({seeds}): {shown}",
         "value": value,
+        "median": median,
         "seeds": len(values),
         "spread": spread,
         "control": control_value,
+        "control_kind": control_kind,
         "control_fails": not rule(control_value),
         "control_shown": fmt.format(control_value),
         "threshold": threshold,
+        "threshold_from": threshold_from,
     }
+    if trend is not None:
+        row["trend"] = trend
+    if topic is not None:
+        row["topic"] = topic
+    return row
+
+
+def trend_of(effects, noise, toward=1):
+    """How an effect moves along a scale axis: "grows toward the claim" when its last point is beyond its
+    first by more than 3 x `noise` in the claim's direction (`toward`: +1 where the claim says the effect
+    is positive, -1 where negative), "shrinks" when by as much the other way, else "flat".
+    effects: the effect's mean at each point of the axis, smallest scale first; noise: its std there
+    (the A/A arm's or the seeds' spread, the larger of the two ends)."""
+    change = toward * (effects[-1] - effects[0])
+    return "grows toward the claim" if change > 3 * noise else "shrinks" if change < -3 * noise else "flat"
 
 
 def computed(claim, textbook, shown, holds, partly=False):
@@ -170,17 +236,58 @@ def verdict(rows):
     table = [header, "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         holds = r["holds"] if r["holds"] == "yes" else f"**{r['holds']}**"
+        if "trend" in r:
+            holds += f" (along the scale axis: {r['trend']})"
         table.append(
             f"| {r['claim']} | {r['textbook']} | {r['kind']} | {r['measured']} | {r.get('control_shown', '')} | "
             f"{r.get('threshold', '')} | {holds} |"
         )
-    kinds = {k: [r for r in rows if r["kind"] == k] for k in ("measured", "computed", "mechanism")}
+    kinds = {k: [r for r in rows if r["kind"] == k] for k in KINDS}
     reproduced = sum(r["holds"] == "yes" for r in kinds["measured"])
     partly = sum(r["holds"] == "partly" for r in kinds["measured"])
     summary = (
         f"**{len(rows)} claims: {reproduced} reproduced by measurement"
         + (f", {partly} partly" if partly else "")
         + f", {len(kinds['measured']) - reproduced - partly} not reproduced; "
-        f"{len(kinds['computed'])} computed; {len(kinds['mechanism'])} mechanism.**"
+        f"{len(kinds['computed'])} computed; {len(kinds['mechanism'])} mechanism. "
+        f"Measured yes: {yes_by_control(rows)}.**"
     )
     display({"text/markdown": "\n".join(table) + "\n\n" + summary, VERDICT_MIME: json.dumps(rows)}, raw=True)
+
+
+def yes_by_control(rows):
+    """The measured rows that hold "yes", counted by the kind of control they beat, in words."""
+    yes = [r for r in rows if r["kind"] == "measured" and r["holds"] == "yes"]
+    return ", ".join(f"{sum(r.get('control_kind') == k for r in yes)} against {k}" for k in CONTROL_KINDS)
+
+
+def committed_rows(path):
+    """The verdict rows a committed notebook shows, read from its saved outputs (nothing is run)."""
+    cells = json.loads(Path(path).read_text())["cells"]
+    outputs = [o for c in cells if c["cell_type"] == "code" for o in c.get("outputs", [])]
+    return [row for o in outputs for row in json.loads(o.get("data", {}).get(VERDICT_MIME, "[]"))]
+
+
+def summary(folder=ROOT / "notebooks"):
+    """The verdicts of every committed notebook, one line each and a total: rows by kind, measured rows by
+    verdict, and the measured "yes" rows by the kind of control they beat. python notebooks/lab.py prints it."""
+    lines, everything = [], []
+    for path in sorted(Path(folder).glob("[0-9]*.ipynb")):
+        rows = committed_rows(path)
+        everything += rows
+        lines.append(f"{path.stem:32s} {_counts(rows)}")
+    return "\n".join([*lines, f"{'all notebooks':32s} {_counts(everything)}"])
+
+
+def _counts(rows):
+    kinds = {k: [r for r in rows if r["kind"] == k] for k in KINDS}
+    verdicts = {v: sum(r["holds"] == v for r in kinds["measured"]) for v in ("yes", "partly", "no")}
+    return (
+        f"{len(rows):3d} rows: {len(kinds['measured'])} measured ({verdicts['yes']} yes, {verdicts['partly']} partly, "
+        f"{verdicts['no']} no), {len(kinds['computed'])} computed, {len(kinds['mechanism'])} mechanism; "
+        f"measured yes: {yes_by_control(rows)}"
+    )
+
+
+if __name__ == "__main__":
+    print(summary())
