@@ -94,7 +94,7 @@ def parameters_on_rank(mc, tp=1, pp=1, stage=0):
     V/tp rows, the vocabulary padded to a multiple of tp) and the positions; the last stage
     the final norm and, when it is not also the first, its own copy of the tied embedding."""
     C, V = mc.n_embd, mc.vocab_size
-    norm = C * (2 if mc.norm == "layernorm" and mc.bias else 1)
+    norm = 0 if mc.norm == "none" else C * (2 if mc.norm == "layernorm" and mc.bias else 1)
     block = (
         12 * C * C // tp + 2 * norm + ((7 * C) // tp + 2 * C if mc.bias else 0)
     )  # column biases cut, row biases whole

@@ -28,7 +28,7 @@ class GPTConfig:
     n_embd: int = 128  # C
     dropout: float = 0.0
     bias: bool = False  # biases in Linear and LayerNorm; GPT-2 had them, modern models drop them
-    norm: str = "rmsnorm"  # rmsnorm | layernorm
+    norm: str = "rmsnorm"  # rmsnorm | layernorm | none (no normalization at all: the counterfactual of a lesson)
     norm_position: str = "pre"  # pre (Pre-LN: x + f(norm(x))) | post (Post-LN: norm(x + f(x)))
     activation: str = "gelu"  # gelu (exact, erf) | gelu_tanh (GPT-2's tanh approximation of it)
     naive_init_std: float = 0.0  # 0: the width-scaled init (GPT._init_weights); > 0: N(0, std^2) everywhere, to compare
@@ -43,8 +43,8 @@ class GPTConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout {self.dropout} must lie in [0, 1)")
-        if self.norm not in ("rmsnorm", "layernorm"):
-            raise ValueError(f"norm {self.norm!r} must be rmsnorm or layernorm")
+        if self.norm not in ("rmsnorm", "layernorm", "none"):
+            raise ValueError(f"norm {self.norm!r} must be rmsnorm, layernorm or none")
         if self.norm_position not in ("pre", "post"):
             raise ValueError(f"norm_position {self.norm_position!r} must be pre or post")
         if self.activation not in ("gelu", "gelu_tanh"):
@@ -74,6 +74,8 @@ def make_norm(config):
         return RMSNorm(config.n_embd)
     elif config.norm == "layernorm":
         return nn.LayerNorm(config.n_embd, bias=config.bias)
+    elif config.norm == "none":
+        return nn.Identity()
     else:
         raise ValueError(f"unknown norm {config.norm!r}")
 

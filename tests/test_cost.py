@@ -25,6 +25,7 @@ SHAPES = [
     pytest.param(
         dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, norm_position="post"), id="post-ln"
     ),
+    pytest.param(dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, norm="none"), id="no-norm"),
     pytest.param(dict(n_layer=1, n_head=3, n_embd=24, block_size=1, vocab_size=50), id="T=1"),
     pytest.param(dict(n_layer=3, n_head=1, n_embd=8, block_size=40, vocab_size=30), id="T>C"),
 ]
