@@ -2,6 +2,7 @@
 against what a reader can compute by hand: who sees whom, weights that average, the 1/sqrt(head size) scale,
 fp32 scores under bf16 inputs, dropout of the weights. Then the model with --attention manual, on every layout."""
 
+import contextlib
 import math
 
 import pytest
@@ -20,6 +21,15 @@ from pipeline import PipelineModel, run_schedule
 def random_qkv(B, H, T, head_size, seed=0):
     generator = torch.Generator().manual_seed(seed)
     return [torch.randn(B, H, T, head_size, generator=generator) for _ in range(3)]
+
+
+@contextlib.contextmanager
+def seeded_global_generator(seed):
+    """F.dropout and a module's init draw from torch's global generator only: seed it for the block, then put
+    its state back, so no test's draws depend on what ran before it (or change what runs after)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 def assert_close(got, want, what, atol=1e-5, rtol=1e-4):
@@ -76,19 +86,53 @@ def test_equals_pytorch_attention_in_output_and_gradients(B, H, T, head_size):
         assert_close(got.grad, expected.grad, f"the gradient of {name} equals PyTorch attention's")
 
 
+def dominant_future_keys(q, k, cut, margin):
+    """k with every key after position `cut` replaced by one key L u, u a unit vector that each of the queries
+    0..cut points along (q . u > 0), L chosen so that for each of those queries the future score beats every
+    visible score by at least `margin`: after a softmax over all keys the visible weights underflow to 0."""
+    head_size = q.size(-1)
+    u = torch.ones(head_size) / math.sqrt(head_size)
+    along = q[..., : cut + 1, :] @ u  # (B, H, cut + 1): each query's component along u
+    assert along.min() > 0, f"the queries 0..{cut} must point along u: the smallest q . u is {along.min():.3g}"
+    visible = torch.ones(cut + 1, cut + 1, dtype=torch.bool).tril()  # key s <= query t
+    scores = (q[..., : cut + 1, :] @ k[..., : cut + 1, :].transpose(-2, -1)).masked_fill(~visible, -math.inf)
+    best_visible = scores.amax(-1) / math.sqrt(head_size)  # (B, H, cut + 1)
+    L = ((best_visible + margin) * math.sqrt(head_size) / along).max().item()  # L (q . u) / sqrt(d) >= best + margin
+    new_k = k.clone()
+    new_k[..., cut + 1 :, :] = L * u
+    return new_k
+
+
+@pytest.mark.parametrize("loud", ["random", "dominant"])
 @pytest.mark.parametrize("cut", [0, 3, 7])
-def test_earlier_positions_never_see_the_future(cut):
-    """New keys and values after position `cut` leave the outputs at positions 0..cut exactly as they were."""
+def test_earlier_positions_never_see_the_future(cut, loud):
+    """New keys and values after position `cut` leave the outputs at positions 0..cut exactly as they were.
+    "random": loud random keys (10 randn). "dominant": keys whose score beats every visible one by >= 200, so a
+    softmax taken before the mask gives the visible keys weight 0 (exp(-200) underflows fp32): masking after the
+    softmax, renormalised or not, cannot get them back."""
+    generator = torch.Generator().manual_seed(cut)
     q, k, v = random_qkv(2, 2, 9, 8)
+    if loud == "dominant":
+        q = q.abs()  # every query along u = ones / sqrt(8): one future key can outscore every visible key
     before = manual_causal_attention(q, k, v, 0.0)
-    new_k, new_v = k.clone(), v.clone()
-    new_k[..., cut + 1 :, :] = 10 * torch.randn(new_k[..., cut + 1 :, :].shape)  # loud keys: they would dominate
-    new_v[..., cut + 1 :, :] = 10 * torch.randn(new_v[..., cut + 1 :, :].shape)
+    new_v = v.clone()
+    new_v[..., cut + 1 :, :] = 10 * torch.randn(new_v[..., cut + 1 :, :].shape, generator=generator)
+    if loud == "random":
+        new_k = k.clone()
+        new_k[..., cut + 1 :, :] = 10 * torch.randn(new_k[..., cut + 1 :, :].shape, generator=generator)
+    else:
+        new_k = dominant_future_keys(q, k, cut, margin=200.0)
+        scores = (q @ new_k.transpose(-2, -1) / math.sqrt(q.size(-1)))[..., : cut + 1, :]  # (B, H, cut + 1, 9)
+        visible = torch.ones(cut + 1, 9, dtype=torch.bool).tril()  # key s <= query t
+        lead = scores[..., cut + 1 :].amin(-1) - scores.masked_fill(~visible, -math.inf).amax(-1)
+        assert lead.min() >= 100, f"queries 0..{cut} score the new keys >= 100 above the visible: {lead.min():.4g}"
     after = manual_causal_attention(q, new_k, new_v, 0.0)
     assert_close(
         after[..., : cut + 1, :],
         before[..., : cut + 1, :],
-        f"changing keys and values after position {cut} leaves the outputs at positions 0..{cut} unchanged",
+        f"changing keys and values after position {cut} ({loud} keys"
+        + (", scoring >= 100 above every visible key" if loud == "dominant" else "")
+        + f") leaves the outputs at positions 0..{cut} unchanged",
         atol=1e-6,
         rtol=0,
     )
@@ -223,8 +267,8 @@ def dropped_weights(p, draws, B=4, H=4, T=8):
     v = the identity, for one q and k: the draws are copies of the batch, in one call."""
     q, k, _ = random_qkv(B, H, T, T)
     copies = [t.repeat(draws, 1, 1, 1) for t in (q, k, identity_values(B, H, T))]  # (draws B, H, T, T)
-    torch.manual_seed(0)
-    dropped = manual_causal_attention(*copies, p)
+    with seeded_global_generator(0):
+        dropped = manual_causal_attention(*copies, p)
     assert dropped.shape == copies[2].shape, (
         f"the output has the shape of v (B, H, T, head size): expected "
         f"{tuple(copies[2].shape)}, got {tuple(dropped.shape)}"
@@ -279,8 +323,8 @@ def test_dropout_acts_on_the_weights_not_on_the_output():
     B, H, T, head_size = 2, 2, 6, 8
     q, k, _ = random_qkv(B, H, T, head_size)
     u = torch.arange(1.0, head_size + 1)  # (head size,)
-    torch.manual_seed(0)
-    y = manual_causal_attention(q, k, u.expand(B, H, T, head_size).contiguous(), 0.5)
+    with seeded_global_generator(0):
+        y = manual_causal_attention(q, k, u.expand(B, H, T, head_size).contiguous(), 0.5)
     multiple = y[..., :1] / u[0]  # (B, H, T, 1): each row's multiple of u
     assert_close(
         y,
@@ -309,8 +353,8 @@ def test_attention_flag_is_parsed_and_validated():
 
 
 def loss_and_grads(attention, autocast=False):
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(**SMALL, attention=attention))
+    with seeded_global_generator(0):
+        model = GPT(GPTConfig(**SMALL, attention=attention))
     x, y = (torch.randint(64, (3, 16), generator=torch.Generator().manual_seed(seed)) for seed in (1, 2))
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         _, loss = model(x, y)
@@ -332,10 +376,10 @@ def _manual_attention_on_ranks(tp, pp):
     """This rank's loss (or None off the last stage) and gradients against the single-device sdpa model."""
     launch = init_distributed(30)
     grid = ProcessGrid(1, tp, pp, launch.rank, launch.world_size)
-    torch.manual_seed(0)
-    single = GPT(GPTConfig(**SMALL))
-    torch.manual_seed(0)
-    manual = GPT(GPTConfig(**SMALL, attention="manual"))
+    with seeded_global_generator(0):
+        single = GPT(GPTConfig(**SMALL))
+    with seeded_global_generator(0):
+        manual = GPT(GPTConfig(**SMALL, attention="manual"))
     x, y = (torch.randint(64, (4, 16), generator=torch.Generator().manual_seed(seed)) for seed in (1, 2))
     _, loss = single(x, y)
     loss.backward()
