@@ -50,81 +50,134 @@ NOT_YES = {
         "no",
         lambda measured: "2 bytes per token" in measured and "1T tokens = 2,000 GB" in measured,
     ),
+    # one core tokenizing GPT-2 BPE on demand feeds several times what one H100 eats training GPT-2 small: speed alone
+    # does not force the token file (a hardware speed: the range is wide, the direction is what holds)
+    (
+        "01_from_corpus_to_base_model",
+        "One CPU core tokenizing on demand falls behind what a GPU eats (why training reads a token file)",
+    ): (
+        "no",
+        lambda measured: 1.5 < float(measured.split()[0]) < 100 and "(3 timing rounds)" in measured,
+    ),
     # pre-norm RMSNorm and clipping contain a std 1.0 init: its val loss falls over the first 10 steps (ratio < 1),
-    # every loss finite; what it costs is a start far above ln V (the next row, which holds)
+    # every loss finite, and no wider model (up to width 256) turns it into a rise; what it costs is a start far
+    # above ln V (the next row, which holds)
     ("01_from_corpus_to_base_model", "A wrong init (std 1.0) diverges from the first steps"): (
         "no",
         lambda measured: (
-            0.5 < float(measured.split()[0]) < 0.95 and "(3 seeds)" in measured and "finite: True" in measured
+            0.5 < float(measured.split()[0]) < 0.95
+            and "(3 seeds)" in measured
+            and "finite: True" in measured
+            and "with width" in measured
         ),
     ),
+    # the bigram counts score the benchmark at chance (~0.25); the trained model ~0.36, above them in every draw, but
+    # the A/A noise between 300-example draws (~0.04) puts the bar at ~0.37, right at the mean: both verdicts fit
+    (
+        "01_from_corpus_to_base_model",
+        "The final check: a small held-out benchmark puts the base model above a byte-pair counter",
+    ): (
+        ("partly", "yes"),
+        lambda measured: 0.3 < float(measured.split()[0]) < 0.5 and "(3 text draws of one trained run)" in measured,
+    ),
     # ---- 02
-    # every seed without warmup ends behind its warmup twin, but the mean gap (~0.09) is below 3 x the std of the
-    # paired gaps (~0.06): the direction holds, the size is not beyond the seed noise
+    # every seed without warmup ends behind its warmup twin, but the mean gap (0.05-0.09 by CPU) is below 3 x the larger
+    # seed std of the two arms (the unwarmed arm's, 0.06-0.07): the direction holds, the size is not beyond the noise
     ("02_four_defenses", "Without warmup a high peak LR ends behind"): (
         "partly",
         lambda measured: float(measured.split()[0]) > 0 and "(4 seeds)" in measured,
     ),
-    # 16 Post-LN layers, no warmup, LR 3e-2: the loss falls in the first steps as fast as Pre-LN's and never climbs
-    # above its start (no collapse); RMSNorm, clipping and AdamW soften it. It only trails later (the next row holds)
+    # the setting of the warmup section without warmup (LR 0.1): clipped or not, every run shoots above its start and
+    # comes back to end ~2.5 nats below it; none diverges, so clipping does not decide it at this size
+    ("02_four_defenses", "Without clipping a high-LR run diverges; with clipping it does not"): (
+        "no",
+        lambda measured: float(measured.split()[0]) < 0 and "(4 seeds)" in measured,
+    ),
+    # fp16 without loss scaling flushes ~0.04% of the gradients, and 20 steps end within ~1e-5 nats of the loss-scaled
+    # run of the same seed, far inside the seed noise: no cost to training at this size
+    ("02_four_defenses", "fp16 without loss scaling trains worse than with it"): (
+        "no",
+        lambda measured: abs(float(measured.split()[0])) < 0.01 and "(3 seeds)" in measured,
+    ),
+    # 4 to 32 Post-LN layers, no warmup, LR 3e-2: the loss falls in the first steps at least as fast as Pre-LN's and
+    # never climbs above its start (no collapse), and Post-LN's climb minus Pre-LN's does not grow with depth;
+    # RMSNorm, clipping and AdamW soften it. It only trails later (the next row holds)
     ("02_four_defenses", "Post-LN at depth without warmup collapses within the first steps"): (
         "no",
         lambda measured: (
-            float(measured.split()[0]) < 0 and "(4 seeds)" in measured and "no non-finite loss" in measured
+            float(measured.split()[0]) < 0 and "(3 seeds)" in measured and "does not grow with depth" in measured
         ),
     ),
     # bf16 autocast casts only the matmuls: the residual stream, RMSNorm, attention (fp32 on CPU) and the loss stay
-    # fp32, and autocast's cache adds bf16 weight copies, so one forward pass saves ~0.87x the fp32 bytes, not half
+    # fp32, and autocast's cache adds bf16 weight copies, so one forward pass saves 0.84-0.87x the fp32 bytes (by CPU)
     ("02_four_defenses", "bf16 autocast halves the memory saved for backward"): (
         "partly",
-        lambda measured: 0.75 < float(measured.split()[0]) < 0.95 and "1 run:" in measured,
+        lambda measured: 0.75 < float(measured.split()[0]) < 0.95 and "counted off shapes" in measured,
     ),
     # weights, gradients and AdamW state stay fp32 (16 bytes a parameter, counted off the objects): a whole step,
-    # state + saved activations, shrinks to ~0.93x, not half
+    # state + saved activations, shrinks to 0.90-0.93x, not half
     ("02_four_defenses", "bf16 autocast halves a training step's memory (model state + what backward keeps)"): (
         "partly",
         lambda measured: 0.8 < float(measured.split("x")[0]) < 0.95 and "state 1.00x" in measured,
     ),
-    # without AMX or AVX512-BF16, bf16 is emulated: a step is slower than in fp32, not twice as fast
-    **(
-        {
-            ("02_four_defenses", "bf16 autocast nearly doubles the speed of a step on this CPU"): (
-                "no",
-                lambda measured: float(measured.split("x")[0]) < 1.1 and "(5 timing rounds)" in measured,
-            )
-        }
-        if not cpu_has_native_bf16()
-        else {}
-    ),
+    # a speed-up rests on the CPU: with AMX or AVX512-BF16 bf16 is faster, 2.1-2.7x on machines of the same kind, in
+    # or above the chapter's 1.6-2.4x ("yes" or "partly"); without them bf16 is emulated, slower than fp32 ("no")
+    ("02_four_defenses", "bf16 autocast nearly doubles the speed of a step on this CPU"): (
+        ("yes", "partly"),
+        lambda measured: float(measured.split("x")[0]) > 1 and "(5 timing rounds)" in measured,
+    )
+    if cpu_has_native_bf16()
+    else ("no", lambda measured: float(measured.split("x")[0]) < 1.5 and "(5 timing rounds)" in measured),
     # ---- 03
-    # a 4-layer model trained on one garbage batch is back under 1.2x its pre-batch loss one step later: a spike,
+    # one batch of a repeated line of source is no harder than clean text: its loss stays at the clean arm's level,
+    # far under the spike detector's 2x (the garbled batch, the chapter's other kind of bad data, spikes: a row that
+    # holds)
+    ("03_spikes_and_the_runbook", "A long run of repeated text makes a spike"): (
+        "no",
+        lambda measured: float(measured.split()[0]) < 1.5 and "(3 seeds)" in measured,
+    ),
+    # a 4-layer model trained on one garbled batch is back under 1.2x its pre-batch loss one step later: a spike,
     # not the derailment the chapter warns of (that needs a larger model/LR or more bad data)
     ("03_spikes_and_the_runbook", "One bad batch derails training"): (
         "no",
         lambda measured: float(measured.split()[0]) <= 5 and "(3 seeds)" in measured,
     ),
-    # the grad_z alarm (z > 8) led the loss spike in 1 of 5 seeds; the same alarm fires by accident at a sane LR
-    # (once per 300-step clean-corpus run): no better than chance. A rolling z-score adapts to a steady climb
+    # the grad_z alarm (z > 8) led the loss spike in a minority of 15 blow-ups (LR climbs over 50, 100, 200 steps, 5
+    # seeds each), near the chance that as many default-LR steps hold a false alarm; the lead did not grow with the
+    # climb's length. Which seeds lead varies between machines: "no" and "partly" (more often than chance) both fit
     ("03_spikes_and_the_runbook", "The grad norm grows before the loss spikes (LR too high)"): (
-        "no",
-        lambda measured: (
-            float(measured.split()[0]) <= 0.4
-            and re.search(r"in [0-2] of 5 seeds", measured)
-            and "clean seed" in measured
-        ),
+        ("no", "partly"),
+        lambda measured: float(measured.split()[0]) < 0.5 and "(15 blow-ups" in measured,
     ),
-    # in an LR blow-up val and train loss climb together; val_rise (val up while train falls) never leads the spike
+    # in an LR blow-up val and train loss climb together; val_rise (val up while train falls) does not lead the spike
     ("03_spikes_and_the_runbook", "The val loss turns up before the train loss (LR too high)"): (
-        "no",
-        lambda measured: float(measured.split()[0]) <= 0.2 and "(5 seeds)" in measured,
+        ("no", "partly"),
+        lambda measured: float(measured.split()[0]) < 0.5 and "(15 blow-ups" in measured,
     ),
-    # rewarm climbs back towards the LR that failed: it got through 2 of 3 seeds (lower_lr 3 of 3), further than
-    # any run without a second rung
+    # with the default init, the same GradScaler meets fp16's limit at its calibration only: after the first step it
+    # lets through, fp16 overflows less than once a run at widths 16-64 (bf16 never)
+    ("03_spikes_and_the_runbook", "fp16 hits numeric limits where bf16 does not"): (
+        ("no", "partly"),
+        lambda measured: float(measured.split()[0]) < 1 and "(3 seeds)" in measured and "width 64" in measured,
+    ),
+    # rewarm climbs back towards the LR that failed: it got through 2 of 3 seeds here (lower_lr 3 of 3), further than
+    # any run without a second rung; which seeds get through depends on the blow-up's trajectory, which differs
+    # between machines, so "yes" (all three) fits too
     ("03_spikes_and_the_runbook", "Re-warming (a longer warmup) gets past an LR-caused repeat"): (
-        "partly",
-        lambda measured: 0.5 <= float(measured.split()[0]) < 0.99 and "(3 seeds)" in measured,
+        ("partly", "yes"),
+        lambda measured: 0.5 <= float(measured.split()[0]) and "(3 seeds)" in measured,
     ),
     # ---- 04
+    # the second warmup lifts the val loss by ~0.019 over the next 100 steps in every seed (above the A/A in 4 of 5),
+    # but the A/A arm's std over 5 seeds (~0.009, one seed's gap 0.02) puts 3 x the noise at ~0.027: direction, not size
+    ("04_resume_needs_three_things", "Without the schedule position, a second warmup breaks the rhythm"): (
+        "partly",
+        lambda measured: (
+            0 < float(measured.split()[0]) < 0.04
+            and "(5 seeds)" in measured
+            and re.search(r"higher than the A/A arm in [3-5] of 5 seeds", measured)
+        ),
+    ),
     # not the chapter's claim (it says a second warmup breaks the rhythm, a row that holds): a small run far from
     # convergence, restarting the schedule mid-run keeps the LR high and ends *lower*, by ~0.04 in every seed;
     # the cost shows when the resume lands in the anneal (the "resumed late" row, which holds)
@@ -141,7 +194,7 @@ NOT_YES = {
     # ---- 05
     # a side question, not the chapter's claim (it gives warmup + cosine as a stability defense): 400 steps leave the
     # tiny model far from its floor, so at the default peak the LR held high ends *lower* than the cosine in every
-    # seed, by 0.03-0.1 (> 3 seed std); at a 10x peak the decay ends lower in every seed, but within the seeds' spread
+    # seed, by 0.03-0.1 (> 3 seed std)
     ("05_four_intuitions", "Decaying the LR (cosine) ends lower than holding the peak"): (
         "no",
         lambda measured: (
@@ -150,13 +203,11 @@ NOT_YES = {
             and "ends lower in 0 of 3 seeds" in measured
         ),
     ),
-    ("05_four_intuitions", "Decaying the LR ends lower at a peak LR ten times higher"): (
-        "partly",
-        lambda measured: (
-            0.02 < float(measured.split()[0]) < 0.15
-            and "(3 seeds)" in measured
-            and "ends lower in 3 of 3 seeds" in measured
-        ),
+    # at a 10x peak (2e-2) neither the cosine nor the LR held at the peak comes near the monitor's spike line (2 x its
+    # baseline): the largest loss after warmup is about the same in both arms, within the seeds' noise
+    ("05_four_intuitions", "Warmup + cosine keeps a high-LR run steadier than holding the peak"): (
+        "no",
+        lambda measured: 1 < float(measured.split()[0]) < 2 and "(3 seeds)" in measured,
     ),
     # equal windows of 10 evals: the order gap over steps 10-100 is 0.6-2.8x that over steps 310-400 (mean ~1.6),
     # no more than the 1.4x of a gap between two val sets; 400 steps end still on the way down, not converged
@@ -165,6 +216,18 @@ NOT_YES = {
         lambda measured: 0.8 < float(measured.split()[0]) < 2 and "(3 order pairs)" in measured,
     ),
     # ---- 06
+    # the bubble on the clock rests on the machine: where other jobs take a stage's core, the drop and the fit to the
+    # formula keep their direction but not their size (the notebook says why)
+    ("06_parallelism", "Micro-batches shrink the bubble"): (
+        ("yes", "partly"),
+        lambda measured: (
+            float(measured.split()[0]) > 0.05 and "(5 timing rounds)" in measured and "timed on" in measured
+        ),
+    ),
+    ("06_parallelism", "The measured bubble follows the formula"): (
+        ("yes", "partly"),
+        lambda measured: float(measured.split()[0]) < 1 and "(5 timing rounds)" in measured and "timed on" in measured,
+    ),
     # ---- 07
     # the planner puts the best sensible cut of 70B on 1,024 H100 32% above the worst: just beyond the chapter's 20-30%
     ("07_cost", "The cut matters by two to three tenths"): (
@@ -181,6 +244,12 @@ NOT_YES = {
         ),
     ),
     # ---- 08
+    # the first docs batch's grad norm is 1.1-4.3x the code batches' before it; two switches of six carry the mean
+    # (~2.4) over the monitor's factor 2, the median (~1.8) stays under it: beyond an ordinary step, not a spike
+    ("08_three_tiers", "An abrupt change of the mix jolts the gradient"): (
+        "partly",
+        lambda measured: 1.2 < float(measured.split()[0]) < 4 and "(6 switches" in measured,
+    ),
     # code -> docs at once, at 2/3 of the peak LR: the first docs batch jolts the grad norm (a row that holds), but the
     # docs val loss only falls after the switch, in all six switches, with no loss-spike warning: clipping and AdamW
     # absorb the one large step; instability would need a model near its stability limit or much harder new data
@@ -212,6 +281,40 @@ NOT_YES = {
     ("09_memory_wall", "... and frees model parallelism for data parallelism"): (
         "no",
         lambda measured: "2 x 4 x 8 (52,243 tokens/s) plain, 2 x 4 x 8 (52,243) with ZeRO" in measured,
+    ),
+    # the planner's 8N against 6N: counted, a recomputed pass costs ~1.21x, not 4/3: the lm_head is never rebuilt and
+    # torch's checkpoint skips each MLP's output matmul (the next row accounts for it to the FLOP)
+    ("09_memory_wall", "Recomputation costs about a third more compute"): (
+        "partly",
+        lambda measured: 1.1 < float(re.search(r"recomputed over plain: ([\d.]+)", measured)[1]) < 1.28,
+    ),
+    # a time ratio rests on the processor: slower with recomputation wherever the direction holds, by how much varies
+    ("09_memory_wall", "Recomputation's time follows its FLOPs"): (
+        ("yes", "partly"),
+        lambda measured: float(measured.split()[0]) > 1 and "(5 timing rounds)" in measured and "timed on" in measured,
+    ),
+    # ---- 10
+    # on the notebooks' small model (width 32, 400 steps) the sweep's valley bottoms at 6e-3: the preset's 2e-3, set for
+    # its own wider model and 2,000 steps, ends ~0.11 above it in every seed (~8 A/A stds), one x3 step too low
+    ("10_choosing_the_run", "The preset's peak LR lies in the best region of a sweep around it"): (
+        "no",
+        lambda measured: (
+            0.05 < float(measured.split()[0]) < 0.25 and "(3 seeds)" in measured and "sweep's best (0.006)" in measured
+        ),
+    ),
+    # at C = 1.5e10 FLOPs the loss falls all the way to the smallest size (width 8, ~150 tokens per parameter): no
+    # interior minimum in the sweep, the optimum lies beyond its small end (embeddings are 62% of N there, and the
+    # larger sizes get only 72-116 steps)
+    ("10_choosing_the_run", "At a fixed compute budget the loss against model size is U-shaped"): (
+        "no",
+        lambda measured: float(measured.split()[0]) < 0.02 and "(3 seeds)" in measured and "(width 8," in measured,
+    ),
+    # so the size at 20 tokens per parameter (width 16) ends ~0.16 above the best (~150), > 3 A/A stds
+    ("10_choosing_the_run", "The compute-optimal size reads about 20 tokens per parameter"): (
+        "no",
+        lambda measured: (
+            0.08 < float(measured.split()[0]) < 0.3 and "(3 seeds)" in measured and "(width 8," in measured
+        ),
     ),
 }
 
