@@ -30,7 +30,7 @@ HELLASWAG_FIXTURE = ROOT / "tests" / "data" / "hellaswag_mini.jsonl"  # 8 exampl
 if TIKTOKEN_CACHE.is_dir():  # tiktoken reads this at load time: gpt2 works offline
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))
 
-FETCH = "python tests/fetch_test_data.py, once, with network (see the README)"
+FETCH = "python tests/fetch_test_data.py, once, with network (see docs/benchmarks.md#tests)"
 needs_shakespeare = pytest.mark.skipif(
     not SHAKESPEARE.exists(), reason=f"needs Tiny Shakespeare (tinyshakespeare.txt) in a test-data folder: {FETCH}"
 )
