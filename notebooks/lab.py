@@ -21,11 +21,16 @@ os.chdir(ROOT)  # relative paths from here on: data/..., out/notebooks/...
 sys.path.insert(0, str(ROOT))
 
 import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
 from IPython.display import display  # noqa: E402
 
 import train  # noqa: E402
 from local_ranks import run_ranks  # noqa: E402
 from run_folder import read_jsonl  # noqa: E402
+
+# One thread: models this small gain little from a second core, every number repeats on a machine with more,
+# and two notebooks run side by side on two cores (tests/test_notebooks.py). Multi-rank runs give each rank one.
+torch.set_num_threads(1)
 
 # 110 dpi and 9-pt legends: a committed figure reads on a code-hosting site without zooming
 plt.rcParams.update(
@@ -65,9 +70,11 @@ def run(name, *flags, fresh=True, ranks=1):
     fresh=True starts over there (--overwrite); fresh=False continues or resumes what is there.
     ranks > 1 runs that many ranks over gloo on this machine, as torchrun would start them
     (local_ranks.run_ranks); the log is rank 0's. The dtype is float32 unless the flags say
-    otherwise, so that every CPU, with native bf16 or without, measures what the notebook shows."""
+    otherwise, so that every CPU, with native bf16 or without, measures what the notebook shows; no samples
+    are written at the end (--num_samples 0) unless the flags ask for them."""
     out_dir = f"out/notebooks/{name}"
-    argv = ["--out_dir", out_dir, "--dtype", "float32", *(["--overwrite"] if fresh else []), *map(str, flags)]
+    argv = ["--out_dir", out_dir, "--dtype", "float32", "--num_samples", "0", *(["--overwrite"] if fresh else [])]
+    argv += map(str, flags)  # after the defaults: the last value of a flag wins
     if ranks == 1:
         log, error = _train_quietly(argv)
     else:
