@@ -97,55 +97,92 @@ def single(corpus):
     return out
 
 
+# every layout, each against one process; three in the default run (all three dimensions at once, ZeRO,
+# recomputation), the others under -m integration
 @pytest.mark.parametrize(
     "world_size, extra",
     [
-        (2, ["--batch_size", 4]),
-        (4, ["--batch_size", 2]),
-        (2, ["--batch_size", 2, "--gradient_accumulation_steps", 2]),
-        (2, ["--batch_size", 4, "--dp_mode", "naive"]),
-        (2, ["--batch_size", 8, "--dp", 1, "--tp", 2]),
-        (4, ["--batch_size", 4, "--dp", 2, "--tp", 2]),
-        (2, ["--batch_size", 8, "--dp", 1, "--pp", 2, "--micro_batches", 4, "--schedule", "gpipe"]),
-        (4, ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "1f1b"]),
-        (4, ["--batch_size", 8, "--dp", 1, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "gpipe"]),
-        (8, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "gpipe"]),
-        (8, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "1f1b"]),
-        (2, ["--batch_size", 4, "--zero", 1]),
-        (2, ["--batch_size", 4, "--zero", 2]),
-        (4, ["--batch_size", 2, "--zero", 1]),
-        (4, ["--batch_size", 2, "--zero", 2]),
-        (2, ["--batch_size", 2, "--gradient_accumulation_steps", 2, "--zero", 2]),
-        (4, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--zero", 1]),
-        (4, ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--zero", 1]),
-        (1, ["--batch_size", 8, "--recompute"]),
-        (4, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--recompute"]),
-        (4, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--zero", 2]),
-        (4, ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--zero", 1, "--recompute"]),
-    ],
-    ids=[
-        "dp2",
-        "dp4",
-        "dp2-accumulation",
-        "dp2-naive",
-        "tp2",
-        "dp2xtp2",
-        "pp2-gpipe",
-        "dp2xpp2-1f1b",
-        "tp2xpp2-gpipe",
-        "dp2xtp2xpp2-gpipe",
-        "dp2xtp2xpp2-1f1b",
-        "dp2-zero1",
-        "dp2-zero2",
-        "dp4-zero1",
-        "dp4-zero2",
-        "dp2-accumulation-zero2",
-        "dp2xtp2-zero1",
-        "dp2xpp2-zero1",
-        "recompute",
-        "dp2xtp2-recompute",
-        "dp2xtp2-zero2",
-        "dp2xpp2-zero1-recompute",
+        pytest.param(2, ["--batch_size", 4], id="dp2", marks=pytest.mark.integration),
+        pytest.param(4, ["--batch_size", 2], id="dp4", marks=pytest.mark.integration),
+        pytest.param(
+            2,
+            ["--batch_size", 2, "--gradient_accumulation_steps", 2],
+            id="dp2-accumulation",
+            marks=pytest.mark.integration,
+        ),
+        pytest.param(2, ["--batch_size", 4, "--dp_mode", "naive"], id="dp2-naive", marks=pytest.mark.integration),
+        pytest.param(2, ["--batch_size", 8, "--dp", 1, "--tp", 2], id="tp2", marks=pytest.mark.integration),
+        pytest.param(4, ["--batch_size", 4, "--dp", 2, "--tp", 2], id="dp2xtp2", marks=pytest.mark.integration),
+        pytest.param(
+            2,
+            ["--batch_size", 8, "--dp", 1, "--pp", 2, "--micro_batches", 4, "--schedule", "gpipe"],
+            id="pp2-gpipe",
+            marks=pytest.mark.integration,
+        ),
+        pytest.param(
+            4,
+            ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "1f1b"],
+            id="dp2xpp2-1f1b",
+            marks=pytest.mark.integration,
+        ),
+        pytest.param(
+            4,
+            ["--batch_size", 8, "--dp", 1, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "gpipe"],
+            id="tp2xpp2-gpipe",
+            marks=pytest.mark.integration,
+        ),
+        pytest.param(
+            8,
+            ["--batch_size", 4, "--dp", 2, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "gpipe"],
+            id="dp2xtp2xpp2-gpipe",
+            marks=pytest.mark.integration,
+        ),
+        pytest.param(
+            8,
+            ["--batch_size", 4, "--dp", 2, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "1f1b"],
+            id="dp2xtp2xpp2-1f1b",
+        ),
+        pytest.param(2, ["--batch_size", 4, "--zero", 1], id="dp2-zero1", marks=pytest.mark.integration),
+        pytest.param(2, ["--batch_size", 4, "--zero", 2], id="dp2-zero2"),
+        pytest.param(4, ["--batch_size", 2, "--zero", 1], id="dp4-zero1", marks=pytest.mark.integration),
+        pytest.param(4, ["--batch_size", 2, "--zero", 2], id="dp4-zero2", marks=pytest.mark.integration),
+        pytest.param(
+            2,
+            ["--batch_size", 2, "--gradient_accumulation_steps", 2, "--zero", 2],
+            id="dp2-accumulation-zero2",
+            marks=pytest.mark.integration,
+        ),
+        pytest.param(
+            4,
+            ["--batch_size", 4, "--dp", 2, "--tp", 2, "--zero", 1],
+            id="dp2xtp2-zero1",
+            marks=pytest.mark.integration,
+        ),
+        pytest.param(
+            4,
+            ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--zero", 1],
+            id="dp2xpp2-zero1",
+            marks=pytest.mark.integration,
+        ),
+        pytest.param(1, ["--batch_size", 8, "--recompute"], id="recompute"),
+        pytest.param(
+            4,
+            ["--batch_size", 4, "--dp", 2, "--tp", 2, "--recompute"],
+            id="dp2xtp2-recompute",
+            marks=pytest.mark.integration,
+        ),
+        pytest.param(
+            4,
+            ["--batch_size", 4, "--dp", 2, "--tp", 2, "--zero", 2],
+            id="dp2xtp2-zero2",
+            marks=pytest.mark.integration,
+        ),
+        pytest.param(
+            4,
+            ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--zero", 1, "--recompute"],
+            id="dp2xpp2-zero1-recompute",
+            marks=pytest.mark.integration,
+        ),
     ],
 )
 def test_layout_matches_single_process(corpus, single, world_size, extra):
@@ -401,6 +438,7 @@ def test_layout_that_does_not_fit_the_world_is_named():
         ProcessGrid(2, 3, 1, rank=0, world_size=8)
 
 
+@pytest.mark.integration
 def test_a_dying_rank_stops_the_others_with_a_clear_error_then_resumes_exactly(corpus):
     clean = corpus / "dp2-clean"
     train_ranks(2, args(corpus, clean, "--dp", 2, "--batch_size", 4))
@@ -425,6 +463,7 @@ def test_a_dying_rank_stops_the_others_with_a_clear_error_then_resumes_exactly(c
     assert_same_run(relayout, clean)
 
 
+@pytest.mark.integration
 def test_a_3d_run_killed_mid_way_resumes_on_other_layouts(corpus, single):
     """A dp2 x tp2 x pp2 run loses a rank at step 13; its single-device checkpoint of step 10 continues
     on one process and as tp2 x pp2, each with the losses of the uninterrupted run."""
@@ -453,6 +492,7 @@ def test_a_3d_run_killed_mid_way_resumes_on_other_layouts(corpus, single):
     assert_same_run(corpus / "3d-to-1x2x2", single)
 
 
+@pytest.mark.integration
 def test_torchrun_end_to_end(corpus, single):
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     out = corpus / "torchrun"
@@ -524,6 +564,7 @@ def _train_with_a_late_rank(argv):
     return train.main(argv)
 
 
+@pytest.mark.integration
 def test_every_rank_resumes_from_the_checkpoint_rank_0_chose(corpus, single):
     """A late rank must not find step 0, written a moment ago, and resume while rank 0 starts afresh."""
     out = corpus / "dp2-late-rank"
@@ -532,6 +573,7 @@ def test_every_rank_resumes_from_the_checkpoint_rank_0_chose(corpus, single):
     assert_same_run(out, single)
 
 
+@pytest.mark.integration
 def test_zero_shares_out_the_state_as_the_closed_form_says(corpus):
     """state_bytes at the first update on dp2, of 16 B per parameter: plain DP keeps all 16, ZeRO-1 4 + 4 + 8/2
     (0.75 of it), ZeRO-2 4 + 12/2 (0.625), each equal to cost.py's closed form up to the padding that makes a
@@ -548,6 +590,7 @@ def test_zero_shares_out_the_state_as_the_closed_form_says(corpus):
     assert measured[2] / measured[0] == pytest.approx(0.625, abs=1e-4)
 
 
+@pytest.mark.integration
 def test_a_zero2_run_killed_mid_way_resumes_on_one_process(corpus, single):
     """A dp2 ZeRO-2 run loses a rank at step 13: its checkpoint of step 10, in single-device form (the moments
     gathered whole from the ranks' shards), continues on one process and as dp2 ZeRO-1, each with the losses

@@ -104,6 +104,7 @@ def test_download_is_checked_by_sha256(tmp_path, monkeypatch):
     assert len(evaluation.read_benchmark(offline)) == 3
 
 
+@pytest.mark.integration
 def test_a_model_trained_on_the_right_endings_picks_them_and_eval_only_agrees(tmp_path):
     """A tiny model trained on the fixture's contexts with their right endings scores far above
     guessing on it at the run's final check, which logs it; --eval_only of the last checkpoint

@@ -57,6 +57,7 @@ def test_one_reference_body_makes_exactly_that_exercise_pass(tmp_path):
     assert sum("not attempted" in line for line in lines) == len(BY_NAME) - 1
 
 
+@pytest.mark.graders
 def test_a_right_body_waits_on_the_stub_its_tests_need(tmp_path):
     """dp_average's tests train a model, which needs init: while init is a stub, dp_average waits on it."""
     out = student_copy(tmp_path, "init", "dp_average")
@@ -66,6 +67,7 @@ def test_a_right_body_waits_on_the_stub_its_tests_need(tmp_path):
     assert result.returncode == 1, "an exercise that waits has not passed yet"
 
 
+@pytest.mark.graders
 def test_a_wrong_body_fails_even_while_another_stub_is_pending(tmp_path):
     """GPipe's order under 1F1B's name breaks the bubble and memory properties, which need no other
     exercise: it fails although init, which the pipeline's equality test needs, is still a stub."""
@@ -110,6 +112,7 @@ def test_a_broken_marker_names_the_file_the_exercise_and_the_line(tmp_path, dama
     assert ("missing" if damage == "deleted" else "appears 2 times") in said, said
 
 
+@pytest.mark.graders
 def test_check_graders_reports_a_wrong_body_that_passes(tmp_path):
     """A 'mutant' that is the reference itself passes the graders: check_graders must say so and exit 1;
     a real mistake in the same folder is caught."""

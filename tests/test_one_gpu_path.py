@@ -3,10 +3,13 @@ both run on the CPU at a tiny scale, so neither can rot where no GPU is at hand.
 
 import re
 
+import pytest
+
 from conftest import HELLASWAG_FIXTURE as FIXTURE, ROOT, needs_gpt2, run_script, write_word_corpus
 
 
 @needs_gpt2
+@pytest.mark.integration
 def test_gpt2_small_preset_runs_two_steps_on_cpu(tmp_path):
     """The whole preset (124M parameters, block 1024, GPT-2 BPE, the benchmark at the end) for two
     steps of one sequence: it starts near ln 50257, and the peak memory it prints stays under 6 GiB."""
@@ -33,6 +36,7 @@ def test_gpt2_small_preset_runs_two_steps_on_cpu(tmp_path):
     assert peak < 6
 
 
+@pytest.mark.integration
 def test_gpu_speed_script_runs_on_cpu():
     """bench/gpu_speed.py's CPU mode: a tiny shape with GPT-2's vocabulary, one rank and 2 gloo ranks."""
     result = run_script(

@@ -97,6 +97,7 @@ def test_sigkill_between_checkpoints_resumes_bitwise(workdir, clean):
     assert losses(out) == losses(clean)  # exact equality, not a tolerance
 
 
+@pytest.mark.integration
 def test_chaos_five_crashes_resume_to_the_same_losses(workdir, clean):
     out = workdir / "chaos"
     steps = sorted(random.Random(1).sample(range(1, 60), 5))
@@ -107,6 +108,7 @@ def test_chaos_five_crashes_resume_to_the_same_losses(workdir, clean):
     assert losses(out) == losses(clean)
 
 
+@pytest.mark.integration
 def test_truncated_newest_checkpoint_falls_back(workdir, clean):
     out = workdir / "truncated"
     first = run_train(workdir, out, "--max_iters", "60", "--inject", "crash@45")
@@ -121,7 +123,7 @@ def test_truncated_newest_checkpoint_falls_back(workdir, clean):
     assert losses(out) == losses(clean)
 
 
-@pytest.mark.parametrize("fault", ["nan", "spike"])
+@pytest.mark.parametrize("fault", ["nan", pytest.param("spike", marks=pytest.mark.integration)])
 def test_injected_fault_is_recovered_automatically(workdir, clean, fault):
     out = workdir / fault
     result = run_train(workdir, out, "--inject", f"{fault}@52")
@@ -140,6 +142,7 @@ def test_injected_fault_is_recovered_automatically(workdir, clean, fault):
     assert steps == sorted(set(steps))  # metrics.jsonl holds one timeline, without the abandoned steps
 
 
+@pytest.mark.integration
 def test_too_many_incidents_stop_the_run_with_good_checkpoints(workdir):
     out = workdir / "doomed"
     result = run_train(workdir, out, "--inject", "nan@33,nan@37", "--max_incidents", "1")
@@ -153,6 +156,7 @@ def test_too_many_incidents_stop_the_run_with_good_checkpoints(workdir):
     assert kept and all(checkpoint.verify(checkpoint.step_path(out / "ckpt", s)) is None for s in kept)
 
 
+@pytest.mark.integration
 def test_checkpoint_without_optimizer_state_is_refused(workdir):
     out = workdir / "no_optimizer"
     assert run_train(workdir, out, "--max_iters", "10").returncode == 0
@@ -183,6 +187,7 @@ def test_resume_without_the_three_pieces_forgets_each(workdir, clean):
     assert {s["step"].item() for s in state["optimizer"]["state"].values()} == {20}  # AdamW's own count restarted
 
 
+@pytest.mark.integration
 def test_fp16_overflow_is_a_skipped_step_not_an_incident(workdir):
     """The loss scaler skips an overflowing fp16 step and lowers its scale; rolling back would undo that."""
     out = workdir / "fp16"
@@ -200,6 +205,7 @@ def test_resume_with_another_model_shape_names_the_fields(workdir, clean):
     assert "checkpoints cannot continue" in result.stderr and "n_embd: 32 -> 64" in result.stderr
 
 
+@pytest.mark.integration
 def test_torchrun_restarts_a_crashed_worker_which_resumes(workdir, clean):
     out = workdir / "torchrun"
     args = train_args(workdir, out, "--inject", "crash@33")
@@ -262,6 +268,7 @@ def test_full_disk_keeps_previous_checkpoints(tmp_path, monkeypatch):
     assert (tmp_path / "step_0000010" / "state.pt").read_bytes() == before
 
 
+@pytest.mark.integration
 def test_resume_flag_without_a_checkpoint_is_an_error(workdir):
     result = run_train(workdir, workdir / "fresh", "--resume")
     assert result.returncode != 0 and "--resume, but" in result.stderr and "holds no checkpoint" in result.stderr
@@ -270,7 +277,7 @@ def test_resume_flag_without_a_checkpoint_is_an_error(workdir):
 # --- the runbook's ladder ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("response", ["lower_lr", "rewarm"])
+@pytest.mark.parametrize("response", [pytest.param("lower_lr", marks=pytest.mark.integration), "rewarm"])
 def test_a_repeat_within_the_window_climbs_to_rung_2(workdir, response):
     out = workdir / f"repeat-{response}"
     result = run_train(workdir, out, "--inject", "nan@33,nan@37", "--repeat_response", response, "--rewarm_iters", "8")

@@ -45,6 +45,7 @@ def transformers_gpt2(folder, seed=0):
 
 
 @needs_gpt2
+@pytest.mark.integration
 def test_init_from_a_transformers_gpt2_samples_what_transformers_generates(tmp_path):
     hf_model = transformers_gpt2(tmp_path / "hf")
     corpus = write_word_corpus(tmp_path / "words.txt", 3000)
@@ -99,6 +100,7 @@ def gpt2_started_on_one_process(tmp_path_factory):
     [["--tp", "2"], ["--pp", "2", "--micro_batches", "2"], ["--dp", "2", "--dp_mode", "fsdp", "--batch_size", "2"]],
     ids=["tp2", "pp2", "fsdp-dp2"],
 )
+@pytest.mark.integration
 def test_init_from_gpt2_on_two_ranks_takes_the_steps_one_process_takes(tmp_path, layout, gpt2_started_on_one_process):
     """Two ranks load --init_from's weights into their parts (GPT-2's 50257 rows are odd: a tp=2 cut pads them; a
     pipeline holds the tied embedding on both stages; FSDP2 shards every matrix) and take one process's steps."""
@@ -113,6 +115,7 @@ def test_init_from_gpt2_on_two_ranks_takes_the_steps_one_process_takes(tmp_path,
 
 
 @needs_gpt2
+@pytest.mark.integration
 def test_export_hf_loads_in_transformers_with_the_same_logits_and_greedy_text(tmp_path):
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
     from sample import single_device_model
@@ -147,6 +150,7 @@ def test_export_hf_loads_in_transformers_with_the_same_logits_and_greedy_text(tm
     assert our_text.tolist() == their_text.tolist()
 
 
+@pytest.mark.integration
 def test_export_hf_refuses_another_architecture(tmp_path, small_corpus):
     result = train(tmp_path, "--source", small_corpus, *TINY, "--max_iters", "1", "--out_dir", tmp_path / "run")
     assert result.returncode == 0, result.stderr
@@ -158,6 +162,7 @@ def test_export_hf_refuses_another_architecture(tmp_path, small_corpus):
     assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.integration
 def test_init_from_a_finished_run_starts_at_its_final_val_loss(tmp_path, small_corpus):
     common = ["--source", small_corpus, "--data_dir", tmp_path / "data", *TINY, "--eval_interval", "5"]
     base = train(tmp_path, *common, "--max_iters", "10", "--out_dir", tmp_path / "base")
@@ -188,6 +193,7 @@ def test_init_from_a_finished_run_starts_at_its_final_val_loss(tmp_path, small_c
     assert metrics(tmp_path / "next")[0]["val_loss"] == base_final
 
 
+@pytest.mark.integration
 def test_a_source_that_changed_under_a_run_is_refused_when_read_again(tmp_path, small_corpus):
     """A run whose checkpoints all fail to verify reads its --init_from again; if the file there has changed shape
     since the run recorded its model, it says so rather than loading it into the model it built."""
@@ -247,6 +253,7 @@ def mix_args(tmp_path, out):
     # fmt: on
 
 
+@pytest.mark.integration
 def test_mix_reads_its_weights_follows_its_schedule_and_resumes_exactly_after_sigkill(tmp_path):
     from mixture import read_mix, weights_at
 
@@ -274,6 +281,7 @@ def test_mix_reads_its_weights_follows_its_schedule_and_resumes_exactly_after_si
     assert strip[0] == strip[1]  # exact equality: the reader's state came back with the checkpoint
 
 
+@pytest.mark.integration
 def test_continuing_a_mix_run_with_a_changed_mix_says_what_changed(tmp_path):
     two_source_mix(tmp_path, [])
     first = train(tmp_path, *mix_args(tmp_path, tmp_path / "run"))

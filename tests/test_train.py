@@ -200,6 +200,7 @@ def test_auto_dtype_on_cpu_is_bf16_only_where_native(monkeypatch, native_bf16, e
     assert run_setup.pick_dtype("float32", torch.device("cpu")) == torch.float32  # an explicit dtype is kept
 
 
+@pytest.mark.integration
 def test_tiny_preset_end_to_end(tmp_path):
     """The README's main command, shortened: prepares the stdlib corpus, trains, evaluates, samples."""
     out = tmp_path / "run"
