@@ -97,92 +97,52 @@ def single(corpus):
     return out
 
 
-# every layout, each against one process; three in the default run (all three dimensions at once, ZeRO,
-# recomputation), the others under -m integration
+# every layout against one process: name -> (ranks, flags)
+LAYOUTS = {
+    "dp2": (2, ["--batch_size", 4]),
+    "dp4": (4, ["--batch_size", 2]),
+    "dp2-accumulation": (2, ["--batch_size", 2, "--gradient_accumulation_steps", 2]),
+    "dp2-naive": (2, ["--batch_size", 4, "--dp_mode", "naive"]),
+    "tp2": (2, ["--batch_size", 8, "--dp", 1, "--tp", 2]),
+    "dp2xtp2": (4, ["--batch_size", 4, "--dp", 2, "--tp", 2]),
+    "pp2-gpipe": (2, ["--batch_size", 8, "--dp", 1, "--pp", 2, "--micro_batches", 4, "--schedule", "gpipe"]),
+    "dp2xpp2-1f1b": (4, ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "1f1b"]),
+    "tp2xpp2-gpipe": (
+        4,
+        ["--batch_size", 8, "--dp", 1, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "gpipe"],
+    ),
+    "dp2xtp2xpp2-gpipe": (
+        8,
+        ["--batch_size", 4, "--dp", 2, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "gpipe"],
+    ),
+    "dp2xtp2xpp2-1f1b": (
+        8,
+        ["--batch_size", 4, "--dp", 2, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "1f1b"],
+    ),
+    "dp2-zero1": (2, ["--batch_size", 4, "--zero", 1]),
+    "dp2-zero2": (2, ["--batch_size", 4, "--zero", 2]),
+    "dp4-zero1": (4, ["--batch_size", 2, "--zero", 1]),
+    "dp4-zero2": (4, ["--batch_size", 2, "--zero", 2]),
+    "dp2-accumulation-zero2": (2, ["--batch_size", 2, "--gradient_accumulation_steps", 2, "--zero", 2]),
+    "dp2xtp2-zero1": (4, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--zero", 1]),
+    "dp2xpp2-zero1": (4, ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--zero", 1]),
+    "recompute": (1, ["--batch_size", 8, "--recompute"]),
+    "dp2xtp2-recompute": (4, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--recompute"]),
+    "dp2xtp2-zero2": (4, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--zero", 2]),
+    "dp2xpp2-zero1-recompute": (
+        4,
+        ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--zero", 1, "--recompute"],
+    ),
+}
+# the default run's representatives: all three dimensions at once, ZeRO, recomputation; the rest: -m integration
+IN_THE_DEFAULT_RUN = ("dp2xtp2xpp2-1f1b", "dp2-zero2", "recompute")
+
+
 @pytest.mark.parametrize(
     "world_size, extra",
     [
-        pytest.param(2, ["--batch_size", 4], id="dp2", marks=pytest.mark.integration),
-        pytest.param(4, ["--batch_size", 2], id="dp4", marks=pytest.mark.integration),
-        pytest.param(
-            2,
-            ["--batch_size", 2, "--gradient_accumulation_steps", 2],
-            id="dp2-accumulation",
-            marks=pytest.mark.integration,
-        ),
-        pytest.param(2, ["--batch_size", 4, "--dp_mode", "naive"], id="dp2-naive", marks=pytest.mark.integration),
-        pytest.param(2, ["--batch_size", 8, "--dp", 1, "--tp", 2], id="tp2", marks=pytest.mark.integration),
-        pytest.param(4, ["--batch_size", 4, "--dp", 2, "--tp", 2], id="dp2xtp2", marks=pytest.mark.integration),
-        pytest.param(
-            2,
-            ["--batch_size", 8, "--dp", 1, "--pp", 2, "--micro_batches", 4, "--schedule", "gpipe"],
-            id="pp2-gpipe",
-            marks=pytest.mark.integration,
-        ),
-        pytest.param(
-            4,
-            ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "1f1b"],
-            id="dp2xpp2-1f1b",
-            marks=pytest.mark.integration,
-        ),
-        pytest.param(
-            4,
-            ["--batch_size", 8, "--dp", 1, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "gpipe"],
-            id="tp2xpp2-gpipe",
-            marks=pytest.mark.integration,
-        ),
-        pytest.param(
-            8,
-            ["--batch_size", 4, "--dp", 2, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "gpipe"],
-            id="dp2xtp2xpp2-gpipe",
-            marks=pytest.mark.integration,
-        ),
-        pytest.param(
-            8,
-            ["--batch_size", 4, "--dp", 2, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "1f1b"],
-            id="dp2xtp2xpp2-1f1b",
-        ),
-        pytest.param(2, ["--batch_size", 4, "--zero", 1], id="dp2-zero1", marks=pytest.mark.integration),
-        pytest.param(2, ["--batch_size", 4, "--zero", 2], id="dp2-zero2"),
-        pytest.param(4, ["--batch_size", 2, "--zero", 1], id="dp4-zero1", marks=pytest.mark.integration),
-        pytest.param(4, ["--batch_size", 2, "--zero", 2], id="dp4-zero2", marks=pytest.mark.integration),
-        pytest.param(
-            2,
-            ["--batch_size", 2, "--gradient_accumulation_steps", 2, "--zero", 2],
-            id="dp2-accumulation-zero2",
-            marks=pytest.mark.integration,
-        ),
-        pytest.param(
-            4,
-            ["--batch_size", 4, "--dp", 2, "--tp", 2, "--zero", 1],
-            id="dp2xtp2-zero1",
-            marks=pytest.mark.integration,
-        ),
-        pytest.param(
-            4,
-            ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--zero", 1],
-            id="dp2xpp2-zero1",
-            marks=pytest.mark.integration,
-        ),
-        pytest.param(1, ["--batch_size", 8, "--recompute"], id="recompute"),
-        pytest.param(
-            4,
-            ["--batch_size", 4, "--dp", 2, "--tp", 2, "--recompute"],
-            id="dp2xtp2-recompute",
-            marks=pytest.mark.integration,
-        ),
-        pytest.param(
-            4,
-            ["--batch_size", 4, "--dp", 2, "--tp", 2, "--zero", 2],
-            id="dp2xtp2-zero2",
-            marks=pytest.mark.integration,
-        ),
-        pytest.param(
-            4,
-            ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--zero", 1, "--recompute"],
-            id="dp2xpp2-zero1-recompute",
-            marks=pytest.mark.integration,
-        ),
+        pytest.param(*layout, id=name, marks=() if name in IN_THE_DEFAULT_RUN else pytest.mark.integration)
+        for name, layout in LAYOUTS.items()
     ],
 )
 def test_layout_matches_single_process(corpus, single, world_size, extra):
