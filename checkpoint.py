@@ -32,8 +32,6 @@ import torch.distributed as dist
 
 from files import file_sha256, fsync_dir, write_synced
 from model import GPT
-from torch_engines import DTensorCut
-from zero import ShardedAdamW
 
 STATE_FILE, MANIFEST_FILE = "state.pt", "manifest.json"
 STEP_DIR = re.compile(r"^step_(\d{7})$")
@@ -42,32 +40,28 @@ STEP_DIR = re.compile(r"^step_(\d{7})$")
 # ----------------------------------------------------------------------------
 # Single-device form: from the model as the ranks hold it, and back
 #
-# `model` is the model as this rank holds it (parallel.ShardedModel,
-# pipeline.PipelineModel, torch_engines.DDPModel or FSDPModel); its local_parameters()
-# name each parameter as the single-device model does and say how it was cut: for
-# tensor parallelism, or by FSDP2 over the DP group. Every rank must call these
-# functions: they gather over the TP and PP groups (under FSDP2, the DP group).
+# `model` is the model as this rank holds it (parallel.RankModel); its local_parameters()
+# name each parameter as the single-device model does and give its cut: None for a whole
+# parameter, else an object with two calls, whatever cut it (tensor parallelism's
+# tensor_parallel.Cut, FSDP2's torch_engines.DTensorCut):
+#
+#   cut.unshard(local, grid) -> the single-device tensor, gathered from every rank's part
+#   cut.shard(full, grid)    -> this rank's part of a single-device tensor, without communication
+#
+# The optimizer gives and takes its moments per parameter the same way whatever the layout
+# (parallel.AdamW's moments() and load_moments(); ZeRO's gather and cut their shards behind them).
+# Every rank must call these functions: they gather over the TP and PP groups (under ZeRO and
+# FSDP2, the DP group).
 
 
 def gather_whole(tensor, cut, grid):
-    """The single-device tensor of which `tensor` is this rank's TP slice (cut None: it is whole; a
-    torch_engines.DTensorCut: FSDP2's shard, which torch gathers)."""
-    if isinstance(cut, DTensorCut):
-        return cut.unshard(tensor)
-    if cut is None or grid.tp == 1:
-        return tensor.detach()
-    shards = [torch.empty_like(tensor) for _ in range(grid.tp)]
-    dist.all_gather(shards, tensor.detach().contiguous(), group=grid.tp_group)
-    return cut.unshard(shards)
+    """The single-device tensor of which `tensor` is this rank's part (cut None: it is whole)."""
+    return tensor.detach() if cut is None else cut.unshard(tensor, grid)
 
 
 def take_slice(full, cut, grid):
-    """This rank's TP slice (or FSDP2 shard) of a single-device tensor: the inverse of gather_whole."""
-    if isinstance(cut, DTensorCut):
-        return cut.shard(full)
-    if cut is None or grid.tp == 1:
-        return full
-    return cut.shard(full, grid.tp, grid.tp_rank)
+    """This rank's part of a single-device tensor: the inverse of gather_whole."""
+    return full if cut is None else cut.shard(full, grid)
 
 
 def _on_cpu(value):
@@ -99,33 +93,11 @@ def load_full_state_dict(model, full, grid):
             p.copy_(take_slice(full[name], cut, grid))
 
 
-def local_moments(optimizer):
-    """{parameter: its AdamW state} for the parameters this rank holds; under ZeRO, gathered whole from the
-    data-parallel ranks' pieces (zero.ShardedAdamW). Empty before the first step."""
-    if isinstance(optimizer, ShardedAdamW):
-        return optimizer.state_by_parameter()
-    return {p: optimizer.state[p] for group in optimizer.param_groups for p in group["params"] if p in optimizer.state}
-
-
-def load_local_moments(optimizer, moments, param_groups):
-    """The inverse of local_moments: {parameter: its AdamW state}, and the groups' hyperparameters."""
-    if isinstance(optimizer, ShardedAdamW):
-        moments = optimizer.pieces_state(moments)  # {this rank's piece: its range of its parameter's moments}
-    index = {p: i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
-    ours = optimizer.state_dict()["param_groups"]  # the hyperparameters from the checkpoint, our parameter indices
-    optimizer.load_state_dict(
-        {
-            "state": {index[p]: state for p, state in moments.items()},
-            "param_groups": [dict(g, params=o["params"]) for g, o in zip(param_groups, ours)],
-        }
-    )
-
-
 def full_optimizer_state_dict(optimizer, model, grid, groups):
     """AdamW's state dict as a single-device run saves it: moments gathered and merged like the
     weights, indexed in single-device order. groups: the single-device parameter names of
     each optimizer parameter group, in order (run_setup.make_optimizer's groups)."""
-    held = local_moments(optimizer)
+    held = optimizer.moments()
     mine = {
         name: {key: gather_whole(value, cut, grid) if value.dim() > 0 else value for key, value in held[p].items()}
         for name, p, cut in model.local_parameters()
@@ -154,7 +126,7 @@ def load_full_optimizer_state_dict(optimizer, full, model, grid, groups):
             moments[p] = {
                 key: take_slice(value, cut, grid) if value.dim() > 0 else value for key, value in state.items()
             }
-    load_local_moments(optimizer, moments, full["param_groups"])
+    optimizer.load_moments(moments, full["param_groups"])
 
 
 # ----------------------------------------------------------------------------

@@ -31,8 +31,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from model import GPTConfig
-from pipeline import stage_layers
+from model import GPTConfig, stage_layers
 
 # ----------------------------------------------------------------------------
 # The model: parameters and FLOPs in closed form
@@ -40,7 +39,7 @@ from pipeline import stage_layers
 
 @dataclass(frozen=True)
 class NamedModel:
-    config: GPTConfig
+    gpt_config: GPTConfig
     batch_tokens: int  # tokens per optimizer step in the published run (4M: 2^22)
     source: str
 
@@ -85,44 +84,47 @@ MODELS = {
 }
 
 
-def parameters_on_rank(mc, tp=1, pp=1, stage=0):
+def parameters_on_rank(gpt_config, tp=1, pp=1, stage=0):
     """Closed form of the parameters one rank holds (stage `stage` of pp, a 1/tp slice of its
-    matrices); with the defaults, the whole model's count, GPT(mc).num_params().
+    matrices); with the defaults, the whole model's count, GPT(gpt_config).num_params().
 
     A block's four matrices (q k v: 3 C^2, attention out: C^2, MLP: 4 C^2 + 4 C^2) are cut
     by tp, its norms stay whole on every TP rank. The first stage adds the embedding (its
     V/tp rows, the vocabulary padded to a multiple of tp) and the positions; the last stage
     the final norm and, when it is not also the first, its own copy of the tied embedding."""
-    C, V = mc.n_embd, mc.vocab_size
-    norm = 0 if mc.norm == "none" else C * (2 if mc.norm == "layernorm" and mc.bias else 1)
+    C, V = gpt_config.n_embd, gpt_config.vocab_size
+    norm = 0 if gpt_config.norm == "none" else C * (2 if gpt_config.norm == "layernorm" and gpt_config.bias else 1)
     block = (
-        12 * C * C // tp + 2 * norm + ((7 * C) // tp + 2 * C if mc.bias else 0)
+        12 * C * C // tp + 2 * norm + ((7 * C) // tp + 2 * C if gpt_config.bias else 0)
     )  # column biases cut, row biases whole
-    first_block, end_block = stage_layers(mc.n_layer, pp)[stage]
+    first_block, end_block = stage_layers(gpt_config.n_layer, pp)[stage]
     embedding = -(-V // tp) * C
     n = (end_block - first_block) * block
     if stage == 0:
-        n += embedding + mc.block_size * C
+        n += embedding + gpt_config.block_size * C
     if stage == pp - 1:
-        n += (norm if mc.norm_position == "pre" else 0) + (embedding if pp > 1 else 0)
+        n += (norm if gpt_config.norm_position == "pre" else 0) + (embedding if pp > 1 else 0)
     return n
 
 
-def fullest_rank_parameters(mc, tp, pp):
+def fullest_rank_parameters(gpt_config, tp, pp):
     """The parameters of the rank that holds the most (the first stage, with the embedding and positions)."""
-    return max(parameters_on_rank(mc, tp, pp, s) for s in range(pp))
+    return max(parameters_on_rank(gpt_config, tp, pp, s) for s in range(pp))
 
 
-def flops_per_token(mc):
+def flops_per_token(gpt_config):
     """Training FLOPs per token: 6 N for the weight matmuls (2 N forward, 4 N backward), plus 12 L C T
     for attention's q k^T and its weighted sum of v (2 T C each per layer forward, times 3 with
     backward), counted over the full T x T square as the PaLM paper does. A position lookup does no matmul."""
     # exercise flops_per_token: begin
-    return 6 * (parameters_on_rank(mc) - mc.block_size * mc.n_embd) + 12 * mc.n_layer * mc.n_embd * mc.block_size
+    L, C, T = gpt_config.n_layer, gpt_config.n_embd, gpt_config.block_size
+    return 6 * (parameters_on_rank(gpt_config) - T * C) + 12 * L * C * T
     # exercise flops_per_token: end
 
 
-def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, compute_bytes, zero=0, recompute=False):
+def comm_bytes_per_step(
+    gpt_config, *, dp, tp, pp, stage, batch_size, accumulation, compute_bytes, zero=0, recompute=False
+):
     """Closed form of the bytes a rank of pipeline stage `stage` hands to each dimension's
     communication in one optimizer step (what comm_count.counted counts), with the step's
     formula: {dimension: (bytes, formula)}.
@@ -140,11 +142,12 @@ def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, comp
       pp: per micro-step, the activation (B, T, C) to the next stage and its gradient back to
           the one before: between stages only. Plus, once per step, the tied embedding's
           gradient between the first and last stages.
-      dp: once per step, the gradient of every parameter the rank holds, fp32; under ZeRO a
-          reduce-scatter of it (ZeRO-2: every micro-step) and an all-gather of the updated weights.
+      dp: once per step, the gradient of every parameter the rank holds, fp32; under ZeRO (zero 1, 2) a
+          reduce-scatter of it (ZeRO-2: every micro-step) and an all-gather of the updated weights; under
+          FSDP2 (zero 3) its reduce-scatter alone is counted (its all-gathers carry weights, not gradients).
     """
-    B, T, C, A = batch_size, mc.block_size, mc.n_embd, accumulation
-    first_block, end_block = stage_layers(mc.n_layer, pp)[stage]
+    B, T, C, A = batch_size, gpt_config.block_size, gpt_config.n_embd, accumulation
+    first_block, end_block = stage_layers(gpt_config.n_layer, pp)[stage]
     L, first, last = end_block - first_block, stage == 0, stage == pp - 1
     act = B * T * C  # elements of one (B, T, C) activation
     tp_bytes = pp_bytes = dp_bytes = 0
@@ -162,7 +165,7 @@ def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, comp
         )
     if pp > 1:
         neighbours = (not first) + (not last)
-        tied = (first or last) * -(-mc.vocab_size // tp) * C * 4
+        tied = (first or last) * -(-gpt_config.vocab_size // tp) * C * 4
         pp_bytes = A * neighbours * act * 4 + tied
         sent = (
             "activations forward and gradients back"
@@ -173,29 +176,32 @@ def comm_bytes_per_step(mc, *, dp, tp, pp, stage, batch_size, accumulation, comp
         )
         pp_how = (
             f"A x {neighbours} x B T C x 4 ({sent})"
-            + (f" + V/tp x C x 4 (tied embedding's gradient), V={mc.vocab_size}" if tied else "")
+            + (f" + V/tp x C x 4 (tied embedding's gradient), V={gpt_config.vocab_size}" if tied else "")
             + f", A={A} B={B} T={T} C={C}"
         )
     if dp > 1:
-        held = parameters_on_rank(mc, tp, pp, stage)
+        held = parameters_on_rank(gpt_config, tp, pp, stage)
         scatters = A if zero == 2 else 1  # ZeRO-2 reduces every micro-step's gradient
-        dp_bytes = (4 * scatters + 4 if zero else 4) * held
+        ours = zero in (1, 2)  # FSDP2 (stage 3) counts its reduce-scatters only: its all-gathers carry weights
+        dp_bytes = (4 * scatters + 4 if ours else 4) * held
         dp_how = (
             f"{'A x ' if zero == 2 else ''}4 x {held:,} parameters on the rank, reduce-scattered, + 4 x {held:,} "
             "all-gathered, per step (a ring moves (dp - 1)/dp of each: one all-reduce's worth each pair)"
             + (f", A={A}" if zero == 2 else "")
-            if zero
+            if ours
             else f"4 x {held:,} parameters on the rank, once per step"
         )
     return {"dp": (dp_bytes, dp_how), "tp": (tp_bytes, tp_how), "pp": (pp_bytes, pp_how)}
 
 
-def busiest_stage_comm_bytes(mc, *, dp, tp, pp, batch_size, accumulation, compute_bytes, zero=0, recompute=False):
+def busiest_stage_comm_bytes(
+    gpt_config, *, dp, tp, pp, batch_size, accumulation, compute_bytes, zero=0, recompute=False
+):
     """{dimension: (bytes, formula)} per step, in closed form, of the stage that sends the most in it
     (what train.py logs as comm_bytes_* and prints beside the counts)."""
     per_stage = [
         comm_bytes_per_step(
-            mc,
+            gpt_config,
             dp=dp,
             tp=tp,
             pp=pp,
@@ -267,7 +273,7 @@ GPUS = {
 GPU_ALIASES = {"A100": "A100-80GB"}
 
 
-def _all_reduce_under_load(sizes, mc, rows, repeats=30):
+def _all_reduce_under_load(sizes, gpt_config, rows, repeats=30):
     """On one of 2 local ranks: the mean time an all-reduce of each size (bytes) adds to a loop
     that also multiplies (rows, C) @ (C, 4C), as a training step interleaves them."""
     import torch.distributed as dist  # only the measurement needs it
@@ -276,7 +282,7 @@ def _all_reduce_under_load(sizes, mc, rows, repeats=30):
 
     init_distributed(60)
     try:
-        a, w = torch.randn(rows, mc.n_embd), torch.randn(mc.n_embd, 4 * mc.n_embd)
+        a, w = torch.randn(rows, gpt_config.n_embd), torch.randn(gpt_config.n_embd, 4 * gpt_config.n_embd)
 
         def loop(message):
             dist.barrier()
@@ -294,7 +300,7 @@ def _all_reduce_under_load(sizes, mc, rows, repeats=30):
         destroy_distributed()
 
 
-def measure_cpu(mc, rows, ranks):
+def measure_cpu(gpt_config, rows, ranks):
     """This machine as a 'GPU': each of `ranks` processes gets cores / ranks threads (as
     parallel.init_distributed gives them). peak_flops: fp32 matmul FLOP/s of that many threads
     at the model's MLP shape, (rows, C) @ (C, 4C). The link: what an all-reduce between 2 local
@@ -306,16 +312,16 @@ def measure_cpu(mc, rows, ranks):
 
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
-    a, w = torch.randn(rows, mc.n_embd), torch.randn(mc.n_embd, 4 * mc.n_embd)
+    a, w = torch.randn(rows, gpt_config.n_embd), torch.randn(gpt_config.n_embd, 4 * gpt_config.n_embd)
     for _ in range(3):
         a @ w  # warm-up
     t0, repeats = time.perf_counter(), 20
     for _ in range(repeats):
         a @ w
-    peak = 2 * rows * mc.n_embd * 4 * mc.n_embd * repeats / (time.perf_counter() - t0)
+    peak = 2 * rows * gpt_config.n_embd * 4 * gpt_config.n_embd * repeats / (time.perf_counter() - t0)
     torch.set_num_threads(threads)
-    message = rows * mc.n_embd * 4
-    latency, seconds = results_of(run_ranks(2, _all_reduce_under_load, [4, message], mc, rows // ranks))[0]
+    message = rows * gpt_config.n_embd * 4
+    latency, seconds = results_of(run_ranks(2, _all_reduce_under_load, [4, message], gpt_config, rows // ranks))[0]
     bandwidth = message / max(seconds - latency, 1e-9)  # 2 ranks: a ring all-reduce sends the message once
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # POSIX, as is gloo on loopback here
     return Hardware("cpu", peak, memory, bandwidth, bandwidth, max(latency / 2, 1e-9), os.cpu_count() or 1)
@@ -339,10 +345,10 @@ def state_bytes_formula(dp=1, zero=0):
     return f"{terms} = {state_bytes_per_parameter(dp, zero):g} B"
 
 
-def fullest_rank_state_bytes(mc, dp=1, tp=1, pp=1, zero=0):
+def fullest_rank_state_bytes(gpt_config, dp=1, tp=1, pp=1, zero=0):
     """Closed form of the training state on the rank that holds the most (train.py prints it beside
     monitor.state_bytes at the first update)."""
-    return state_bytes_per_parameter(dp, zero) * fullest_rank_parameters(mc, tp, pp)
+    return state_bytes_per_parameter(dp, zero) * fullest_rank_parameters(gpt_config, tp, pp)
 
 
 @dataclass(frozen=True)
@@ -357,7 +363,7 @@ class Memory:
         return self.state + self.activations
 
 
-def memory_per_gpu(mc, tp, pp, micro_batch_rows, in_flight, recompute=False, activation_bytes=2, dp=1, zero=0):
+def memory_per_gpu(gpt_config, tp, pp, micro_batch_rows, in_flight, recompute=False, activation_bytes=2, dp=1, zero=0):
     """Bytes on the fullest device of a layout, as a Memory.
 
     state: 16 B per parameter held (the stage with the embedding holds the most), less what ZeRO's
@@ -367,11 +373,12 @@ def memory_per_gpu(mc, tp, pp, micro_batch_rows, in_flight, recompute=False, act
     (s, s) attention scores a fused attention kernel never stores: model.py calls SDPA), or only
     the layer's input, 2 s b h, with full recomputation; times the stage's layers, times the
     micro-batches in flight (1F1B: p on the first stage, at most m; GPipe: all m), plus the logits of one."""
-    state = fullest_rank_state_bytes(mc, dp, tp, pp, zero)
-    s, b, h = mc.block_size, micro_batch_rows, mc.n_embd
+    state = fullest_rank_state_bytes(gpt_config, dp, tp, pp, zero)
+    s, b, h = gpt_config.block_size, micro_batch_rows, gpt_config.n_embd
     per_layer = 2 * s * b * h if recompute else s * b * h * (10 + 24 / tp)
-    layers = max(end - first for first, end in stage_layers(mc.n_layer, pp))
-    logits = b * s * -(-mc.vocab_size // tp) * (activation_bytes + 4)  # in the compute dtype, and the loss's fp32 copy
+    layers = max(end - first for first, end in stage_layers(gpt_config.n_layer, pp))
+    # in the compute dtype, and the loss's fp32 copy
+    logits = b * s * -(-gpt_config.vocab_size // tp) * (activation_bytes + 4)
     activations = in_flight * layers * per_layer * activation_bytes / 2 + logits
     return Memory(state, activations)
 
@@ -390,7 +397,9 @@ class Plan:
     parts: dict  # seconds per step: compute, bubble, tp, pp, dp (the part backward does not hide)
 
 
-def plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute=False, compute_bytes=2, zero=0):
+def plan_layout(
+    gpt_config, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute=False, compute_bytes=2, zero=0
+):
     zero = 1 if zero == 2 and pp > 1 else zero  # train.py refuses ZeRO-2 with a pipeline (zero.py says why)
     """The step time and memory of one layout of dp x tp x pp devices, batch_rows sequences per step.
 
@@ -413,11 +422,11 @@ def plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute
     communication for one micro-batch: (p - 1) / (m + p - 1) of the step when communication is free.
     A ring all-reduce of P bytes over n devices sends 2 (n - 1) / n P per device in 2 (n - 1) messages."""
     m = batch_rows // dp // micro_batch_rows
-    tokens = batch_rows * mc.block_size // dp  # per dp rank and step
-    C, T, V = mc.n_embd, mc.block_size, mc.vocab_size
+    tokens = batch_rows * gpt_config.block_size // dp  # per dp rank and step
+    C, T, V = gpt_config.n_embd, gpt_config.block_size, gpt_config.vocab_size
     stage_flops = [
         (end - first) * (72 * C * C + 12 * C * T) + (s == pp - 1) * 6 * V * C  # per token: blocks, head
-        for s, (first, end) in enumerate(stage_layers(mc.n_layer, pp))
+        for s, (first, end) in enumerate(stage_layers(gpt_config.n_layer, pp))
     ]
     compute = max(stage_flops) * tokens / tp / (hw.peak_flops * mfu) * (4 / 3 if recompute else 1)
 
@@ -427,13 +436,13 @@ def plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute
     def all_reduce(size, n, bandwidth):
         return 0.0 if n == 1 else 2 * (n - 1) / n * size / bandwidth + 2 * (n - 1) * hw.latency
 
-    layers = max(end - first for first, end in stage_layers(mc.n_layer, pp))
+    layers = max(end - first for first, end in stage_layers(gpt_config.n_layer, pp))
     activation = micro_batch_rows * T * C * compute_bytes
     loss_sums = 3 * all_reduce(micro_batch_rows * T * 4, tp, link(tp))  # the vocab-parallel loss
     tp_seconds = m * (((4 + recompute) * layers + 2) * all_reduce(activation, tp, link(tp)) + loss_sums)
     pp_seconds = 0.0 if pp == 1 else 2 * m * (activation / link(tp * pp) + hw.latency)
     bubble = (pp - 1) * (compute + tp_seconds + pp_seconds) / m
-    gradients = 4 * fullest_rank_parameters(mc, tp, pp)
+    gradients = 4 * fullest_rank_parameters(gpt_config, tp, pp)
     dp_full = all_reduce(gradients, dp, link(dp * tp * pp))
     last_bucket = min(1.0, 25 * 2**20 / gradients)
     reduced = dp_full / 2 if zero else dp_full  # ZeRO: the reduce-scatter half; its all-gather comes after
@@ -442,12 +451,12 @@ def plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute
     parts = {"compute": compute, "bubble": bubble, "tp": tp_seconds, "pp": pp_seconds, "dp": dp_seconds}
     step = sum(parts.values())
     in_flight = min(pp, m)  # 1F1B's first stage
-    memory = memory_per_gpu(mc, tp, pp, micro_batch_rows, in_flight, recompute, compute_bytes, dp, zero).total
-    achieved = flops_per_token(mc) * batch_rows * T / (dp * tp * pp) / step / hw.peak_flops
+    memory = memory_per_gpu(gpt_config, tp, pp, micro_batch_rows, in_flight, recompute, compute_bytes, dp, zero).total
+    achieved = flops_per_token(gpt_config) * batch_rows * T / (dp * tp * pp) / step / hw.peak_flops
     return Plan(dp, tp, pp, m, memory <= hw.memory, memory / 1e9, step, batch_rows * T / step, achieved, parts)
 
 
-def layouts(mc, gpus, batch_rows, micro_batch_rows):
+def layouts(gpt_config, gpus, batch_rows, micro_batch_rows):
     """Every (dp, tp, pp) with dp tp pp = gpus that the model and the batch allow: tp divides the
     heads, every stage gets a block, every dp rank gets whole micro-batches."""
     found = []
@@ -456,37 +465,37 @@ def layouts(mc, gpus, batch_rows, micro_batch_rows):
             dp = gpus // (tp * pp)
             if (
                 dp * tp * pp == gpus
-                and mc.n_head % tp == 0
-                and pp <= mc.n_layer
+                and gpt_config.n_head % tp == 0
+                and pp <= gpt_config.n_layer
                 and batch_rows % (dp * micro_batch_rows) == 0
             ):
                 found.append((dp, tp, pp))
     return found
 
 
-def rank_layouts(mc, hw, gpus, batch_rows, micro_batch_rows, mfu, recompute=False, zero=0):
+def rank_layouts(gpt_config, hw, gpus, batch_rows, micro_batch_rows, mfu, recompute=False, zero=0):
     """All layouts, planned: the ones that fit first, fastest first."""
     plans = [
-        plan_layout(mc, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute, zero=zero)
-        for dp, tp, pp in layouts(mc, gpus, batch_rows, micro_batch_rows)
+        plan_layout(gpt_config, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute, zero=zero)
+        for dp, tp, pp in layouts(gpt_config, gpus, batch_rows, micro_batch_rows)
     ]
     if not plans:
         raise ValueError(
             f"--gpus {gpus}: no layout dp x tp x pp = {gpus} suits this model and batch: tp must divide "
-            f"n_head {mc.n_head}, pp be at most n_layer {mc.n_layer}, and dp x micro_batch_rows divide "
+            f"n_head {gpt_config.n_head}, pp be at most n_layer {gpt_config.n_layer}, and dp x micro_batch_rows divide "
             f"the {batch_rows} sequences of a step. Choose --gpus as a product of such factors, "
             f"or change --batch_tokens / --micro_batch_rows"
         )
     return sorted(plans, key=lambda plan: (not plan.fits, plan.step_seconds))
 
 
-def min_model_parallel(mc, hw, most=4096):
+def min_model_parallel(gpt_config, hw, most=4096):
     """The fewest devices (tp x pp, up to `most`) whose share of the 16 B/parameter state fits one device, or None."""
     for size in range(1, most + 1):
         if any(
-            16 * fullest_rank_parameters(mc, tp, size // tp) <= hw.memory
+            16 * fullest_rank_parameters(gpt_config, tp, size // tp) <= hw.memory
             for tp in range(1, size + 1)
-            if size % tp == 0 and mc.n_head % tp == 0 and size // tp <= mc.n_layer
+            if size % tp == 0 and gpt_config.n_head % tp == 0 and size // tp <= gpt_config.n_layer
         ):
             return size
     return None
@@ -536,7 +545,7 @@ def checkpoint_economics(params, gpus, write_bandwidth, gpu_mtbf_hours, restart_
 
 
 def account_lines(
-    mc,
+    gpt_config,
     tp,
     pp,
     micro_batch_rows,
@@ -553,9 +562,9 @@ def account_lines(
 ):
     """Lines of a run's cost account before it trains: compute, memory per device, and time.
     measured_activations: the peak bytes autograd kept in a measured step (monitor.SavedActivations)."""
-    N, tokens = parameters_on_rank(mc), max_iters * tokens_per_step
-    flops = flops_per_token(mc) * tokens
-    memory = memory_per_gpu(mc, tp, pp, micro_batch_rows, in_flight, recompute, activation_bytes, dp, zero)
+    N, tokens = parameters_on_rank(gpt_config), max_iters * tokens_per_step
+    flops = flops_per_token(gpt_config) * tokens
+    memory = memory_per_gpu(gpt_config, tp, pp, micro_batch_rows, in_flight, recompute, activation_bytes, dp, zero)
     h100_hours = flops / (0.4 * GPUS["H100"].peak_flops) / 3600
     gib = 2**30
     return [
@@ -601,7 +610,7 @@ def model_config(args):
             )
         named = MODELS[args.model]
         return replace(
-            named.config, **{k: v for k, v in vars(args).items() if k in SHAPE and v is not None}
+            named.gpt_config, **{k: v for k, v in vars(args).items() if k in SHAPE and v is not None}
         ), named.batch_tokens
     missing = [f"--{k}" for k in ("n_layer", "n_head", "n_embd") if getattr(args, k) is None]
     if missing:
@@ -610,9 +619,9 @@ def model_config(args):
     return GPTConfig(**{"vocab_size": 50257, "block_size": 1024, **shape}), 2**19
 
 
-def hardware(args, mc, batch_rows):
+def hardware(args, gpt_config, batch_rows):
     if args.gpu.lower() == "cpu":  # measured at one micro-batch (at most 4096 rows of the matmul)
-        return measure_cpu(mc, min(4096, args.micro_batch_rows * mc.block_size), args.gpus)
+        return measure_cpu(gpt_config, min(4096, args.micro_batch_rows * gpt_config.block_size), args.gpus)
     name = GPU_ALIASES.get(args.gpu, args.gpu)
     if name not in GPUS:
         raise ValueError(f"--gpu {args.gpu!r}: choose one of {', '.join([*GPUS, *GPU_ALIASES, 'cpu'])}")
@@ -721,18 +730,22 @@ def account(args):
         raise ValueError(f"--restart_minutes {args.restart_minutes}: must not be negative")
     if args.mfu > 1:
         raise ValueError(f"--mfu {args.mfu}: a share of the peak, at most 1")
-    mc, batch_tokens = model_config(args)
-    N = parameters_on_rank(mc)
+    gpt_config, batch_tokens = model_config(args)
+    N = parameters_on_rank(gpt_config)
     tokens = parse_count(args.tokens, "--tokens") if args.tokens else 20 * N
     batch_tokens = parse_count(args.batch_tokens, "--batch_tokens") if args.batch_tokens else batch_tokens
-    if batch_tokens < mc.block_size:
-        raise ValueError(f"--batch_tokens {batch_tokens:g}: less than one sequence of block_size {mc.block_size}")
-    batch_rows = round(batch_tokens / mc.block_size)
-    hw = hardware(args, mc, batch_rows)
-    plans = rank_layouts(mc, hw, args.gpus, batch_rows, args.micro_batch_rows, args.mfu, args.recompute, args.zero)
+    if batch_tokens < gpt_config.block_size:
+        raise ValueError(
+            f"--batch_tokens {batch_tokens:g}: less than one sequence of block_size {gpt_config.block_size}"
+        )
+    batch_rows = round(batch_tokens / gpt_config.block_size)
+    hw = hardware(args, gpt_config, batch_rows)
+    plans = rank_layouts(
+        gpt_config, hw, args.gpus, batch_rows, args.micro_batch_rows, args.mfu, args.recompute, args.zero
+    )
     fitting = [p for p in plans if p.fits]
     in_node = [p for p in fitting if p.tp <= hw.per_node]  # the sensible cuts: TP on the fast links
-    flops = flops_per_token(mc) * tokens
+    flops = flops_per_token(gpt_config) * tokens
     # The account: FLOPs / (peak x MFU), as published runs are reckoned, MFU being what the whole run
     # achieves. The planner runs the compute alone at that MFU and adds each layout's bubble and the
     # communication it cannot hide: its best layout achieves less (achieved_mfu), and takes longer.
@@ -740,7 +753,7 @@ def account(args):
     best = fitting[0] if fitting else None
     return Account(
         model=args.model if args.model and not any(getattr(args, k) for k in SHAPE) else "custom",
-        shape={k: getattr(mc, k) for k in SHAPE},
+        shape={k: getattr(gpt_config, k) for k in SHAPE},
         params=N,
         tokens=tokens,
         tokens_per_param=tokens / N,
@@ -748,9 +761,9 @@ def account(args):
         gpu=hw.name,
         gpus=args.gpus,
         mfu=args.mfu,
-        batch_tokens=batch_rows * mc.block_size,
+        batch_tokens=batch_rows * gpt_config.block_size,
         state_bytes=16 * N,
-        min_model_parallel=min_model_parallel(mc, hw),
+        min_model_parallel=min_model_parallel(gpt_config, hw),
         gpu_hours=gpu_hours,
         wall_days=gpu_hours / args.gpus / 24,
         cost_usd=gpu_hours * args.usd_per_gpu_hour,
@@ -759,8 +772,12 @@ def account(args):
         best_layout_gpu_hours=tokens / best.tokens_per_s * args.gpus / 3600 if best else None,
         best_layout_cost_usd=tokens / best.tokens_per_s * args.gpus / 3600 * args.usd_per_gpu_hour if best else None,
         best_layout_achieved_mfu=best.achieved_mfu if best else None,
-        state_gb_best_layout=fullest_rank_state_bytes(mc, best.dp, best.tp, best.pp, args.zero) / 1e9 if best else None,
-        zero1_state_gb_best_layout=fullest_rank_state_bytes(mc, best.dp, best.tp, best.pp, 1) / 1e9 if best else None,
+        state_gb_best_layout=(
+            fullest_rank_state_bytes(gpt_config, best.dp, best.tp, best.pp, args.zero) / 1e9 if best else None
+        ),
+        zero1_state_gb_best_layout=(
+            fullest_rank_state_bytes(gpt_config, best.dp, best.tp, best.pp, 1) / 1e9 if best else None
+        ),
         spread=best.tokens_per_s / fitting[-1].tokens_per_s - 1 if best else None,
         spread_tp_in_node=in_node[0].tokens_per_s / in_node[-1].tokens_per_s - 1 if in_node else None,
         checkpoint=checkpoint_economics(

@@ -195,7 +195,7 @@ def benchmark_scores(model, tokenizer, examples, device, autocast, examples_per_
 
 def final_check(model, grid, step, val_loss, gpt_config, meta, benchmark_examples, say, eval_only=False):
     """Val loss and perplexity, and the benchmark, of the weights `model` holds (the model as this
-    rank holds it, of single-device config gpt_config, a dict; meta: its token files' meta.json),
+    rank holds it, of single-device GPTConfig gpt_config; meta: its token files' meta.json),
     printed. Every rank calls it (the weights are gathered into single-device form); rank 0 scores
     the benchmark alone. Returns, on rank 0, the record for metrics.jsonl (marked `eval_only` when
     --eval_only asked for it, so it never passes for the end of the run) and the single-device

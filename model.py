@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 @dataclass
 class GPTConfig:
     block_size: int = 128  # context length T
-    vocab_size: int = 256  # V; train.py pads the tokenizer's vocab up to a multiple of 64
+    vocab_size: int = 256  # V; a run pads the tokenizer's vocab up to a multiple of 64 (padded_vocab_size)
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128  # C
@@ -55,6 +55,12 @@ class GPTConfig:
             raise ValueError(f"attention {self.attention!r} must be sdpa or manual")
 
 
+def padded_vocab_size(vocab_size):
+    """vocab_size up to a multiple of 64, as a run builds its model: 50257 -> 50304."""
+    # a (B T, C) @ (C, V) matmul is fastest when V is a multiple of 64; the extra ids are never targets
+    return 64 * math.ceil(vocab_size / 64)
+
+
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * weight. The mean of squares is summed in fp32 even under bf16."""
 
@@ -69,15 +75,15 @@ class RMSNorm(nn.Module):
         return (normed * self.weight).type_as(x)
 
 
-def make_norm(config):
-    if config.norm == "rmsnorm":
-        return RMSNorm(config.n_embd)
-    elif config.norm == "layernorm":
-        return nn.LayerNorm(config.n_embd, bias=config.bias)
-    elif config.norm == "none":
+def make_norm(gpt_config):
+    if gpt_config.norm == "rmsnorm":
+        return RMSNorm(gpt_config.n_embd)
+    elif gpt_config.norm == "layernorm":
+        return nn.LayerNorm(gpt_config.n_embd, bias=gpt_config.bias)
+    elif gpt_config.norm == "none":
         return nn.Identity()
     else:
-        raise ValueError(f"unknown norm {config.norm!r}")
+        raise ValueError(f"unknown norm {gpt_config.norm!r}")
 
 
 def causal_attention(q, k, v, dropout_p):
@@ -146,14 +152,16 @@ class KVCache:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config):
+    def __init__(self, gpt_config):
         super().__init__()
-        self.head_dim = config.n_embd // config.n_head
-        self.dropout = config.dropout
-        self.attention = config.attention
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v at once
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # back into the residual stream
-        self.resid_dropout = nn.Dropout(config.dropout)
+        self.head_dim = gpt_config.n_embd // gpt_config.n_head
+        self.dropout = gpt_config.dropout
+        self.attention = gpt_config.attention
+        self.c_attn = nn.Linear(gpt_config.n_embd, 3 * gpt_config.n_embd, bias=gpt_config.bias)  # q, k, v at once
+        self.c_proj = nn.Linear(
+            gpt_config.n_embd, gpt_config.n_embd, bias=gpt_config.bias
+        )  # back into the residual stream
+        self.resid_dropout = nn.Dropout(gpt_config.dropout)
 
     def forward(self, x, cache=None):
         B, T, _ = x.shape
@@ -177,12 +185,14 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config):
+    def __init__(self, gpt_config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)  # back into the residual stream
-        self.dropout = nn.Dropout(config.dropout)
-        self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
+        self.c_fc = nn.Linear(gpt_config.n_embd, 4 * gpt_config.n_embd, bias=gpt_config.bias)
+        self.c_proj = nn.Linear(
+            4 * gpt_config.n_embd, gpt_config.n_embd, bias=gpt_config.bias
+        )  # back into the residual stream
+        self.dropout = nn.Dropout(gpt_config.dropout)
+        self.approximate = "tanh" if gpt_config.activation == "gelu_tanh" else "none"
 
     def forward(self, x):
         hidden = F.gelu(self.c_fc(x), approximate=self.approximate)  # (B, T, 4C)
@@ -198,13 +208,13 @@ class Block(nn.Module):
     careful warmup to train at depth (Xiong et al. 2020).
     """
 
-    def __init__(self, config):
+    def __init__(self, gpt_config):
         super().__init__()
-        self.pre_norm = config.norm_position == "pre"
-        self.norm_1 = make_norm(config)
-        self.attn = CausalSelfAttention(config)
-        self.norm_2 = make_norm(config)
-        self.mlp = MLP(config)
+        self.pre_norm = gpt_config.norm_position == "pre"
+        self.norm_1 = make_norm(gpt_config)
+        self.attn = CausalSelfAttention(gpt_config)
+        self.norm_2 = make_norm(gpt_config)
+        self.mlp = MLP(gpt_config)
 
     def forward(self, x, cache=None):  # (B, T, C) -> (B, T, C); cache: this layer's KVCache when generating
         if self.pre_norm:
@@ -244,6 +254,17 @@ def run_blocks(blocks, x, recompute=False):
     return x
 
 
+def stage_layers(n_layer, stages):
+    """Which consecutive blocks each pipeline stage holds, balanced: [first, last) block indices of each stage.
+    Arithmetic on n_layer alone: pipeline.py builds its stages by it, and cost.py counts them without a process."""
+    bounds, first = [], 0
+    for s in range(stages):
+        count = n_layer // stages + (s < n_layer % stages)  # the first n_layer % stages stages take one block more
+        bounds.append((first, first + count))
+        first += count
+    return bounds
+
+
 def filter_top_p(logits, top_p):
     """Nucleus sampling (Holtzman et al. 2019, "The Curious Case of Neural Text Degeneration"): logits (B, V)
     with every token outside the nucleus set to -inf. The nucleus is the fewest most likely tokens whose
@@ -259,16 +280,16 @@ class GPT(nn.Module):
     # state_dict() lists the tied matrix under both names; named_parameters() only under the first
     TIED = {"lm_head.weight": "wte.weight"}
 
-    def __init__(self, config):
+    def __init__(self, gpt_config):
         super().__init__()
-        self.config = config
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embedding, tied to the output head
-        self.wpe = nn.Embedding(config.block_size, config.n_embd)  # learned absolute positions
-        self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.config = gpt_config
+        self.wte = nn.Embedding(gpt_config.vocab_size, gpt_config.n_embd)  # token embedding, tied to the output head
+        self.wpe = nn.Embedding(gpt_config.block_size, gpt_config.n_embd)  # learned absolute positions
+        self.drop = nn.Dropout(gpt_config.dropout)
+        self.blocks = nn.ModuleList(Block(gpt_config) for _ in range(gpt_config.n_layer))
         # Pre-LN leaves the residual stream unnormalized, so it gets one last norm; Post-LN already ends on one.
-        self.norm_f = make_norm(config) if config.norm_position == "pre" else nn.Identity()
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.norm_f = make_norm(gpt_config) if gpt_config.norm_position == "pre" else nn.Identity()
+        self.lm_head = nn.Linear(gpt_config.n_embd, gpt_config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: one (V, C) matrix reads tokens in and scores them out
         self.clm_loss = CLMLoss()  # a layer without parameters, cut by vocabulary under tensor parallelism
         self.recompute = False  # activation recomputation (run_blocks): how to train, not what the model is

@@ -13,8 +13,8 @@ ranks; pipeline parallelism (PP, pipeline.py) gives each rank a stage of the
 layers. The grid below places ranks for all three (3D parallelism).
 
 The training loop reaches all of this through one small interface, the model
-as a rank holds it (see "The model as a rank holds it" below): ShardedModel
-here, PipelineModel in pipeline.py. Every all-reduce and send of a step's
+as a rank holds it (RankModel below): ShardedModel here, PipelineModel in
+pipeline.py, torch's engines in torch_engines.py. Every all-reduce and send of a step's
 gradients and activations is counted, per dimension (comm_count.py).
 """
 
@@ -22,9 +22,11 @@ import contextlib
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 
 from comm_count import counted
 from tensor_parallel import tensor_parallel
@@ -55,31 +57,45 @@ class Launch:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1
     device: str = "auto"  # cuda:LOCAL_RANK under torchrun on GPUs
 
 
-def init_distributed(timeout_seconds):
-    """Join the process group that torchrun set up (RANK, WORLD_SIZE, LOCAL_RANK,
-    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT); a plain `python train.py` has none
-    of these and runs as rank 0 of 1 with no process group.
+def launch_from_environment():
+    """This process's place as torchrun set it up (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE); a plain
+    `python train.py` has none of these and runs as rank 0 of 1."""
+    if "WORLD_SIZE" not in os.environ:
+        return Launch()
+    return Launch(
+        int(os.environ["RANK"]),
+        int(os.environ["WORLD_SIZE"]),
+        int(os.environ.get("LOCAL_RANK", 0)),
+        int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+        f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu",
+    )
+
+
+def init_distributed(timeout_seconds, launch=None):
+    """Join the process group that torchrun set up (launch: launch_from_environment(), read if not given;
+    MASTER_ADDR and MASTER_PORT name the meeting point); a plain `python train.py` joins none.
 
     Backend nccl on CUDA, gloo on CPU. On CPU each rank gets cores / local ranks
     threads: more threads than cores make the ranks fight over them.
     """
+    launch = launch or launch_from_environment()
     if "WORLD_SIZE" not in os.environ:
-        return Launch()
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        return launch
     if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        backend, device = "nccl", f"cuda:{local_rank}"
+        torch.cuda.set_device(launch.local_rank)
+        backend = "nccl"
     else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
-        backend, device = "gloo", "cpu"
-    if world_size > 1:
-        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_seconds))
-    return Launch(rank, world_size, local_rank, device)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // launch.local_world_size))
+        backend = "gloo"
+    if launch.world_size > 1:
+        dist.init_process_group(
+            backend, rank=launch.rank, world_size=launch.world_size, timeout=timedelta(seconds=timeout_seconds)
+        )
+    return launch
 
 
 def destroy_distributed():
@@ -100,18 +116,10 @@ class ProcessGrid:
     talks at every layer and needs the fast links inside a machine; PP talks
     only between stages; DP once per step. Each rank belongs to one group per
     dimension; every rank creates every group (torch.distributed requires it)
-    and keeps its own.
+    and keeps its own. (layout.check_layout has checked that dp * tp * pp = world_size.)
     """
 
     def __init__(self, dp, tp, pp, rank=0, world_size=1):
-        for name, size in (("dp", dp), ("tp", tp), ("pp", pp)):
-            if size < 1:
-                raise ValueError(f"--{name} {size} must be at least 1")
-        if dp * tp * pp != world_size:
-            raise ValueError(
-                f"dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp} but WORLD_SIZE = {world_size}: "
-                f"launch {dp * tp * pp} processes (torchrun --nproc_per_node) or change --dp/--tp/--pp"
-            )
         self.dp, self.tp, self.pp, self.rank, self.world_size = dp, tp, pp, rank, world_size
         self.dp_rank, rest = divmod(rank, pp * tp)
         self.pp_rank, self.tp_rank = divmod(rest, tp)
@@ -154,48 +162,114 @@ def all_reduce_mean(value, group, size):
 
 
 # ----------------------------------------------------------------------------
+# The optimizer, its moments per parameter
+
+
+class AdamW(torch.optim.AdamW):
+    """torch's AdamW, giving and taking its moments per parameter: the one interface through which
+    checkpoint.py reads and restores every optimizer (zero.ShardedAdamW gathers and cuts its shards
+    behind the same two calls)."""
+
+    def moments(self):
+        """{parameter: {"step", "exp_avg", "exp_avg_sq"}} for every parameter this rank holds. {} before the
+        first step. Every rank of the DP group must call it (ZeRO's gathers the moments over the group)."""
+        return {p: self.state[p] for group in self.param_groups for p in group["params"] if p in self.state}
+
+    def load_moments(self, moments, param_groups):
+        """The inverse of moments(): {parameter: its AdamW state}, and the groups' hyperparameters
+        (a state dict's "param_groups", in this optimizer's group order)."""
+        index = {p: i for i, p in enumerate(p for group in self.param_groups for p in group["params"])}
+        ours = self.state_dict()["param_groups"]  # the hyperparameters from the checkpoint, our parameter indices
+        self.load_state_dict(
+            {
+                "state": {index[p]: state for p, state in moments.items()},
+                "param_groups": [dict(g, params=o["params"]) for g, o in zip(param_groups, ours)],
+            }
+        )
+
+
+def adamw(groups, **options):
+    """AdamW over groups [(parameters, weight decay)]: what a rank updates when it holds its parameters whole."""
+    return AdamW([{"params": params, "weight_decay": decay} for params, decay in groups], **options)
+
+
+# ----------------------------------------------------------------------------
 # Data parallelism
 
 
 class DataParallel:
-    """Average gradients over the data-parallel group, by hand.
+    """What every hand-written data-parallel engine shares: the replicas start identical, and the
+    optimizer that updates them. NaiveDataParallel and BucketedDataParallel below average the
+    gradients; ZeRO's engines (zero.py) share the training state out over the replicas instead.
 
-    At start, every rank takes DP rank 0's parameters (a broadcast), so all
-    copies begin identical; with identical averaged gradients they stay so.
+    At start, every rank takes DP rank 0's parameters (a broadcast), so all copies begin
+    identical; with identical averaged gradients they stay so. Under gradient accumulation only
+    the last micro-batch syncs (`sync = False` before the others): the sum of local gradients is
+    averaged once, which equals averaging each micro-batch.
+    """
 
-    bucketed (the default): parameters are grouped, in roughly the order
-    backward produces their gradients (last layers first), into buckets of
-    about bucket_mb. Each bucket is one flat buffer and its parameters'
-    gradients are views into it, so backward accumulates straight into the
-    buffer that is sent: no copy in, no copy out. A post-accumulate-grad hook
-    counts the gradients that are ready; when a bucket is complete its
-    all-reduce is launched asynchronously, so communication overlaps the rest
-    of backward:
+    zero_stage = 0  # how much of the training state is shared out over the replicas (zero.py: 1 or 2)
+    shards_gradients = False  # every rank holds every averaged gradient (under ZeRO, a shard of them)
+    reduces_every_micro_batch = False  # under accumulation, only the last micro-batch (ZeRO-2 reduces each)
+
+    def __init__(self, module, grid):
+        self.group, self.size = grid.dp_group, grid.dp
+        self.params = [p for p in module.parameters() if p.requires_grad]  # a tied matrix appears once
+        source = dist.get_global_rank(self.group, 0)
+        for p in self.params:
+            dist.broadcast(p.data, src=source, group=self.group)
+        self.sync = True
+
+    def gradients(self):
+        """[(parameter, its averaged gradient)] as this rank holds them after finish(): whole, every one."""
+        return [(p, p.grad) for p in self.params if p.grad is not None]
+
+    def optimizer(self, groups, **options):
+        """The AdamW that updates this rank's parameters: groups [(parameters, weight decay)]."""
+        return adamw(groups, **options)
+
+
+class NaiveDataParallel(DataParallel):
+    """After backward, one blocking all-reduce per parameter, then a division: the average, as
+    simply as it can be written (kept to compare against the bucketed engine)."""
+
+    def __init__(self, module, grid, overlap=True):
+        super().__init__(module, grid)  # overlap: nothing to overlap, every all-reduce waits for backward
+
+    def finish(self):
+        """Block until every gradient is the DP average; call after the last backward of a step."""
+        # exercise dp_average, NaiveDataParallel.finish: begin
+        for p in self.params:
+            if p.grad is not None:
+                dist.all_reduce(counted("dp", p.grad), group=self.group)
+                p.grad /= self.size
+        # exercise dp_average, NaiveDataParallel.finish: end
+
+    def clear_gradients(self):
+        """Free every gradient; the next backward allocates them again."""
+        for p in self.params:
+            p.grad = None
+
+
+class BucketedDataParallel(DataParallel):
+    """The gradients averaged in buckets, each sent while backward still runs.
+
+    Parameters are grouped, in roughly the order backward produces their gradients (last
+    layers first), into buckets of about bucket_mb. Each bucket is one flat buffer and its
+    parameters' gradients are views into it, so backward accumulates straight into the buffer
+    that is sent: no copy in, no copy out. A post-accumulate-grad hook counts the gradients
+    that are ready; when a bucket is complete its all-reduce is launched asynchronously, so
+    communication overlaps the rest of backward:
 
         backward:  [blocks L..k grads] [blocks k..1 grads] [embeddings]
         network:              [all-reduce bucket 0] [bucket 1]   [bucket 2]
 
-    finish() waits for them and divides by the group size: the gradients,
-    views, are then the average. zero_buckets() zeroes the buffers in place. naive:
-    after backward, one blocking all-reduce per parameter (kept to compare against).
-
-    Under gradient accumulation only the last micro-batch syncs
-    (`sync = False` before the others): the sum of local gradients is
-    averaged once, which equals averaging each micro-batch.
+    finish() waits for them and divides by the group size: the gradients, views, are then the
+    average. clear_gradients() zeroes the buffers in place.
     """
 
-    shards_gradients = False  # every rank holds every averaged gradient (under ZeRO, zero.py, a shard of them)
-    reduces_every_micro_batch = False  # under accumulation, only the last micro-batch (ZeRO-2 reduces each)
-
-    def __init__(self, model, group, size, mode="bucketed", bucket_mb=25.0, overlap=True):
-        if mode not in ("bucketed", "naive"):
-            raise ValueError(f"--dp_mode {mode!r}: choose bucketed or naive")
-        self.group, self.size, self.mode = group, size, mode
-        self.params = [p for p in model.parameters() if p.requires_grad]  # a tied matrix appears once
-        source = dist.get_global_rank(group, 0)
-        for p in self.params:
-            dist.broadcast(p.data, src=source, group=group)
-        self.sync = True
+    def __init__(self, module, grid, overlap=True, bucket_mb=25.0):
+        super().__init__(module, grid)
         self.buckets, bucket, bucket_bytes = [], [], 0
         for p in reversed(self.params):  # backward meets the last layers first
             bucket.append(p)
@@ -212,16 +286,15 @@ class DataParallel:
         self.launched = {}  # bucket index -> (flat gradient, handle of its asynchronous all-reduce)
         # A pipeline stage runs backward once per micro-batch, so gradients are complete only
         # at the end of the schedule: there (overlap=False) every bucket is launched in finish().
-        if mode == "bucketed" and overlap:
+        if overlap:
             for p in self.params:
                 p.register_post_accumulate_grad_hook(self._grad_ready)
 
     def make_gradient_buffers(self):
-        """bucketed: one flat buffer per bucket, each parameter's gradient a view into it."""
-        self.flats = [self.new_flat(i) for i in range(len(self.buckets))] if self.mode == "bucketed" else []
+        """One flat buffer per bucket, each parameter's gradient a view into it."""
+        self.flats = [self.new_flat(i) for i in range(len(self.buckets))]
         self.views = [flat_views(flat, b) for flat, b in zip(self.flats, self.buckets)]  # each parameter's gradient
-        if self.mode == "bucketed":
-            self.zero_buckets()
+        self.clear_gradients()
 
     def new_flat(self, i):
         """A zeroed flat buffer for bucket i: (its numel,)."""
@@ -250,7 +323,7 @@ class DataParallel:
             p.grad = view
         return self.flats[i]
 
-    def zero_buckets(self):
+    def clear_gradients(self):
         """Zero every gradient for the next step, in place: they stay views into the buckets."""
         for flat, bucket, views in zip(self.flats, self.buckets, self.views):
             flat.zero_()
@@ -259,13 +332,7 @@ class DataParallel:
 
     def finish(self):
         """Block until every gradient is the DP average; call after the last backward of a step."""
-        # exercise dp_average: begin
-        if self.mode == "naive":
-            for p in self.params:
-                if p.grad is not None:
-                    dist.all_reduce(counted("dp", p.grad), group=self.group)
-                    p.grad /= self.size
-            return
+        # exercise dp_average, BucketedDataParallel.finish: begin
         for i in range(len(self.buckets)):
             if i not in self.launched:  # a bucket whose hooks did not all fire (an unused parameter)
                 self._launch(i)
@@ -274,19 +341,17 @@ class DataParallel:
             flat /= self.size  # the gradients are views into flat: now each is the average
         self.launched.clear()
         self.ready = [0] * len(self.buckets)
-        # exercise dp_average: end
-
-    def gradients(self):
-        """[(parameter, its averaged gradient)] as this rank holds them after finish(): whole, every one."""
-        return [(p, p.grad) for p in self.params if p.grad is not None]
+        # exercise dp_average, BucketedDataParallel.finish: end
 
 
-def data_parallel(module, grid, dp_mode, bucket_mb, overlap=True):
-    """The engine that averages this rank's gradients over its dp replicas, DataParallel; None when dp is 1.
-    ShardedModel and PipelineModel build theirs with it, or with ZeRO's (zero.zero_data_parallel)."""
-    if grid.dp == 1:
-        return None
-    return DataParallel(module, grid.dp_group, grid.dp, dp_mode, bucket_mb, overlap)
+def data_parallel(engine, **options):
+    """How ShardedModel and PipelineModel build their DP engine: make(module, grid, overlap) gives
+    `engine` (a DataParallel, or ZeRO's) over the grid's dp group, or None when dp is 1."""
+
+    def make(module, grid, overlap=True):
+        return engine(module, grid, overlap=overlap, **options) if grid.dp > 1 else None
+
+    return make
 
 
 def flat_views(flat, params):
@@ -299,10 +364,10 @@ def flat_views(flat, params):
 
 
 def clear_gradients(module, dp):
-    """After the update: every gradient zeroed for the next step, in place where they are views
-    into bucketed DP's flat buffers (so they stay views), else set to None (freed)."""
-    if dp is not None and dp.mode == "bucketed":
-        dp.zero_buckets()
+    """After the update: every gradient cleared for the next step by the DP engine (bucketed: zeroed
+    in place, as they are views into its buckets), or freed when there is none."""
+    if dp is not None:
+        dp.clear_gradients()
     else:
         module.zero_grad(set_to_none=True)
 
@@ -355,22 +420,48 @@ def sharded_grad_norm(local_parameters, grid, dp=None, skip=None):
 
 # ----------------------------------------------------------------------------
 # The model as a rank holds it: what the training loop needs from a layout
-#
-# The loop never asks which layout it runs on. It talks to one small interface,
-# implemented here for a rank that runs every layer (ShardedModel: the whole GPT,
-# or its tensor-parallel slices) and in pipeline.py for a rank that runs one
-# stage of the layers (PipelineModel). Both are data-parallel over dp replicas.
-#
-#   module                                   the nn.Module of the parameters this rank holds and updates
-#   device
-#   forward_backward(x, y, loss_weight, sync) -> loss   one micro-batch, its loss times loss_weight
-#                                            backpropagated; sync: the last micro-batch before the update
-#   loss(x, y) -> loss                       forward only, for evaluation
-#   reduce_gradients()                       after the last micro-batch: the DP average (and tied copies summed)
-#   clear_gradients()                        after the update: gradients zeroed for the next step
-#   grad_norm() -> norm                      the global L2 norm over every rank's share
-#   local_parameters() -> (single-device name, parameter, Cut or None), each parameter once
-#   report(out_dir, say, is_rank0)           the layout's own account at the end of the run
+
+
+@runtime_checkable
+class RankModel(Protocol):
+    """The model as a rank holds it: everything the loop, evaluation and checkpoints ask of a layout.
+
+    The loop never asks which layout it runs on. A rank that runs every layer is a ShardedModel
+    (below: the whole GPT, or its tensor-parallel slices), a rank that runs one stage of the layers a
+    PipelineModel (pipeline.py), and torch's own data parallelism a DDPModel or FSDPModel
+    (torch_engines.py). layout.model_for_rank builds the one this rank needs; tests/test_layout.py
+    checks that each of the four has every member below.
+    """
+
+    module: nn.Module  # the parameters this rank holds and updates (its stage, its slices, its shards)
+    device: torch.device  # where they live
+    autocast: contextlib.AbstractContextManager  # the compute dtype its forwards run under (nullcontext: fp32)
+    grid: ProcessGrid  # this rank's place among the others
+    dp: "DataParallel | None"  # the hand-written DP engine (its optimizer() updates what this rank holds); else None
+    micro_batches: int  # the pieces forward_backward cuts a batch into: a pipeline's m, else 1
+    in_flight: int  # micro-batches whose activations a rank keeps at once: 1F1B's peak, else 1
+    zero_stage: int  # the training state shared out over dp: 0 none, 1 moments, 2 and gradients, 3 and weights
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_weight: float, sync: bool = True):
+        """One micro-batch: its loss times loss_weight backpropagated; sync: the last before the update. -> loss"""
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Forward only, for evaluation: the mean loss of (x, y), on every rank."""
+
+    def reduce_gradients(self) -> None:
+        """After the last micro-batch: the DP average (and a pipeline's tied copies summed)."""
+
+    def clear_gradients(self) -> None:
+        """After the update: the gradients cleared for the next step."""
+
+    def grad_norm(self) -> torch.Tensor:
+        """The global L2 norm of the gradient, over every rank's share, the same on every rank."""
+
+    def local_parameters(self) -> list:
+        """[(single-device name, parameter, its Cut or None)], each parameter once: how it was cut."""
+
+    def report(self, out_dir: str, say, is_rank0: bool) -> None:
+        """The layout's own account at the end of the run (a pipeline's bubble and Gantt chart)."""
 
 
 def forward_and_backward(forward, autocast, x, y, loss_weight):
@@ -384,7 +475,8 @@ def forward_and_backward(forward, autocast, x, y, loss_weight):
 
 class ShardedModel:
     """A rank that runs every layer of the GPT: all of each matrix (tp = 1), or its
-    tensor-parallel slices (tp > 1); gradients averaged over the dp replicas."""
+    tensor-parallel slices (tp > 1); gradients averaged over the dp replicas by the engine
+    make_dp builds (data_parallel: DataParallel's, or ZeRO's)."""
 
     def __init__(
         self,
@@ -392,16 +484,15 @@ class ShardedModel:
         grid,
         autocast=contextlib.nullcontext(),
         compile=False,
-        dp_mode="bucketed",
-        bucket_mb=25.0,
-        make_dp=data_parallel,
+        make_dp=data_parallel(BucketedDataParallel),
     ):
         self.cuts = tensor_parallel(model, grid)  # each rank keeps its slices; {} when tp = 1
         self.module, self.grid, self.autocast = model, grid, autocast
         self.micro_batches = self.in_flight = 1  # one forward per micro-step (a pipeline cuts it into more)
         self.device = next(model.parameters()).device
         self.forward = torch.compile(model) if compile else model
-        self.dp = make_dp(model, grid, dp_mode, bucket_mb)
+        self.dp = make_dp(model, grid)
+        self.zero_stage = self.dp.zero_stage if self.dp is not None else 0
 
     def forward_backward(self, x, y, loss_weight, sync=True):
         if self.dp is not None:

@@ -29,8 +29,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from comm_count import counted
-from model import run_blocks
-from parallel import clear_gradients, data_parallel, sharded_grad_norm
+from model import run_blocks, stage_layers
+from parallel import BucketedDataParallel, clear_gradients, data_parallel, sharded_grad_norm
 from tensor_parallel import tensor_parallel
 
 # ----------------------------------------------------------------------------
@@ -116,16 +116,6 @@ def peak_activations(order):
 # A stage of the model
 
 
-def stage_layers(n_layer, stages):
-    """Blocks per stage, balanced: [first, last) block indices of each stage."""
-    bounds, first = [], 0
-    for s in range(stages):
-        count = n_layer // stages + (s < n_layer % stages)
-        bounds.append((first, first + count))
-        first += count
-    return bounds
-
-
 class PipelineStage(nn.Module):
     """One stage's part of a GPT (whole, or already cut for tensor parallelism): its blocks;
     the embeddings on the first stage; the final norm, the head and the loss on the last.
@@ -138,7 +128,6 @@ class PipelineStage(nn.Module):
 
     def __init__(self, model, stage, stages):
         super().__init__()
-        check_pipeline_layout(model.config.n_layer, stages)
         self.stage, self.stages, self.recompute = stage, stages, model.recompute
         self.is_first, self.is_last = stage == 0, stage == stages - 1
         self.first_block, last_block = stage_layers(model.config.n_layer, stages)[stage]
@@ -194,21 +183,6 @@ def sync_tied_embedding(stage, grid):
     weight = stage.tied_embedding()
     if grid.pp > 1 and weight is not None and weight.grad is not None:
         dist.all_reduce(counted("pp", weight.grad), group=grid.embedding_group)
-
-
-def check_pipeline_layout(n_layer, stages):
-    if stages < 1 or n_layer < stages:
-        raise ValueError(
-            f"n_layer {n_layer} < pp {stages}: every pipeline stage needs at least one block; "
-            f"lower --pp or raise --n_layer"
-        )
-
-
-def check_micro_batches(batch_size, micro_batches):
-    if micro_batches < 1:
-        raise ValueError(f"--micro_batches {micro_batches} must be at least 1")
-    if batch_size % micro_batches:
-        raise ValueError(f"batch_size {batch_size} is not divisible by micro_batches {micro_batches}")
 
 
 # ----------------------------------------------------------------------------
@@ -349,8 +323,7 @@ class PipelineModel:
     """The model as a pipeline rank holds it: one stage (its matrices cut across the TP group
     when tp > 1), run under a schedule over micro_batches micro-batches; gradients averaged
     over the dp replicas of the stage.
-    The interface the training loop uses is described in parallel.py ("The model as a
-    rank holds it")."""
+    It answers the training loop's interface, parallel.RankModel."""
 
     def __init__(
         self,
@@ -359,9 +332,7 @@ class PipelineModel:
         schedule="1f1b",
         micro_batches=1,
         autocast=contextlib.nullcontext(),
-        dp_mode="bucketed",
-        bucket_mb=25.0,
-        make_dp=data_parallel,
+        make_dp=data_parallel(BucketedDataParallel),
     ):
         self.cuts = tensor_parallel(model, grid)  # {single-device name: Cut}; {} when tp = 1
         self.module = PipelineStage(model, grid.pp_rank, grid.pp)  # this rank keeps only its stage (its TP slices)
@@ -373,7 +344,8 @@ class PipelineModel:
         self.records = []  # this stage's timeline of the latest step
         # A stage runs backward once per micro-batch, so its gradients are complete only at the end
         # of the schedule: there (overlap=False) every DP bucket is launched at once.
-        self.dp = make_dp(self.module, grid, dp_mode, bucket_mb, overlap=False)
+        self.dp = make_dp(self.module, grid, overlap=False)
+        self.zero_stage = self.dp.zero_stage if self.dp is not None else 0
 
     def _from_last_stage(self, loss):
         """The loss lives on the last stage; every stage gets it, to log and to judge incidents alike."""

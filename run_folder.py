@@ -22,7 +22,7 @@ def out_dir_of(preset, cfg):
     return cfg.out_dir or os.path.join("out", preset)
 
 
-def run_identity(mcfg, cfg, meta, global_batch):
+def run_identity(gpt_config, cfg, meta, global_batch):
     """What makes two runs the same run. The layout is not part of it: the same global batch
     on dp=1 or dp=4 reads the same rows and takes the same step, so either may resume the other.
     Nor is the attention kernel: sdpa and manual compute the same function of the same weights; nor where
@@ -32,7 +32,7 @@ def run_identity(mcfg, cfg, meta, global_batch):
     elsewhere = ("init_url", "mix", "max_epochs", "log_to")
     data_fields = ("mix", "tokenizer") if "mix" in meta else ("source", "source_sha256", "tokenizer")
     return {
-        "GPTConfig": {k: v for k, v in asdict(mcfg).items() if k != "attention"},
+        "GPTConfig": {k: v for k, v in asdict(gpt_config).items() if k != "attention"},
         "TrainConfig": {
             **{k: v for k, v in asdict(cfg).items() if k not in layout_fields + elsewhere},
             "global_batch": global_batch,
@@ -41,9 +41,9 @@ def run_identity(mcfg, cfg, meta, global_batch):
     }
 
 
-def identity_defaults(mcfg, cfg):
+def identity_defaults(gpt_config, cfg):
     """The identity's config fields at their defaults, which fill_new_fields gives a record that lacks them."""
-    return {"GPTConfig": asdict(type(mcfg)()), "TrainConfig": asdict(type(cfg)())}
+    return {"GPTConfig": asdict(type(gpt_config)()), "TrainConfig": asdict(type(cfg)())}
 
 
 def fill_new_fields(recorded, defaults):

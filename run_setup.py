@@ -8,7 +8,6 @@ health monitor and the fault injector; and check_epochs, the guard start runs on
 
 import contextlib
 import json
-import math
 import os
 import time
 from collections.abc import Callable
@@ -24,18 +23,19 @@ from data import TokenStream, default_data_dir, load_or_prepare
 from evaluation import read_benchmark
 from faults import FaultInjector
 from mixture import Mix, MixedStream, mix_meta, prepare_sources, read_mix, weights_at
-from model import GPT, GPTConfig
+from model import GPT, padded_vocab_size
 from monitor import HealthMonitor
+from layout import check_layout, model_for_rank
 from parallel import (
     ProcessGrid,
-    ShardedModel,
+    RankModel,
+    adamw,
     check_visible_everywhere,
-    data_parallel,
     init_distributed,
+    launch_from_environment,
     raise_on_every_rank,
     run_on_rank0,
 )
-from pipeline import SCHEDULES, PipelineModel, check_micro_batches, check_pipeline_layout
 from run_folder import (
     check_out_dir_is_ours,
     config_changes,
@@ -46,11 +46,8 @@ from run_folder import (
     run_identity,
 )
 from runbook import Recovery
-from tensor_parallel import check_tensor_parallel_layout
-from torch_engines import ENGINES, DDPModel, FSDPModel, check_torch_engine_layout
 from tracking import Tracker, hyperparameters, trackers_asked
 from transfer import fit_to_run, initial_weights
-from zero import ShardedAdamW, zero_data_parallel
 
 # ----------------------------------------------------------------------------
 # Device, precision, optimizer
@@ -97,16 +94,14 @@ def parameter_groups(named_parameters):
     return [(n, p) for n, p in named if p.dim() >= 2], [(n, p) for n, p in named if p.dim() < 2]
 
 
-def make_optimizer(module, cfg, device, zero=None):
-    """AdamW over the module's parameters in parameter_groups' two groups; under ZeRO (zero: the model's
-    zero.ZeroDataParallel), over this rank's pieces of them (zero.ShardedAdamW)."""
+def make_optimizer(module, cfg, device, dp=None):
+    """AdamW over the module's parameters in parameter_groups' two groups. dp: the DP engine of the model as this
+    rank holds it (RankModel.dp), which builds it, as it knows what this rank updates (under ZeRO, its pieces)."""
     decay, no_decay = parameter_groups(module.named_parameters())
     groups = [([p for _, p in decay], cfg.weight_decay), ([p for _, p in no_decay], 0.0)]
     fused = device.type in ("cuda", "cpu")  # one kernel updates every tensor; the moments stay fp32
-    adamw = dict(lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
-    if zero is not None:
-        return ShardedAdamW(zero, groups, **adamw)
-    return torch.optim.AdamW([{"params": params, "weight_decay": decay} for params, decay in groups], **adamw)
+    options = dict(lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
+    return dp.optimizer(groups, **options) if dp is not None else adamw(groups, **options)
 
 
 # ----------------------------------------------------------------------------
@@ -141,7 +136,7 @@ class Run:
     train_stream: TokenStream | MixedStream
     val_streams: dict[str, TokenStream]  # by source name; one source: one stream
     eval_batches: int  # micro-batches per evaluation of each val stream, on each rank
-    model: ShardedModel | PipelineModel  # the model as this rank holds it
+    model: RankModel  # the model as this rank holds it
     optimizer_groups: list[
         list[str]
     ]  # the single-device names of each AdamW group's parameters: how checkpoints list them
@@ -177,74 +172,18 @@ class Run:
         return os.path.join(self.out_dir, "incidents.jsonl")
 
 
-def check_layout(configs):
-    """Name a layout that cannot work before any process group exists: a collective would wait for peers."""
-    layout = configs.parallel
-    check_tensor_parallel_layout(configs.model, layout.tp)
-    if layout.dp_mode not in ("bucketed", "naive", *ENGINES):
-        raise ValueError(f"--dp_mode {layout.dp_mode!r}: choose bucketed, naive, {' or '.join(ENGINES)}")
-    check_torch_engine_layout(layout.dp_mode, layout.tp, layout.pp)
-    if layout.zero not in (0, 1, 2):
-        raise ValueError(
-            f"--zero {layout.zero}: choose 1 (AdamW's moments sharded over the dp ranks), 2 (the gradients too) or 0; "
-            "stage 3, the weights sharded too, is torch's FSDP2: --dp_mode fsdp"
-        )
-    if layout.zero and layout.dp == 1:
-        raise ValueError(
-            f"--zero {layout.zero} shares the training state out over the data-parallel ranks, and --dp is 1: "
-            "pass --dp 2 or more, or leave out --zero"
-        )
-    if layout.zero == 2 and layout.pp > 1:
-        raise ValueError(
-            "--zero 2 keeps only a shard of each gradient, reduced as backward completes it; a pipeline stage runs "
-            "backward once per micro-batch, so its whole gradient piles up until the schedule ends anyway: pass "
-            "--zero 1 with --pp"
-        )
-    if layout.zero and layout.dp_mode != "bucketed":
-        raise ValueError(
-            f"--zero {layout.zero} is built on the bucketed gradients: leave out --dp_mode {layout.dp_mode}"
-        )
-    if layout.pp > 1:
-        check_pipeline_layout(configs.model.n_layer, layout.pp)
-        check_micro_batches(configs.train.batch_size, layout.micro_batches)
-        if layout.schedule not in SCHEDULES:
-            raise ValueError(f"--schedule {layout.schedule!r}: choose one of {', '.join(SCHEDULES)}")
-
-
-def model_for_rank(whole, grid, layout, autocast=contextlib.nullcontext(), compile=False):
-    """The model as this rank holds it, cut from the whole single-device GPT by the layout (a
-    ParallelConfig): a pipeline stage (its matrices cut by TP when tp > 1) when pp > 1, else every
-    layer (whole, or TP slices); under --dp_mode ddp or fsdp, torch's own engine (torch_engines.py)."""
-    whole.recompute = layout.recompute
-    if layout.dp_mode == "ddp":
-        return DDPModel(whole, grid, autocast, compile, layout.bucket_mb)
-    if layout.dp_mode == "fsdp":
-        return FSDPModel(whole, grid, autocast, compile)
-    make_dp = zero_data_parallel(layout.zero) if layout.zero else data_parallel
-    dp = dict(dp_mode=layout.dp_mode, bucket_mb=layout.bucket_mb, make_dp=make_dp)
-    if grid.pp > 1:
-        return PipelineModel(whole, grid, layout.schedule, layout.micro_batches, autocast, **dp)
-    return ShardedModel(whole, grid, autocast, compile, **dp)
-
-
 def start_processes(configs):
     """This process's place in the group, its voice, device and compute dtype: (grid, say, device, dtype)."""
-    cfg = configs.train
-    check_layout(configs)
-    launch = init_distributed(configs.parallel.dist_timeout)
-    grid = ProcessGrid(configs.parallel.dp, configs.parallel.tp, configs.parallel.pp, launch.rank, launch.world_size)
-    say = print if grid.rank == 0 else (lambda *args, **kwargs: None)
-    torch.manual_seed(cfg.seed)
+    cfg, layout = configs.train, configs.parallel
+    launch = launch_from_environment()
     device = pick_device(cfg.device if cfg.device != "auto" else launch.device)
     dtype = pick_dtype(cfg.dtype, device)
-    layout = configs.parallel
-    sharded = layout.zero or layout.dp_mode == "fsdp"
-    if (grid.pp > 1 or sharded) and dtype == torch.float16:
-        raise ValueError(
-            f"--dtype {cfg.dtype} gives float16 here, which needs loss scaling, whose overflow check the "
-            f"{'pipeline' if grid.pp > 1 else 'sharded'} path lacks (under ZeRO or FSDP a rank sees only its shard "
-            "of the gradients, and the ranks could disagree on skipping a step): pass --dtype bfloat16 or float32"
-        )
+    # before any process group exists: a collective would wait forever for a peer that refused
+    check_layout(layout, configs.model, cfg.batch_size, launch.world_size, dtype)
+    init_distributed(layout.dist_timeout, launch)
+    grid = ProcessGrid(layout.dp, layout.tp, layout.pp, launch.rank, launch.world_size)
+    say = print if grid.rank == 0 else (lambda *args, **kwargs: None)
+    torch.manual_seed(cfg.seed)
     return grid, say, device, dtype
 
 
@@ -271,7 +210,9 @@ def set_up(preset, configs):
     )
     # the single-device names of each AdamW group's parameters, taken before a layout cuts the model
     optimizer_groups = [[name for name, _ in group] for group in parameter_groups(whole.named_parameters())]
-    model = model_for_rank(whole, grid, configs.parallel, autocast_context(device, dtype), cfg.compile)
+    model = model_for_rank(
+        whole, grid, configs.parallel, cfg.batch_size, dtype, autocast_context(device, dtype), cfg.compile
+    )
     return Run(
         configs=configs,
         grid=grid,
@@ -288,7 +229,7 @@ def set_up(preset, configs):
         eval_batches=eval_batches,
         model=model,
         optimizer_groups=optimizer_groups,
-        optimizer=make_optimizer(model.module, cfg, device, model.dp if configs.parallel.zero else None),
+        optimizer=make_optimizer(model.module, cfg, device, model.dp),
         scaler=torch.amp.GradScaler(device.type, enabled=dtype == torch.float16),
         dtype=dtype,
         monitor=HealthMonitor(
@@ -337,8 +278,7 @@ def initial_model(configs, meta, grid, say, device, out_dir):
     --init_from gives the weights only: the optimizer, the step, the data and the LR schedule are this run's. A run
     that already holds checkpoints of its own resumes from them, so its source is not read again: only its
     vocabulary (the source's rows, recorded in run.json) shapes the model."""
-    # Pad V to a multiple of 64 for fast matmuls (50257 -> 50304); the extra ids are never targets.
-    configs = replace(configs, model=replace(configs.model, vocab_size=64 * math.ceil(meta["vocab_size"] / 64)))
+    configs = replace(configs, model=replace(configs.model, vocab_size=padded_vocab_size(meta["vocab_size"])))
     if not configs.train.init_from:
         return configs, GPT(configs.model).to(device), None
     # rank 0 decides, and every rank follows: a rank that read the source alone would wait for the others forever
@@ -347,7 +287,7 @@ def initial_model(configs, meta, grid, say, device, out_dir):
         configs = replace(configs, model=replace(configs.model, vocab_size=recorded_vocab_size))
         return configs, GPT(configs.model).to(device), None
     gpt_config, weights = read_initial_weights(configs, meta, grid, say)
-    configs = replace(configs, model=GPTConfig(**gpt_config))
+    configs = replace(configs, model=gpt_config)
     return configs, GPT(configs.model).to(device), weights
 
 
@@ -365,7 +305,7 @@ def vocab_size_of_a_run_to_resume(out_dir, cfg):
 
 
 def read_initial_weights(configs, meta, grid, say):
-    """(the GPTConfig fields for the run's model, InitialWeights): --init_from's weights checked against and fitted
+    """(the GPTConfig of the run's model, InitialWeights): --init_from's weights checked against and fitted
     to this run (transfer.fit_to_run), on every rank: rank 0 first, as it may download them (once)."""
     weights, problem = None, None
     if grid.rank == 0:
@@ -382,9 +322,7 @@ def read_initial_weights(configs, meta, grid, say):
             f"{meta['tokenizer']!r} tokens: the same id would mean another token. Pass --tokenizer "
             f"{weights.tokenizer} (and its data)"
         )
-    gpt_config, state_dict = fit_to_run(
-        weights.gpt_config, weights.state_dict, asdict(configs.model), weights.description, say
-    )
+    gpt_config, state_dict = fit_to_run(weights.gpt_config, weights.state_dict, configs.model, weights.description, say)
     return gpt_config, InitialWeights(state_dict, weights.description, weights.data)
 
 
@@ -393,7 +331,7 @@ def load_initial_weights(run):
     had checkpoints of its own but none that verifies reads its source now, which set-up skipped."""
     if run.initial_weights is None:  # set-up built the model from run.json's record: the source must still fit it
         gpt_config, weights = read_initial_weights(run.configs, run.meta, run.grid, run.say)
-        if changed := config_changes({"GPTConfig": asdict(run.configs.model)}, {"GPTConfig": gpt_config}):
+        if changed := config_changes({"GPTConfig": asdict(run.configs.model)}, {"GPTConfig": asdict(gpt_config)}):
             raise ValueError(
                 f"--init_from {weights.source} no longer fits the model this run recorded ({'; '.join(changed)}): "
                 "start over with --overwrite, or point --init_from at the weights the run started from"

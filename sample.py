@@ -26,8 +26,8 @@ SEPARATOR = "\n<|endoftext|>\n"  # between the documents of a sample
 
 
 def single_device_model(gpt_config, state_dict, device):
-    """A plain GPT on one device from a single-device state dict, whatever layout trained it."""
-    model = GPT(GPTConfig(**gpt_config)).to(device)
+    """A plain GPT of gpt_config on one device from a single-device state dict, whatever layout trained it."""
+    model = GPT(gpt_config).to(device)
     model.load_state_dict(state_dict)
     return model
 
@@ -127,5 +127,6 @@ def sample(preset, configs, device):
     if latest is None:
         raise ValueError(f"no checkpoint in {ckpt_dir}: train first (python train.py --out_dir ...)")
     _, state = latest
-    model = single_device_model(state["config"]["GPTConfig"], state["model"], device)
+    gpt_config = GPTConfig(**state["config"]["GPTConfig"])  # the checkpoint's record of it, a dict
+    model = single_device_model(gpt_config, state["model"], device)
     sample_texts(model, get_tokenizer(state["meta"]["tokenizer"]), configs.sample, device, stream=sys.stdout)

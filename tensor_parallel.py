@@ -80,22 +80,29 @@ class Cut:
     chunks: int = 1
     rows: int | None = None
 
-    def shard(self, full, tp, tp_rank):
-        """This rank's slice of the single-device tensor."""
+    def shard(self, full, grid):
+        """This rank's slice of the single-device tensor (no communication)."""
+        tp = grid.tp
         if self.rows is not None:
             full = F.pad(full, (0, 0, 0, -(-self.rows // tp) * tp - full.shape[0]))  # (V, C) -> (V padded, C)
         blocks = full.chunk(self.chunks, dim=self.dim)
-        return torch.cat([b.chunk(tp, dim=self.dim)[tp_rank] for b in blocks], dim=self.dim).contiguous()
+        return torch.cat([b.chunk(tp, dim=self.dim)[grid.tp_rank] for b in blocks], dim=self.dim).contiguous()
 
-    def unshard(self, shards):
-        """The single-device tensor from the tp slices, in rank order: the inverse of shard."""
+    def unshard(self, local, grid):
+        """The single-device tensor, all-gathered from the TP group's slices: the inverse of shard."""
+        shards = [torch.empty_like(local) for _ in range(grid.tp)]
+        dist.all_gather(shards, local.detach().contiguous(), group=grid.tp_group)
+        return self.join(shards)
+
+    def join(self, shards):
+        """The single-device tensor from the tp slices, in rank order."""
         pieces = [s.chunk(self.chunks, dim=self.dim) for s in shards]
         full = torch.cat([torch.cat([p[c] for p in pieces], dim=self.dim) for c in range(self.chunks)], dim=self.dim)
         return full[: self.rows]  # drop the padding rows, if any
 
 
 def _sharded_parameter(full, cut, grid):
-    return nn.Parameter(cut.shard(full.detach(), grid.tp, grid.tp_rank))
+    return nn.Parameter(cut.shard(full.detach(), grid))
 
 
 class ColumnParallelLinear(nn.Module):
@@ -228,7 +235,6 @@ def tensor_parallel(model, grid):
 
     Returns {parameter name: Cut} for every parameter that is now a slice: what gathering
     a checkpoint and the global grad norm need to know. A group of one cuts nothing: {}."""
-    check_tensor_parallel_layout(model.config, grid.tp)
     if grid.tp == 1:
         return {}
     for block in model.blocks:
@@ -248,14 +254,3 @@ def tensor_parallel(model, grid):
             if isinstance(module, ColumnParallelLinear) and module.bias is not None:
                 cut_of[module.bias] = module.cut  # a row-parallel bias stays whole
     return {name: cut_of[p] for name, p in model.named_parameters() if p in cut_of}
-
-
-def check_tensor_parallel_layout(cfg, tp):
-    """Before any process group work: a layout that cannot be cut is named, not hung on.
-    Heads are the unit of the cut (n_embd = n_head x head size, so n_embd follows); the
-    vocabulary never blocks it, as it is padded to a multiple of tp."""
-    if tp < 1 or cfg.n_head % tp:
-        raise ValueError(
-            f"n_head {cfg.n_head} is not divisible by tp {tp}: choose --tp among the divisors "
-            f"of n_head, or --n_head a multiple of {tp} (with --n_embd a multiple of it)"
-        )

@@ -3,12 +3,12 @@
     torchrun --standalone --nproc_per_node=2 train.py --dp 2 --dp_mode ddp    # torch's DDP
     torchrun --standalone --nproc_per_node=2 train.py --dp 2 --dp_mode fsdp   # FSDP2: ZeRO-3, by torch
 
-The road past the course. parallel.DataParallel is written to be read: every
-line of the gradient average is on the page, and it composes with our tensor and
-pipeline parallelism into the 3D layouts. The two engines here do the same job
-the way production runs do it, behind the same interface (parallel.py, "The
-model as a rank holds it"), so the same loop trains with them and takes the same
-steps (tests/test_torch_engines.py).
+The road past the course. parallel.BucketedDataParallel is written to be read:
+every line of the gradient average is on the page, and it composes with our
+tensor and pipeline parallelism into the 3D layouts. The two engines here do the
+same job the way production runs do it, behind the same interface (parallel.RankModel,
+the model as a rank holds it), so the same loop trains with them and takes the
+same steps (tests/test_torch_engines.py).
 
 DDP: every rank holds the whole model, as ours does; its C++ reducer all-reduces
 gradients in buckets while backward runs, tuned over years of production use.
@@ -34,19 +34,9 @@ import torch.distributed as dist
 from comm_count import counted
 from parallel import forward_and_backward, sharded_grad_norm
 
-ENGINES = ("ddp", "fsdp")  # the --dp_mode values this file serves
-
 # torch's engines are imported where they are used: torch.distributed.tensor, on which FSDP2 and DDP's hooks
 # build, takes ~0.7 s to import, which every run of train.py (every rank) would pay for an engine it does not use.
-
-
-def check_torch_engine_layout(dp_mode, tp, pp):
-    """Refuse torch's engines on a layout with tensor or pipeline parallelism, naming the flags."""
-    if dp_mode in ENGINES and (tp > 1 or pp > 1):
-        raise ValueError(
-            f"--dp_mode {dp_mode} is torch's pure data parallelism and needs --tp 1 --pp 1, got --tp {tp} --pp {pp}: "
-            "pass --dp_mode bucketed (or naive) to combine data parallelism with --tp or --pp"
-        )
+# Both are pure data parallelism: layout.check_layout refuses them with --tp or --pp.
 
 
 # ----------------------------------------------------------------------------
@@ -68,9 +58,9 @@ class DDPModel:
     parameters, so every replica starts identical. A group of one needs no DDP: the GPT trains as it is."""
 
     def __init__(self, model, grid, autocast=contextlib.nullcontext(), compile=False, bucket_mb=25.0):
-        check_torch_engine_layout("ddp", grid.tp, grid.pp)
         self.module, self.grid, self.autocast = model, grid, autocast  # module: the GPT, single-device names
         self.micro_batches = self.in_flight = 1
+        self.dp, self.zero_stage = None, 0  # DDP averages the gradients; every rank holds the whole state
         self.device = next(model.parameters()).device
         self.ddp = None
         if grid.dp > 1:
@@ -122,15 +112,15 @@ class DTensorCut:
     mesh: object  # the DP group's DeviceMesh
     placements: tuple
 
-    def shard(self, full):
+    def shard(self, full, grid):
         """This rank's shard of a single-device tensor every rank holds, as a DTensor (no communication)."""
         from torch.distributed.tensor import distribute_tensor
 
         return distribute_tensor(full, self.mesh, self.placements, src_data_rank=None)
 
-    def unshard(self, shard):
-        """The single-device tensor, all-gathered from every rank's shard."""
-        return shard.full_tensor()
+    def unshard(self, local, grid):
+        """The single-device tensor, all-gathered from every rank's shard (over the mesh: grid is for the interface)."""
+        return local.full_tensor()
 
 
 class CountedReduceScatter:
@@ -153,9 +143,9 @@ class FSDPModel:
     own rows). A group of one shards nothing: the GPT trains as it is."""
 
     def __init__(self, model, grid, autocast=contextlib.nullcontext(), compile=False):
-        check_torch_engine_layout("fsdp", grid.tp, grid.pp)
         self.module, self.grid, self.autocast = model, grid, autocast
         self.micro_batches = self.in_flight = 1
+        self.dp, self.zero_stage = None, 3  # FSDP2 reduce-scatters; weights, gradients and moments are sharded
         self.device = next(model.parameters()).device
         self.cut, self.units = None, []
         if grid.dp > 1:

@@ -250,7 +250,7 @@ def evaluate_only(preset, configs):
         run.grid,
         step,
         validate(run, step)["val_loss"],
-        run.identity["GPTConfig"],
+        run.configs.model,
         run.meta,
         run.benchmark_examples,
         run.say,
@@ -346,7 +346,7 @@ def print_cost_account(run):
         run.dtype.itemsize,
         step_seconds,
         dp=run.grid.dp,
-        zero=3 if run.configs.parallel.dp_mode == "fsdp" else run.configs.parallel.zero,
+        zero=model.zero_stage,
         recompute=run.configs.parallel.recompute,
         measured_activations=saved.peak,
     ):
@@ -367,7 +367,7 @@ def finish(run, final_evaluation):
         run.grid,
         run.configs.train.max_iters,
         final_evaluation["val_loss"],
-        run.identity["GPTConfig"],
+        run.configs.model,
         run.meta,
         run.benchmark_examples,
         run.say,
@@ -610,12 +610,11 @@ def measure_state_at_the_first_update(run):
 
 def print_state_beside_closed_form(run, record):
     """The state bytes of the first update, on the fullest rank, beside cost.py's closed form."""
-    grid, layout = run.grid, run.configs.parallel
+    grid, zero = run.grid, run.model.zero_stage
     measured = torch.tensor(run.measured_state, dtype=torch.int64, device=run.model.device)
     if dist.is_initialized():
         dist.all_reduce(measured, op=dist.ReduceOp.MAX)
     record["state_bytes"] = measured.item()
-    zero = 3 if layout.dp_mode == "fsdp" else layout.zero
     closed_form = cost.fullest_rank_state_bytes(run.configs.model, grid.dp, grid.tp, grid.pp, zero)
     run.say(
         f"state at the first update, on the fullest rank: measured {record['state_bytes']:,} B | closed form "
@@ -635,7 +634,7 @@ def print_comm_beside_closed_form(run, record):
         batch_size=cfg.batch_size,
         accumulation=cfg.gradient_accumulation_steps,
         compute_bytes=run.dtype.itemsize,
-        zero=run.configs.parallel.zero,
+        zero=run.model.zero_stage,
         recompute=run.configs.parallel.recompute,
     )  # {dimension: (bytes, formula)}
     run.say("communication of that step, payload bytes on the busiest rank: measured | closed form")

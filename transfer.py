@@ -22,7 +22,7 @@ import math
 import os
 import shutil
 import struct
-from dataclasses import fields
+from dataclasses import asdict, replace
 from typing import NamedTuple
 
 import torch
@@ -30,7 +30,7 @@ import torch
 import checkpoint
 import files
 from data import get_tokenizer
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, padded_vocab_size
 
 # ----------------------------------------------------------------------------
 # safetensors
@@ -223,7 +223,7 @@ def state_dict_to_hf(state_dict, vocab_size):
 
 
 def gpt_config_from_hf(hf_config):
-    """Our GPTConfig fields from a GPT-2 config.json (a dict); refuses what our GPT computes differently."""
+    """Our GPTConfig of a GPT-2 config.json (a dict); refuses what our GPT computes differently."""
     if hf_config.get("model_type") != "gpt2":
         raise ValueError(f"config.json has model_type {hf_config.get('model_type')!r}: only GPT-2 (gpt2) loads")
     activations = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
@@ -244,7 +244,7 @@ def gpt_config_from_hf(hf_config):
     for key, (value, ours) in computed_otherwise.items():
         if value not in ours:
             raise ValueError(f"config.json has {key} {value!r}; our GPT computes {' or '.join(map(repr, ours))}")
-    return dict(
+    return GPTConfig(
         block_size=hf_config["n_positions"],
         vocab_size=hf_config["vocab_size"],
         n_layer=hf_config["n_layer"],
@@ -260,18 +260,18 @@ EXPORTED_BY = "minipretrain"  # marks a config.json as ours: a later export may 
 def hf_config(gpt_config, vocab_size, eot_id):
     """config.json of a GPT2LMHeadModel with our model's shape, as transformers 5 loads it. No dropout:
     the weights are for evaluation and fine-tuning, which set their own."""
-    block_size = gpt_config["block_size"]
+    block_size = gpt_config.block_size
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
         "vocab_size": vocab_size,
         "n_positions": block_size,
         "n_ctx": block_size,
-        "n_embd": gpt_config["n_embd"],
-        "n_layer": gpt_config["n_layer"],
-        "n_head": gpt_config["n_head"],
+        "n_embd": gpt_config.n_embd,
+        "n_layer": gpt_config.n_layer,
+        "n_head": gpt_config.n_head,
         "n_inner": None,  # 4 n_embd
-        "activation_function": {"gelu_tanh": "gelu_new", "gelu": "gelu"}[gpt_config["activation"]],
+        "activation_function": {"gelu_tanh": "gelu_new", "gelu": "gelu"}[gpt_config.activation],
         "resid_pdrop": 0.0,
         "embd_pdrop": 0.0,
         "attn_pdrop": 0.0,
@@ -289,16 +289,12 @@ def hf_config(gpt_config, vocab_size, eot_id):
     }
 
 
-def _with_defaults(gpt_config):
-    """A GPTConfig dict with the fields it lacks at their defaults (a checkpoint written before a field existed)."""
-    return {f.name: f.default for f in fields(GPTConfig)} | gpt_config
-
-
 def architecture_mismatch(gpt_config):
     """Where gpt_config's architecture differs from GPT-2's, e.g. ["norm: 'rmsnorm' (GPT-2: 'layernorm')"]."""
-    config = _with_defaults(gpt_config)
     return [
-        f"{key}: {config[key]!r} (GPT-2: {value!r})" for key, value in GPT2_ARCHITECTURE.items() if config[key] != value
+        f"{key}: {getattr(gpt_config, key)!r} (GPT-2: {value!r})"
+        for key, value in GPT2_ARCHITECTURE.items()
+        if getattr(gpt_config, key) != value
     ]
 
 
@@ -317,7 +313,7 @@ def _gpt2_model(repo, revision, sha256, n_layer, n_head, n_embd):
         sha256=sha256,
         filename="model.safetensors",
         offline_flags=("--init_from", "--init_url"),  # how a user without network hands over a local copy
-        config=dict(
+        gpt_config=GPTConfig(
             block_size=1024, vocab_size=50257, n_layer=n_layer, n_head=n_head, n_embd=n_embd, **GPT2_ARCHITECTURE
         ),
     )
@@ -367,7 +363,7 @@ GPT2_WEIGHTS_DIR = os.path.join("data", "gpt2-weights")  # a named model lands i
 class Source(NamedTuple):
     """What --init_from hands a run."""
 
-    gpt_config: dict | None  # the source's GPTConfig fields; None where unknown (a bare .safetensors)
+    gpt_config: GPTConfig | None  # the source's; None where unknown (a bare .safetensors)
     state_dict: dict  # in our names
     tokenizer: str | None  # its tokenizer's name; None where unknown
     description: str  # for messages: "out/base, its checkpoint of step 400"
@@ -390,7 +386,7 @@ def initial_weights(init_from, init_url="", say=print):
                 "--init_from path/to/folder"
             )
         path = files.download(init_from, os.path.join(GPT2_WEIGHTS_DIR, init_from), spec, init_url or None)
-        return Source(dict(spec["config"]), _read_hf_weights(path), "gpt2", f"{init_from} ({spec['sha256'][:12]})")
+        return Source(spec["gpt_config"], _read_hf_weights(path), "gpt2", f"{init_from} ({spec['sha256'][:12]})")
     if os.path.isfile(os.path.join(init_from, "run.json")):  # a run of ours
         ckpt_dir = os.path.join(init_from, "ckpt")
         latest = checkpoint.load_latest(ckpt_dir, healthy_only=True, warn=say)
@@ -408,8 +404,9 @@ def initial_weights(init_from, init_url="", say=print):
                 f"{step}, the newest healthy one"
             )
         description = f"{init_from}, its checkpoint of step {step}"
-        config = state["config"]
-        return Source(config["GPTConfig"], state["model"], state["meta"]["tokenizer"], description, config.get("data"))
+        identity = state["config"]  # the run's identity record: its GPTConfig as a dict
+        gpt_config = GPTConfig(**identity["GPTConfig"])
+        return Source(gpt_config, state["model"], state["meta"]["tokenizer"], description, identity.get("data"))
     path = os.path.join(init_from, "model.safetensors") if os.path.isdir(init_from) else init_from
     if not os.path.isfile(path) and os.path.isfile(os.path.join(init_from, "pytorch_model.bin")):
         raise ValueError(
@@ -453,27 +450,26 @@ def _shape_of(state_dict):
     )
 
 
-def fit_to_run(source_config, state_dict, run_config, source_description, say=print):
-    """(the GPTConfig fields to build the run's model with, the state dict fitted to it), or a ValueError naming
+def fit_to_run(source_gpt_config, state_dict, run_gpt_config, source_description, say=print):
+    """(the GPTConfig to build the run's model with, the state dict fitted to it), or a ValueError naming
     what differs. The source's shape and architecture must be the run's, but for two things:
     - block_size may be smaller than the source's: the first block_size rows of wpe are kept; never larger.
     - vocab_size is the source's. HF's GPT-2 has 50257 rows where our runs pad to 50304; padding it with rows
       of zeros would score those ids logit 0, far above GPT-2's large negative logits, and hand them most of
       the probability. So the model is built with the source's rows, padded or not. Both must pad to the
-      run's vocab_size (train.py pads the tokenizer's vocabulary to a multiple of 64): the same tokenizer.
-    Without a source config (a bare .safetensors file), what the tensors show is compared, and the rest
+      run's vocab_size (a run pads its tokenizer's vocabulary, padded_vocab_size): the same tokenizer.
+    Without a source GPTConfig (a bare .safetensors file), what the tensors show is compared, and the rest
     (n_head; norm position, activation) is taken on trust."""
-    if source_config is None:
-        source = _shape_of(state_dict)
+    if source_gpt_config is None:
         say(
             f"--init_from {source_description}: no config.json beside it, so its n_layer, n_embd, vocab_size and "
             "block_size are read from its tensors; n_head, norm_position and activation are this run's"
         )
-    else:
-        source = _with_defaults(source_config)
+    # the source's fields as far as they are known: a bare file shows only its tensors' shapes
+    source = _shape_of(state_dict) if source_gpt_config is None else asdict(source_gpt_config)
     keys = ["n_layer", "n_head", "n_embd", *GPT2_ARCHITECTURE]
-    differ = [key for key in keys if key in source and source[key] != run_config[key]]
-    if source["block_size"] < run_config["block_size"]:
+    differ = [key for key in keys if key in source and source[key] != getattr(run_gpt_config, key)]
+    if source["block_size"] < run_gpt_config.block_size:
         differ.append("block_size")
     if differ:
         cropped = (
@@ -481,24 +477,24 @@ def fit_to_run(source_config, state_dict, run_config, source_description, say=pr
         )
         raise ValueError(
             f"--init_from {source_description} holds {', '.join(f'{k} {source[k]}' for k in differ)}; this run has "
-            f"{', '.join(f'{k} {run_config[k]}' for k in differ)}: pass {' '.join(_flag(k, source[k]) for k in differ)}"
-            + cropped
+            f"{', '.join(f'{k} {getattr(run_gpt_config, k)}' for k in differ)}: "
+            f"pass {' '.join(_flag(k, source[k]) for k in differ)}" + cropped
         )
-    padded = 64 * math.ceil(run_config["vocab_size"] / 64)  # the run's tokenizer's vocabulary, padded (it may be)
-    if 64 * math.ceil(source["vocab_size"] / 64) != padded:
+    padded = padded_vocab_size(run_gpt_config.vocab_size)  # the run's tokenizer's vocabulary, padded (it may be)
+    if padded_vocab_size(source["vocab_size"]) != padded:
         raise ValueError(
             f"--init_from {source_description} holds {source['vocab_size']} token rows; this run's tokenizer pads "
             f"to {padded}: train with the tokenizer these weights learned (--tokenizer)"
         )
-    gpt_config = {**run_config, "vocab_size": source["vocab_size"]}
-    if source["block_size"] > run_config["block_size"]:
-        state_dict = {**state_dict, "wpe.weight": state_dict["wpe.weight"][: run_config["block_size"]]}
+    gpt_config = replace(run_gpt_config, vocab_size=source["vocab_size"])
+    if source["block_size"] > run_gpt_config.block_size:
+        state_dict = {**state_dict, "wpe.weight": state_dict["wpe.weight"][: run_gpt_config.block_size]}
         say(
             f"--init_from {source_description}: its {source['block_size']} positions cropped to this run's "
-            f"block_size {run_config['block_size']}"
+            f"block_size {run_gpt_config.block_size}"
         )
     with torch.device("meta"):  # the model's shapes, without memory or init
-        expected = GPT(GPTConfig(**gpt_config)).state_dict()
+        expected = GPT(gpt_config).state_dict()
     for name, tensor in expected.items():
         if name not in state_dict:
             raise ValueError(f"--init_from {source_description} has no tensor {name}, which this run's model has")
@@ -560,7 +556,7 @@ def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print):
     model.safetensors (fp32, the vocabulary trimmed to the tokenizer's), vocab.json, merges.txt,
     tokenizer_config.json, special_tokens_map.json. Written into a sibling folder, then renamed into place;
     a dest_dir that holds anything but an earlier export of ours is refused."""
-    differ = [key for key, value in GPT2_ARCHITECTURE.items() if _with_defaults(gpt_config)[key] != value]
+    differ = [key for key, value in GPT2_ARCHITECTURE.items() if getattr(gpt_config, key) != value]
     if differ:
         raise ValueError(
             f"--export_hf writes GPT-2's architecture; this run has {', '.join(architecture_mismatch(gpt_config))}: "
@@ -586,7 +582,7 @@ def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print):
         "tokenizer_config.json": json.dumps(
             {
                 "tokenizer_class": "GPT2Tokenizer",
-                "model_max_length": gpt_config["block_size"],
+                "model_max_length": gpt_config.block_size,
                 "add_prefix_space": False,
                 **special_tokens,
             },
@@ -625,5 +621,6 @@ def export_run(out_dir, dest_dir, say=print):
         )
     step, state = latest
     say(f"exporting {out_dir}, its checkpoint of step {step}")
-    export_hf(state["model"], state["config"]["GPTConfig"], state["meta"]["tokenizer"], dest_dir, say)
+    gpt_config = GPTConfig(**state["config"]["GPTConfig"])  # the checkpoint's record of it, a dict
+    export_hf(state["model"], gpt_config, state["meta"]["tokenizer"], dest_dir, say)
     say(f"score it on HellaSwag: lm_eval --model hf --model_args pretrained={dest_dir} --tasks hellaswag --device cpu")

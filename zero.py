@@ -5,14 +5,14 @@ engine of DeepSpeed).
     torchrun --standalone --nproc_per_node=2 train.py --dp 2 --zero 1 --batch_size 8   # AdamW's moments shared out
     torchrun --standalone --nproc_per_node=2 train.py --dp 2 --zero 2 --batch_size 8   # the gradients too
 
-Plain data parallelism (parallel.DataParallel) keeps all 16 bytes per parameter on each of the dp ranks:
+Plain data parallelism (parallel.BucketedDataParallel) keeps all 16 bytes per parameter on each of the dp ranks:
 fp32 weights (4), gradients (4) and AdamW's two moments (8). Yet a rank needs the moments only of the
 parameters it updates, and the averaged gradient only where it updates. ZeRO cuts every gradient bucket
-(DataParallel's buckets, in backward order) into dp equal shards, and rank r owns shard r:
+(BucketedDataParallel's buckets, in backward order) into dp equal shards, and rank r owns shard r:
 
     a bucket, flat, padded to a multiple of dp:   [ shard 0 | shard 1 | ... | shard dp-1 ]
 
-  stage 1  backward fills the bucket as in DataParallel; a reduce-scatter, in place of the all-reduce,
+  stage 1  backward fills the bucket as in BucketedDataParallel; a reduce-scatter, in place of the all-reduce,
            leaves on each rank the sum of its own shard; each rank runs AdamW on its shard only, so it
            keeps the moments of 1/dp of the parameters; an all-gather then copies every rank's updated
            shard into every rank's weights.                           4 + 4 + 8/dp bytes per parameter
@@ -25,14 +25,16 @@ parameters it updates, and the averaged gradient only where it updates. ZeRO cut
 
 A ring reduce-scatter and a ring all-gather each move (dp - 1)/dp of the bucket, as the two halves of a
 ring all-reduce do: stage 1, and stage 2 without accumulation, cost no more communication than plain DP.
-Stage 2 does not combine with a pipeline (run_setup refuses it): a stage's backward runs once per
+Stage 2 does not combine with a pipeline (layout.py refuses it): a stage's backward runs once per
 micro-batch inside the schedule, so its whole gradient piles up until the schedule ends anyway.
 
 The weights become views into one flat buffer per bucket, so the all-gather writes them in place. AdamW
 updates *pieces*: where a parameter meets this rank's shard, a contiguous range of it, so each piece
 keeps its parameter's weight-decay group (ShardedAdamW). Checkpoints stay in single-device form:
-state_by_parameter gathers every parameter's moments whole (checkpoint.py does the rest), so a ZeRO run
+ShardedAdamW.moments() gathers every parameter's moments whole (checkpoint.py does the rest), so a ZeRO run
 resumes on any layout, with or without ZeRO, and the reverse.
+
+One class per stage: Zero1DataParallel and Zero2DataParallel, on what both share (ShardedBuckets).
 """
 
 from typing import NamedTuple
@@ -42,7 +44,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from comm_count import counted
-from parallel import DataParallel, flat_views
+from parallel import AdamW, BucketedDataParallel, flat_views
 
 
 class Piece(NamedTuple):
@@ -55,17 +57,18 @@ class Piece(NamedTuple):
     weights: nn.Parameter  # a view into the bucket's flat weights; its .grad a view into the shard's gradient
 
 
-class ZeroDataParallel(DataParallel):
-    """DataParallel with the gradients reduce-scattered into shards (stage 1, 2) and kept only as shards
-    (stage 2). After the optimizer's update of the shards, gather_parameters() rebuilds the whole weights."""
+class ShardedBuckets(BucketedDataParallel):
+    """What ZeRO's two stages share: BucketedDataParallel's buckets, each padded and cut into dp equal shards
+    (rank r owns shard r); the weights moved into one flat buffer per bucket, so that after the
+    optimizer's update of the shards gather_parameters() rebuilds them whole, in place; and the
+    pieces AdamW updates. A stage gives its gradients' home (shard_gradient_buffers), how a bucket
+    is reduced (_launch), and how a step's reduction ends (finish) and clears (clear_gradients)."""
 
     shards_gradients = True  # after finish(), a rank holds the averaged gradient of its shard only
 
-    def __init__(self, model, group, size, rank, stage, bucket_mb=25.0, overlap=True):
-        self.stage, self.rank = stage, rank
-        self.reduces_every_micro_batch = stage == 2
-        self.in_flight = []  # stage 2: (bucket, received shard, the flat copy it came from, work), oldest first
-        super().__init__(model, group, size, "bucketed", bucket_mb, overlap)
+    def __init__(self, module, grid, overlap=True, bucket_mb=25.0):
+        self.rank = grid.dp_rank
+        super().__init__(module, grid, overlap, bucket_mb)
 
     def shard_numel(self, i):
         return -(-self.sizes[i] // self.size)  # bucket i's elements over dp ranks, rounded up: the padding
@@ -80,21 +83,14 @@ class ZeroDataParallel(DataParallel):
         return self.rank * self.shard_numel(i), (self.rank + 1) * self.shard_numel(i)
 
     def make_gradient_buffers(self):
-        """The weights moved into flat buffers; stage 1: DataParallel's flat gradient buffers, this rank's
-        shard a view into each; stage 2: only a shard-sized gradient buffer per bucket. Then the pieces."""
+        """The weights moved into flat buffers, the stage's gradient buffers (each bucket's shard), the pieces."""
         self.weights = [self.new_flat(i) for i in range(len(self.buckets))]  # (dp * shard,) each
         with torch.no_grad():
             for flat, bucket in zip(self.weights, self.buckets):
                 for p, view in zip(bucket, flat_views(flat, bucket)):
                     view.copy_(p)
                     p.data = view  # the parameter now lives in the flat buffer the all-gather writes
-        if self.stage == 1:
-            super().make_gradient_buffers()
-            self.shard_grads = [flat[slice(*self.shard_range(i))] for i, flat in enumerate(self.flats)]
-        else:
-            self.flats, self.views = [], []
-            self.shard_grads = [flat.new_zeros(self.shard_numel(i)) for i, flat in enumerate(self.weights)]
-            self.zero_buckets()
+        self.shard_grads = self.shard_gradient_buffers()  # (shard,) each
         self.pieces = []
         for i, bucket in enumerate(self.buckets):
             start, end = self.shard_range(i)
@@ -112,63 +108,9 @@ class ZeroDataParallel(DataParallel):
         ids = {id(p) for p in params}
         return [piece.weights for piece in self.pieces if id(piece.parameter) in ids]
 
-    def _launch(self, i):
-        if self.stage == 1:
-            flat = self.fill_bucket(i)  # the gradients are views into it
-            shard = self.shard_grads[i]  # this rank's range of flat itself: a reduce-scatter in place
-            work = dist.reduce_scatter_single(
-                shard, counted_numel("dp", flat, self.sizes[i]), group=self.group, async_op=True
-            )
-            self.launched[i] = (shard, work)
-            return
-        # stage 2: the gradients are copied out into a flat buffer and dropped; the buffer lives until its
-        # reduce-scatter is done, and at most two buckets' buffers are in flight
-        flat = self.new_flat(i)
-        for p, view in zip(self.buckets[i], flat_views(flat, self.buckets[i])):
-            if p.grad is not None:
-                view.copy_(p.grad)
-            p.grad = None
-        received = torch.empty_like(self.shard_grads[i])
-        work = dist.reduce_scatter_single(
-            received, counted_numel("dp", flat, self.sizes[i]), group=self.group, async_op=True
-        )
-        self.in_flight.append((i, received, flat, work))
-        self.ready[i] = 0  # the next micro-batch counts afresh
-        while len(self.in_flight) > 2:
-            self._land(self.in_flight.pop(0))
-
-    def _land(self, reduced):
-        """Stage 2: add a finished reduce-scatter's average into its bucket's shard; its flat copy goes."""
-        i, received, _, work = reduced
-        work.wait()
-        self.shard_grads[i] += received / self.size
-
-    def finish(self):
-        """Block until this rank's shard of every bucket holds the DP average of its gradients."""
-        if self.stage == 1:  # DataParallel's own: launched holds (this rank's shard, its reduce-scatter)
-            super().finish()
-            return
-        for i, bucket in enumerate(self.buckets):
-            if any(p.grad is not None for p in bucket):  # not launched (unused parameters, or no hooks)
-                self._launch(i)
-        while self.in_flight:
-            self._land(self.in_flight.pop(0))
-        self.ready = [0] * len(self.buckets)
-
-    def zero_buckets(self):
-        """Zero every gradient for the next step: stage 1 as DataParallel (its shards are views into the
-        buckets); stage 2: the shards, and the parameters' own gradients dropped."""
-        if self.stage == 1:
-            super().zero_buckets()
-            return
-        for _, _, _, work in self.in_flight:  # reduce-scatters of backwards that take no step (a timing)
-            work.wait()
-        self.in_flight.clear()
-        self.ready = [0] * len(self.buckets)
-        for shard in self.shard_grads:
-            shard.zero_()
-        for p in self.params:
-            p.grad = None
+    def optimizer(self, groups, **options):
+        """AdamW over this rank's pieces of the parameters, in their groups: ShardedAdamW."""
+        return ShardedAdamW(self, groups, **options)
 
     def gradients(self):
         """[(parameter, this rank's piece of its averaged gradient)]: the grad norm sums their squares over the
@@ -187,6 +129,89 @@ class ZeroDataParallel(DataParallel):
             work.wait()
 
 
+class Zero1DataParallel(ShardedBuckets):
+    """ZeRO stage 1: the gradients as in BucketedDataParallel (views into one flat buffer per bucket); a
+    reduce-scatter in place of the all-reduce leaves in this rank's shard of each bucket the
+    average of that shard, which is all its AdamW reads."""
+
+    zero_stage = 1
+
+    def shard_gradient_buffers(self):
+        """BucketedDataParallel's flat gradient buffers; this rank's shard of each, a view into it."""
+        BucketedDataParallel.make_gradient_buffers(self)  # self.flats, self.views; each gradient a view
+        return [flat[slice(*self.shard_range(i))] for i, flat in enumerate(self.flats)]
+
+    def _launch(self, i):
+        flat = self.fill_bucket(i)  # the gradients are views into it
+        shard = self.shard_grads[i]  # this rank's range of flat itself: a reduce-scatter in place
+        work = dist.reduce_scatter_single(
+            shard, counted_numel("dp", flat, self.sizes[i]), group=self.group, async_op=True
+        )
+        self.launched[i] = (shard, work)  # BucketedDataParallel.finish waits for it and divides the shard
+
+
+class Zero2DataParallel(ShardedBuckets):
+    """ZeRO stage 2: the gradient, too, is kept only as the rank's shard. When backward completes a
+    bucket, its gradients are copied into a flat buffer that is reduce-scattered and dropped, at most
+    two buckets in flight; under gradient accumulation every micro-batch is reduced so (as DeepSpeed does)."""
+
+    zero_stage = 2
+    reduces_every_micro_batch = True
+
+    def __init__(self, module, grid, overlap=True, bucket_mb=25.0):
+        self.in_flight = []  # (bucket, received shard, the flat copy it came from, work), oldest first
+        super().__init__(module, grid, overlap, bucket_mb)
+
+    def shard_gradient_buffers(self):
+        """Only a shard-sized gradient buffer per bucket: no whole flat gradient is kept."""
+        for p in self.params:
+            p.grad = None
+        return [flat.new_zeros(self.shard_numel(i)) for i, flat in enumerate(self.weights)]
+
+    def _launch(self, i):
+        # the gradients are copied out into a flat buffer and dropped; the buffer lives until its
+        # reduce-scatter is done, and at most two buckets' buffers are in flight
+        flat = self.new_flat(i)
+        for p, view in zip(self.buckets[i], flat_views(flat, self.buckets[i])):
+            if p.grad is not None:
+                view.copy_(p.grad)
+            p.grad = None
+        received = torch.empty_like(self.shard_grads[i])
+        work = dist.reduce_scatter_single(
+            received, counted_numel("dp", flat, self.sizes[i]), group=self.group, async_op=True
+        )
+        self.in_flight.append((i, received, flat, work))
+        self.ready[i] = 0  # the next micro-batch counts afresh
+        while len(self.in_flight) > 2:
+            self._land(self.in_flight.pop(0))
+
+    def _land(self, reduced):
+        """Add a finished reduce-scatter's average into its bucket's shard; its flat copy goes."""
+        i, received, _, work = reduced
+        work.wait()
+        self.shard_grads[i] += received / self.size
+
+    def finish(self):
+        """Block until this rank's shard of every bucket holds the DP average of its gradients."""
+        for i, bucket in enumerate(self.buckets):
+            if any(p.grad is not None for p in bucket):  # not launched (unused parameters, or no hooks)
+                self._launch(i)
+        while self.in_flight:
+            self._land(self.in_flight.pop(0))
+        self.ready = [0] * len(self.buckets)
+
+    def clear_gradients(self):
+        """Zero every gradient for the next step: the shards, and the parameters' own gradients dropped."""
+        for _, _, _, work in self.in_flight:  # reduce-scatters of backwards that take no step (a timing)
+            work.wait()
+        self.in_flight.clear()
+        self.ready = [0] * len(self.buckets)
+        for shard in self.shard_grads:
+            shard.zero_()
+        for p in self.params:
+            p.grad = None
+
+
 def counted_numel(dimension, flat, numel):
     """flat, its first numel elements counted (comm_count.counted): the parameters' gradients, not the padding
     after them, which the closed form does not count (under dp elements per bucket)."""
@@ -194,24 +219,13 @@ def counted_numel(dimension, flat, numel):
     return flat
 
 
-def zero_data_parallel(stage):
-    """The DP engine of ZeRO's stage for ShardedModel and PipelineModel, taking parallel.data_parallel's
-    arguments (dp_mode is bucketed: ZeRO is built on the buckets)."""
-
-    def make(module, grid, dp_mode, bucket_mb, overlap=True):
-        if grid.dp == 1:
-            return None
-        return ZeroDataParallel(module, grid.dp_group, grid.dp, grid.dp_rank, stage, bucket_mb, overlap)
-
-    return make
-
-
-class ShardedAdamW(torch.optim.AdamW):
+class ShardedAdamW(AdamW):
     """AdamW over this rank's pieces of ZeRO's shards, in the groups of the parameters they come from.
     Each step ends by all-gathering the updated shards (a step post-hook, registered first), so every
     rank's weights are whole again before any other hook or the next forward sees them.
 
-    groups: [(parameters, weight decay)], as run_setup.make_optimizer groups the whole parameters."""
+    groups: [(parameters, weight decay)], as run_setup.make_optimizer groups the whole parameters (through
+    ShardedBuckets.optimizer)."""
 
     def __init__(self, zero, groups, **adamw):
         pieces = [{"params": zero.pieces_of(params), "weight_decay": decay} for params, decay in groups]
@@ -219,7 +233,7 @@ class ShardedAdamW(torch.optim.AdamW):
         self.zero = zero
         self.register_step_post_hook(lambda *_: zero.gather_parameters())
 
-    def state_by_parameter(self):
+    def moments(self):
         """{parameter: {"step", "exp_avg", "exp_avg_sq"}} for every parameter of the DP engine, its moments
         all-gathered whole from the ranks' pieces: what AdamW without ZeRO holds. {} before the first step.
         Every DP rank must call it (a rank whose shards are all padding holds no piece, and joins in)."""
@@ -245,9 +259,13 @@ class ShardedAdamW(torch.optim.AdamW):
                     whole[p][key] = view
         return whole
 
+    def load_moments(self, moments, param_groups):
+        """The inverse of moments(), without communication: each piece takes its range of its parameter's moments."""
+        super().load_moments(self.pieces_state(moments), param_groups)
+
     def pieces_state(self, moments):
-        """The inverse of state_by_parameter, without communication: {piece: its range of its parameter's
-        moments}, each a copy (a view would keep the whole moment alive; a shared step would count up twice)."""
+        """{piece: its range of its parameter's moments}, each a copy (a view would keep the whole moment alive; a
+        shared step would count up twice)."""
         return {
             piece.weights: {
                 key: (

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import cost  # noqa: E402
 from bench.layouts import measure_layout  # noqa: E402
 
-MODEL = cost.MODELS["tiny"].config
+MODEL = cost.MODELS["tiny"].gpt_config
 BATCH_ROWS = 16
 LAYOUTS = [((1, 1, 1), 1), ((2, 1, 1), 1), ((1, 2, 1), 1), ((1, 1, 2), 1), ((1, 1, 2), 4)]  # (dp, tp, pp), m
 
@@ -42,7 +42,7 @@ def main():
     rows = []
     for (dp, tp, pp), m in LAYOUTS:
         measured = measure_layout(
-            (dp, tp, pp), steps=args.steps, model_config=MODEL, global_batch=BATCH_ROWS, micro_batches=m
+            (dp, tp, pp), steps=args.steps, gpt_config=MODEL, global_batch=BATCH_ROWS, micro_batches=m
         )["step_seconds"]
         plan = cost.plan_layout(
             MODEL, hardware[dp * tp * pp], dp, tp, pp, BATCH_ROWS, BATCH_ROWS // dp // m, args.mfu, compute_bytes=4

@@ -14,7 +14,7 @@ SDPA kernels are switched off, so a shape flash cannot take is an error, not a
 silent fallback), or --attention cudnn (cuDNN's fused kernel only), or auto
 (PyTorch's own choice, which is what train.py gets). A batch size that does not fit in memory says so, and larger
 ones are skipped. With several GPUs the same steps run again over NCCL on all of
-them, with our bucketed data parallelism (parallel.DataParallel): per-GPU tokens/s
+them, with our bucketed data parallelism (parallel.BucketedDataParallel): per-GPU tokens/s
 against the single GPU's is the scaling efficiency.
 """
 
@@ -41,7 +41,7 @@ GPT2 = GPTConfig(
 TINY = GPTConfig(block_size=64, vocab_size=50304, n_layer=2, n_head=2, n_embd=64)  # GPT-2's vocabulary, little else
 
 
-def measure(mcfg, batch_size, steps, warmup, device_name, compile, attention="flash", profile=False):
+def measure(gpt_config, batch_size, steps, warmup, device_name, compile, attention="flash", profile=False):
     """One rank's (tokens/s of the whole group, peak memory GB of this rank), or None when it does not fit.
     Under local_ranks every rank calls it with torchrun's environment set; alone, it is rank 0 of 1."""
     launch = init_distributed(timeout_seconds=1800)
@@ -58,12 +58,12 @@ def measure(mcfg, batch_size, steps, warmup, device_name, compile, attention="fl
         torch.cuda.reset_peak_memory_stats(device)
         synchronize = torch.cuda.synchronize
     try:
-        model = ShardedModel(GPT(mcfg).to(device), grid, run_setup.autocast_context(device, dtype), compile)
+        model = ShardedModel(GPT(gpt_config).to(device), grid, run_setup.autocast_context(device, dtype), compile)
         optimizer = run_setup.make_optimizer(model.module, cfg, device)
         scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 
         def next_batch():  # random tokens made on the device: the input pipeline is not what is timed
-            tokens = torch.randint(0, 50257, (batch_size, mcfg.block_size + 1), device=device)
+            tokens = torch.randint(0, 50257, (batch_size, gpt_config.block_size + 1), device=device)
             return tokens[:, :-1], tokens[:, 1:]
 
         for step in range(warmup + steps):
@@ -82,7 +82,7 @@ def measure(mcfg, batch_size, steps, warmup, device_name, compile, attention="fl
     finally:
         destroy_distributed()
     memory = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
-    return steps * batch_size * mcfg.block_size * grid.world_size / seconds, memory
+    return steps * batch_size * gpt_config.block_size * grid.world_size / seconds, memory
 
 
 def only_attention_kernel(attention):
@@ -144,16 +144,16 @@ def main():
     cuda = device.type == "cuda"
     if cuda and not torch.cuda.is_available():
         sys.exit("error: --device cuda, but PyTorch sees no GPU here; pass --device cpu for the tiny CPU shape")
-    mcfg = GPT2 if cuda else TINY
+    gpt_config = GPT2 if cuda else TINY
     batch_sizes = [int(b) for b in (args.batch_sizes or ("16,32,64" if cuda else "4")).split(",")]
     dp = args.dp or (torch.cuda.device_count() if cuda else 1)
     peak = cost.device_peak_flops(device, args.peak_tflops)
-    flops_per_token = cost.flops_per_token(mcfg)
+    flops_per_token = cost.flops_per_token(gpt_config)
     name = torch.cuda.get_device_name(device) if cuda else "CPU"
     print(
         f"{name}, torch {torch.__version__}, {str(run_setup.pick_dtype('auto', device)).replace('torch.', '')}, "
         f"compile {args.compile}, fused AdamW, {args.attention + ' attention' if cuda else 'SDPA'}; "
-        f"{GPT(mcfg).num_params() / 1e6:.1f}M parameters, block {mcfg.block_size}, "
+        f"{GPT(gpt_config).num_params() / 1e6:.1f}M parameters, block {gpt_config.block_size}, "
         f"{flops_per_token / 1e9:.3f} GFLOP per token; "
         + (f"peak {peak / 1e12:.0f} TFLOP/s per device" if peak else "no known peak, so no MFU"),
         flush=True,
@@ -164,7 +164,7 @@ def main():
     for world in layouts:
         for batch_size in batch_sizes:
             profile = args.profile and world == 1 and batch_size == batch_sizes[0]
-            job = (mcfg, batch_size, args.steps, args.warmup, args.device, args.compile, args.attention, profile)
+            job = (gpt_config, batch_size, args.steps, args.warmup, args.device, args.compile, args.attention, profile)
             if world == 1:
                 result = measure(*job)
             else:  # spawned, not forked: a CUDA context does not survive a fork

@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import run_setup  # noqa: E402
 import train  # noqa: E402
 from config import TrainConfig  # noqa: E402
+from layout import model_for_rank  # noqa: E402
 from local_ranks import results_of, run_ranks  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from cost import comm_bytes_per_step  # noqa: E402
@@ -65,7 +66,7 @@ def factorizations(ranks):
     ]
 
 
-def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, dtype, micro_batches, zero):
+def one_rank(layout, steps, schedule, gpt_config, accumulation, global_batch, dtype, micro_batches, zero):
     """On one rank: warm up, time `steps` optimizer steps, then measure one more."""
     launch = init_distributed(300)
     try:
@@ -75,11 +76,10 @@ def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, 
             dp, tp, pp, micro_batches=micro_batches if pp > 1 else 1, schedule=schedule, zero=zero
         )
         torch.manual_seed(0)
-        model = run_setup.model_for_rank(
-            GPT(model_config), grid, layout_cfg, run_setup.autocast_context(torch.device("cpu"), dtype)
-        )
         cfg = TrainConfig(batch_size=global_batch // (dp * accumulation), gradient_accumulation_steps=accumulation)
-        optimizer = run_setup.make_optimizer(model.module, cfg, model.device, model.dp if zero else None)
+        autocast = run_setup.autocast_context(torch.device("cpu"), dtype)
+        model = model_for_rank(GPT(gpt_config), grid, layout_cfg, cfg.batch_size, dtype, autocast)
+        optimizer = run_setup.make_optimizer(model.module, cfg, model.device, model.dp)
         state = []  # monitor.state_bytes at the first update, then the hook goes (it would cost the timed steps)
 
         def measure(*_):
@@ -92,7 +92,7 @@ def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, 
 
         def next_batch():
             tokens = torch.randint(
-                model_config.vocab_size, (cfg.batch_size, model_config.block_size + 1), generator=generator
+                gpt_config.vocab_size, (cfg.batch_size, gpt_config.block_size + 1), generator=generator
             )
             return tokens[:, :-1], tokens[:, 1:]
 
@@ -108,7 +108,7 @@ def one_rank(layout, steps, schedule, model_config, accumulation, global_batch, 
             train.optimizer_step(model, optimizer, scaler, next_batch, 1e-3, cfg)
         held = sum(p.numel() for p in model.module.parameters())
         closed_form = comm_bytes_per_step(
-            model_config,
+            gpt_config,
             dp=dp,
             tp=tp,
             pp=pp,
@@ -136,7 +136,7 @@ def measure_layout(
     layout,
     steps=3,
     schedule="1f1b",
-    model_config=MODEL,
+    gpt_config=MODEL,
     accumulation=1,
     global_batch=GLOBAL_BATCH,
     dtype=torch.float32,
@@ -148,7 +148,7 @@ def measure_layout(
     micro-steps x the rows of each; dtype is the autocast dtype (float32: none); micro_batches: a pipeline's;
     zero: the ZeRO stage (0: none)."""
     dp, tp, pp = layout
-    args = (layout, steps, schedule, model_config, accumulation, global_batch, dtype, micro_batches, zero)
+    args = (layout, steps, schedule, gpt_config, accumulation, global_batch, dtype, micro_batches, zero)
     if dp * tp * pp == 1:  # one process: this one, with all its threads (a forked child must keep to one)
         ranks = [one_rank(*args)]
     else:
@@ -160,7 +160,7 @@ def measure_layout(
         "tp": tp,
         "pp": pp,
         "step_seconds": max(r["seconds"] for r in ranks) / steps,
-        "tokens_per_s": steps * global_batch * model_config.block_size / max(r["seconds"] for r in ranks),
+        "tokens_per_s": steps * global_batch * gpt_config.block_size / max(r["seconds"] for r in ranks),
         "bytes": {d: max(r["bytes"][d] for r in ranks) for d in ("dp", "tp", "pp")},
         "bytes_equal_formula": all(r["bytes"] == r["formula"] for r in ranks),
         "state": max(r["state"] for r in ranks),

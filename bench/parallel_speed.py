@@ -27,7 +27,13 @@ from model import GPT, GPTConfig  # noqa: E402
 from cost import comm_bytes_per_step  # noqa: E402
 import parallel  # noqa: E402
 from comm_count import take_comm_bytes  # noqa: E402
-from parallel import ProcessGrid, ShardedModel  # noqa: E402
+from parallel import (  # noqa: E402
+    BucketedDataParallel,
+    NaiveDataParallel,
+    ProcessGrid,
+    ShardedModel,
+    data_parallel,
+)
 from local_ranks import results_of, run_ranks  # noqa: E402
 
 GLOBAL_BATCH, BLOCK = 16, 128
@@ -41,16 +47,16 @@ def timed_steps(mode, rank, world_size, steps, warmup, bucket_mb):
     gpt = GPT(MODEL)
     cfg = config.TrainConfig(batch_size=GLOBAL_BATCH if mode in ("TP", "one process") else GLOBAL_BATCH // world_size)
     if mode in ("bucketed DP", "naive DP"):
-        model = ShardedModel(
-            gpt, ProcessGrid(world_size, 1, 1, rank, world_size), dp_mode=mode.split()[0], bucket_mb=bucket_mb
-        )
+        options = {"bucket_mb": bucket_mb} if mode == "bucketed DP" else {}
+        make_dp = data_parallel(BucketedDataParallel if mode == "bucketed DP" else NaiveDataParallel, **options)
+        model = ShardedModel(gpt, ProcessGrid(world_size, 1, 1, rank, world_size), make_dp=make_dp)
     elif mode == "TP":
         model = ShardedModel(gpt, ProcessGrid(1, world_size, 1, rank, world_size))
     else:  # one process, or DDP: torch's own data parallelism wraps the forward of a one-rank layout
         model = ShardedModel(gpt, ProcessGrid(1, 1, 1))
         if mode == "DDP":
             model.forward = torch.nn.parallel.DistributedDataParallel(gpt)
-    optimizer = run_setup.make_optimizer(model.module, cfg, model.device)
+    optimizer = run_setup.make_optimizer(model.module, cfg, model.device, model.dp)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     generator = torch.Generator().manual_seed(rank)
 

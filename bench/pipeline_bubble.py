@@ -38,8 +38,8 @@ def stage_timeline(p, m, schedule, batch=BATCH, block=BLOCK, n_embd=N_EMBD):
     try:
         grid = ProcessGrid(1, 1, p, launch.rank, p)
         torch.manual_seed(0)
-        cfg = GPTConfig(block_size=block, vocab_size=256, n_layer=BLOCKS_PER_STAGE * p, n_head=4, n_embd=n_embd)
-        stage = PipelineStage(GPT(cfg), launch.rank, p)
+        gpt_config = GPTConfig(block_size=block, vocab_size=256, n_layer=BLOCKS_PER_STAGE * p, n_head=4, n_embd=n_embd)
+        stage = PipelineStage(GPT(gpt_config), launch.rank, p)
         x = torch.randint(256, (batch, block))
         order = SCHEDULES[schedule](p, m, launch.rank)
         for _ in range(2):  # the first run warms up; the second is measured

@@ -28,14 +28,14 @@ from parallel import ProcessGrid, ShardedModel  # noqa: E402
 def measure(compiled, steps, warmup, device, dtype, token_file):
     preset = config.PRESETS["shakespeare"]
     cfg = config.TrainConfig(**{k: v for k, v in preset.items() if k in config.TrainConfig.__dataclass_fields__})
-    mcfg = GPTConfig(**{k: v for k, v in preset.items() if k in GPTConfig.__dataclass_fields__})
+    gpt_config = GPTConfig(**{k: v for k, v in preset.items() if k in GPTConfig.__dataclass_fields__})
     torch.manual_seed(0)
     model = ShardedModel(
-        GPT(mcfg).to(device), ProcessGrid(1, 1, 1), run_setup.autocast_context(device, dtype), compiled
+        GPT(gpt_config).to(device), ProcessGrid(1, 1, 1), run_setup.autocast_context(device, dtype), compiled
     )
     optimizer = run_setup.make_optimizer(model.module, cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    stream = TokenStream(token_file, "uint16", cfg.batch_size, mcfg.block_size, lanes=cfg.lanes)
+    stream = TokenStream(token_file, "uint16", cfg.batch_size, gpt_config.block_size, lanes=cfg.lanes)
     t_start = time.perf_counter()
     for step in range(warmup + steps):
         if step == warmup:
@@ -45,7 +45,7 @@ def measure(compiled, steps, warmup, device, dtype, token_file):
         loss, _ = train.optimizer_step(model, optimizer, scaler, stream.next_batch, 1e-3, cfg)
     loss.item()
     seconds = time.perf_counter() - t0
-    tokens = steps * cfg.batch_size * mcfg.block_size
+    tokens = steps * cfg.batch_size * gpt_config.block_size
     return tokens / seconds, 1e3 * seconds / steps, warmup_seconds
 
 

@@ -127,7 +127,7 @@ EXERCISES = [
     Exercise(
         "dp_average",
         "parallel.py",
-        ("DataParallel.finish",),
+        ("NaiveDataParallel.finish", "BucketedDataParallel.finish"),
         "wait for the all-reduces and write back the average",
         ("init", "clm_loss"),
         (

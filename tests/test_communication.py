@@ -15,7 +15,7 @@ SMALL = GPTConfig(block_size=8, vocab_size=101, n_layer=4, n_head=4, n_embd=32) 
 
 
 @pytest.mark.parametrize(
-    "layout, model_config, dtype, schedule",
+    "layout, gpt_config, dtype, schedule",
     [
         ((2, 2, 2), SMALL, torch.float32, "1f1b"),
         ((1, 2, 4), GPTConfig(**{**vars(SMALL), "bias": True, "norm": "layernorm"}), torch.bfloat16, "gpipe"),
@@ -23,13 +23,13 @@ SMALL = GPTConfig(block_size=8, vocab_size=101, n_layer=4, n_head=4, n_embd=32) 
     ],
     ids=["dp2xtp2xpp2-fp32", "tp2xpp4-bias-bf16", "dp2xtp4"],
 )  # pp4: inner stages talk both ways
-def test_counted_bytes_equal_the_closed_form_on_every_rank(layout, model_config, dtype, schedule):
+def test_counted_bytes_equal_the_closed_form_on_every_rank(layout, gpt_config, dtype, schedule):
     """One step of 2 accumulation micro-steps on 8 ranks: every rank's count, in each dimension,
     is the closed form for its stage; so is the number of parameters it holds."""
-    row = measure_layout(layout, steps=1, schedule=schedule, model_config=model_config, accumulation=2, dtype=dtype)
+    row = measure_layout(layout, steps=1, schedule=schedule, gpt_config=gpt_config, accumulation=2, dtype=dtype)
     for rank in row["ranks"]:
         assert rank["bytes"] == rank["formula"], rank
-        assert rank["parameters"] == parameters_on_rank(model_config, layout[1], layout[2], rank["grid"][1]), rank
+        assert rank["parameters"] == parameters_on_rank(gpt_config, layout[1], layout[2], rank["grid"][1]), rank
     # the shape of the story: TP talks at every layer, PP only at the stage borders, DP once per step
     counted = [rank["bytes"] for rank in row["ranks"]]
     assert all(c["tp"] > 0 for c in counted) and all((c["pp"] > 0) == (layout[2] > 1) for c in counted)
@@ -39,10 +39,13 @@ def test_counted_bytes_equal_the_closed_form_on_every_rank(layout, model_config,
 def test_parameters_on_rank_add_up_to_the_model():
     """The stages of one TP rank hold the model once, plus the last stage's copy of the tied embedding."""
     for kwargs in ({}, {"bias": True, "norm": "layernorm"}, {"norm_position": "post"}):
-        mc = GPTConfig(**{**vars(SMALL), **kwargs})
-        whole = GPT(mc).num_params()
-        assert parameters_on_rank(mc, 1, 1, 0) == whole
-        assert sum(parameters_on_rank(mc, 1, 4, s) for s in range(4)) == whole + mc.vocab_size * mc.n_embd
+        gpt_config = GPTConfig(**{**vars(SMALL), **kwargs})
+        whole = GPT(gpt_config).num_params()
+        assert parameters_on_rank(gpt_config, 1, 1, 0) == whole
+        assert (
+            sum(parameters_on_rank(gpt_config, 1, 4, s) for s in range(4))
+            == whole + gpt_config.vocab_size * gpt_config.n_embd
+        )
 
 
 def test_saved_activations_grow_with_the_batch_and_are_let_go():

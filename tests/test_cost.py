@@ -34,10 +34,10 @@ SHAPES = [
 @pytest.mark.parametrize("kwargs", SHAPES)
 def test_parameters_follow_the_model(kwargs, monkeypatch):
     monkeypatch.setattr(GPT, "_init_weights", lambda self, module: None)  # the count needs no particular values
-    mc = GPTConfig(**kwargs)
-    N = GPT(mc).num_params()
-    assert cost.parameters_on_rank(mc) == N, (
-        f"the closed form counts the model's parameters: expected {N}, got {cost.parameters_on_rank(mc)}"
+    gpt_config = GPTConfig(**kwargs)
+    N = GPT(gpt_config).num_params()
+    assert cost.parameters_on_rank(gpt_config) == N, (
+        f"the closed form counts the model's parameters: expected {N}, got {cost.parameters_on_rank(gpt_config)}"
     )
 
 
@@ -57,16 +57,16 @@ def test_flops_per_token_counts_the_matmuls_of_forward_and_backward(kwargs, monk
     vectors, which do no matmul; N leaves out only the positions, which are looked up."""
     monkeypatch.setattr("model.causal_attention", attention_by_matmuls)
     monkeypatch.setattr(GPT, "_init_weights", lambda self, module: None)  # FLOPs do not depend on the values
-    mc = GPTConfig(**kwargs)
-    gpt = GPT(mc)
-    idx = torch.randint(mc.vocab_size, (2, mc.block_size), generator=torch.Generator().manual_seed(0))
+    gpt_config = GPTConfig(**kwargs)
+    gpt = GPT(gpt_config)
+    idx = torch.randint(gpt_config.vocab_size, (2, gpt_config.block_size), generator=torch.Generator().manual_seed(0))
     with FlopCounterMode(display=False) as counter:
         logits, _ = gpt(idx)
         logits.pow(2).mean().backward()
     matmuls = counter.get_total_flops() / idx.numel()
     vectors = sum(p.numel() for p in gpt.parameters() if p.dim() == 1)  # norm weights and biases
-    want, got = matmuls + 6 * vectors, cost.flops_per_token(mc)
-    L, C, T = mc.n_layer, mc.n_embd, mc.block_size
+    want, got = matmuls + 6 * vectors, cost.flops_per_token(gpt_config)
+    L, C, T = gpt_config.n_layer, gpt_config.n_embd, gpt_config.block_size
     assert got == want, (
         f"FLOPs per token of {kwargs}: the matmuls of forward and backward count {matmuls:.0f} "
         f"(of which attention's 12 L C T = {12 * L * C * T}), plus 6 x {vectors} norm and bias "
@@ -102,31 +102,32 @@ def test_llama2_gpu_hours_on_a100s(model, published):
 
 
 def test_100b_parameters_hold_1_6_tb_of_state():
-    mc = GPTConfig(n_layer=80, n_head=80, n_embd=10240, block_size=2048, vocab_size=50257)
-    assert cost.parameters_on_rank(mc) == pytest.approx(100e9, rel=0.02)
-    assert 16 * cost.parameters_on_rank(mc) == pytest.approx(1.6e12, rel=0.02)
+    gpt_config = GPTConfig(n_layer=80, n_head=80, n_embd=10240, block_size=2048, vocab_size=50257)
+    assert cost.parameters_on_rank(gpt_config) == pytest.approx(100e9, rel=0.02)
+    assert 16 * cost.parameters_on_rank(gpt_config) == pytest.approx(1.6e12, rel=0.02)
 
 
 def test_state_is_cut_by_tp_times_pp():
-    mc = cost.MODELS["7B"].config
-    whole = cost.memory_per_gpu(mc, 1, 1, 1, 1).state
+    gpt_config = cost.MODELS["7B"].gpt_config
+    whole = cost.memory_per_gpu(gpt_config, 1, 1, 1, 1).state
     for tp, pp in [(2, 1), (1, 2), (4, 2), (8, 4)]:
         # the first stage also holds the embedding and the positions: a little more than its share
-        assert whole / (tp * pp) <= cost.memory_per_gpu(mc, tp, pp, 1, 1).state <= 1.2 * whole / (tp * pp)
+        assert whole / (tp * pp) <= cost.memory_per_gpu(gpt_config, tp, pp, 1, 1).state <= 1.2 * whole / (tp * pp)
     # full recomputation keeps only each layer's input
     assert (
-        cost.memory_per_gpu(mc, 8, 1, 1, 1, recompute=True).activations
-        < cost.memory_per_gpu(mc, 8, 1, 1, 1).activations / 5
+        cost.memory_per_gpu(gpt_config, 8, 1, 1, 1, recompute=True).activations
+        < cost.memory_per_gpu(gpt_config, 8, 1, 1, 1).activations / 5
     )
 
 
 def test_zero_shares_the_state_out_over_dp_and_the_planner_uses_it():
-    mc = cost.MODELS["7B"].config
-    held = cost.fullest_rank_parameters(mc, 2, 2)
+    gpt_config = cost.MODELS["7B"].gpt_config
+    held = cost.fullest_rank_parameters(gpt_config, 2, 2)
     for dp in (1, 2, 8):
-        assert cost.memory_per_gpu(mc, 2, 2, 1, 1, dp=dp).state == 16 * held  # plain DP: every rank holds it all
-        assert cost.memory_per_gpu(mc, 2, 2, 1, 1, dp=dp, zero=1).state == (4 + 4 + 8 / dp) * held
-        assert cost.memory_per_gpu(mc, 2, 2, 1, 1, dp=dp, zero=2).state == (4 + 12 / dp) * held
+        # plain DP: every rank holds it all
+        assert cost.memory_per_gpu(gpt_config, 2, 2, 1, 1, dp=dp).state == 16 * held
+        assert cost.memory_per_gpu(gpt_config, 2, 2, 1, 1, dp=dp, zero=1).state == (4 + 4 + 8 / dp) * held
+        assert cost.memory_per_gpu(gpt_config, 2, 2, 1, 1, dp=dp, zero=2).state == (4 + 12 / dp) * held
     assert cost.state_bytes_formula(4, 2) == "4 + 12/4 = 7 B"
     # the planner: less memory on the best layout; a pipeline's layouts get ZeRO-1 when ZeRO-2 is asked (train.py
     # refuses the two together), a layout without one ZeRO-2
@@ -135,7 +136,7 @@ def test_zero_shares_the_state_out_over_dp_and_the_planner_uses_it():
     hw = cost.GPUS["H100"]
 
     def memory(dp, tp, pp, zero):
-        return cost.plan_layout(mc, hw, dp, tp, pp, 64, 1, 0.4, zero=zero).memory_gb_per_gpu
+        return cost.plan_layout(gpt_config, hw, dp, tp, pp, 64, 1, 0.4, zero=zero).memory_gb_per_gpu
 
     assert memory(4, 2, 2, 2) == memory(4, 2, 2, 1) < memory(4, 2, 2, 0)
     assert memory(4, 2, 1, 2) < memory(4, 2, 1, 1) < memory(4, 2, 1, 0)
@@ -223,29 +224,29 @@ def test_young_daly_interval_minimizes_the_time_lost():
 
 
 def test_account_lines_count_6nd():
-    mc = GPTConfig(block_size=64, vocab_size=256, n_layer=2, n_head=2, n_embd=32)
+    gpt_config = GPTConfig(block_size=64, vocab_size=256, n_layer=2, n_head=2, n_embd=32)
     lines = cost.account_lines(
-        mc, 1, 1, 4, 1, max_iters=100, tokens_per_step=256, activation_bytes=4, step_seconds=0.01
+        gpt_config, 1, 1, 4, 1, max_iters=100, tokens_per_step=256, activation_bytes=4, step_seconds=0.01
     )
-    flops = cost.flops_per_token(mc) * 100 * 256
-    assert f"{flops:.3g} FLOPs" in lines[1] and f"6 N D = {6 * GPT(mc).num_params() * 25600:.3g}" in lines[1]
+    flops = cost.flops_per_token(gpt_config) * 100 * 256
+    assert f"{flops:.3g} FLOPs" in lines[1] and f"6 N D = {6 * GPT(gpt_config).num_params() * 25600:.3g}" in lines[1]
     assert "~0.0 min for 100 steps" in lines[3]
 
 
 def test_without_communication_the_bubble_is_the_formula():
     free = cost.Hardware("free links", 1e15, 1e12, float("inf"), float("inf"), 0.0, 8)
-    mc = cost.MODELS["1.3B"].config
+    gpt_config = cost.MODELS["1.3B"].gpt_config
     for pp, rows in [(2, 16), (4, 16), (4, 64)]:
-        plan = cost.plan_layout(mc, free, 1, 1, pp, rows, 1, 0.5)
+        plan = cost.plan_layout(gpt_config, free, 1, 1, pp, rows, 1, 0.5)
         assert plan.parts["bubble"] / plan.step_seconds == pytest.approx((pp - 1) / (rows + pp - 1))
 
 
 def test_a_ring_all_reduce_costs_2_n_minus_1_over_n_of_the_message():
     hw = cost.Hardware("slow links", 1e30, 1e12, 1e9, 1e9, 0.0, 8)  # compute free: the step is communication
-    mc = cost.MODELS["1.3B"].config
-    gradients = 4 * cost.parameters_on_rank(mc)
+    gpt_config = cost.MODELS["1.3B"].gpt_config
+    gradients = 4 * cost.parameters_on_rank(gpt_config)
     for dp in (2, 4, 8):
-        plan = cost.plan_layout(mc, hw, dp, 1, 1, 8 * dp, 8, 0.5)  # one micro-step: nothing to overlap
+        plan = cost.plan_layout(gpt_config, hw, dp, 1, 1, 8 * dp, 8, 0.5)  # one micro-step: nothing to overlap
         assert plan.parts["dp"] == pytest.approx(2 * (dp - 1) / dp * gradients / 1e9)
 
 

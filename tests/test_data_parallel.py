@@ -3,19 +3,20 @@ single-process step."""
 
 import json
 import shutil
+from functools import partial
 
 import pytest
 import torch
 
 import checkpoint
 import cost
-import run_setup
 import train
 from conftest import ROOT, write_word_corpus, run_script
 from local_ranks import run_ranks
 from config import parse_args
+from layout import check_layout
 from model import GPT, GPTConfig
-from parallel import ProcessGrid
+from parallel import ParallelConfig, ProcessGrid
 
 # fp32 pinned: the layouts agree to rounding in fp32; under bf16 (the default on CPUs that have it) they
 # would differ by bf16's rounding of differently split matmuls
@@ -196,7 +197,7 @@ def test_bucketed_and_naive_average_to_the_same_gradients():
             f"parameter {number}: bucketed and naive DP average to the same gradient: expected (naive) "
             f"{first_values(naive)}..., got (bucketed) {first_values(bucketed)}..."
         )
-        for zeroing, repeat in zip(("dp.zero_buckets()", "set_to_none"), again):
+        for zeroing, repeat in zip(("dp.clear_gradients()", "set_to_none"), again):
             assert repeat == bucketed, (
                 f"parameter {number}: the same backward after {zeroing} gives the same "
                 f"average: expected {first_values(bucketed)}..., got {first_values(repeat)}..."
@@ -208,26 +209,27 @@ def test_bucketed_and_naive_average_to_the_same_gradients():
         )
     assert views0 == [True] * 3, (
         f"after finish() every gradient is still a view into its bucket (after no "
-        f"zeroing, dp.zero_buckets(), set_to_none): expected [True, True, True], got {views0}"
+        f"zeroing, dp.clear_gradients(), set_to_none): expected [True, True, True], got {views0}"
     )
 
 
 def _one_backward_both_modes():
     from model import GPT, GPTConfig
-    from parallel import DataParallel, destroy_distributed, init_distributed
+    from parallel import BucketedDataParallel, NaiveDataParallel, destroy_distributed, init_distributed
 
     launch = init_distributed(30)
     grid = ProcessGrid(2, 1, 1, launch.rank, launch.world_size)
     grads, views = {}, []
-    for mode, zeroings in (("bucketed", ("none", "dp.zero_buckets", "set_to_none")), ("naive", ("none",))):
+    engines = {"bucketed": partial(BucketedDataParallel, bucket_mb=0.002), "naive": NaiveDataParallel}
+    for mode, zeroings in (("bucketed", ("none", "dp.clear_gradients", "set_to_none")), ("naive", ("none",))):
         torch.manual_seed(0)
         model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=16))
-        dp = DataParallel(model, grid.dp_group, grid.dp, mode, bucket_mb=0.002)
+        dp = engines[mode](model, grid)
         torch.manual_seed(1 + launch.rank)  # each rank its own data
         x = torch.randint(64, (2, 16))
         for zeroing in zeroings:
-            if zeroing == "dp.zero_buckets":
-                dp.zero_buckets()
+            if zeroing == "dp.clear_gradients":
+                dp.clear_gradients()
             elif zeroing == "set_to_none":
                 model.zero_grad(set_to_none=True)
             model(x, x)[1].backward()
@@ -275,17 +277,18 @@ def _dp_average_over_steps(steps):
     import copy
 
     from comm_count import take_comm_bytes
-    from parallel import DataParallel, clear_gradients, destroy_distributed, init_distributed
+    from parallel import BucketedDataParallel, NaiveDataParallel, clear_gradients, destroy_distributed, init_distributed
 
     launch = init_distributed(20)
     grid = ProcessGrid(2, 1, 2, launch.rank, launch.world_size)
+    # buckets of 1000 B: fc3 and fc2 (1360 B) fill the first, the unused layer and fc1 (656 B) the last
+    engines = {"bucketed": partial(BucketedDataParallel, bucket_mb=1000 / 2**20), "naive": NaiveDataParallel}
     results = {}
     for setup, (mode, overlap) in DP_SETUPS.items():
         torch.manual_seed(0)
         net = ThreeLayersAndAnUnusedOne()
         twin = copy.deepcopy(net)
-        # buckets of 1000 B: fc3 and fc2 (1360 B) fill the first, the unused layer and fc1 (656 B) the last
-        dp = DataParallel(net, grid.dp_group, grid.dp, mode, bucket_mb=1000 / 2**20, overlap=overlap)
+        dp = engines[mode](net, grid, overlap=overlap)
         for step in range(steps):
             clear_gradients(net, dp)
             take_comm_bytes()
@@ -316,9 +319,10 @@ def _dp_average_over_steps(steps):
 
 
 def test_finish_leaves_the_group_average_on_every_step():
-    """DataParallel.finish() on dp 2 x pp 2: after every step each gradient is the average over this rank's DP
-    group (not the world), whether the hooks sent a bucket during backward, finish() had to send it (a
-    parameter without gradient, or overlap=False as under pipelines), or naive mode sent each gradient;
+    """finish() of BucketedDataParallel and NaiveDataParallel on dp 2 x pp 2: after every step each gradient
+    is the average over this rank's DP group (not the world), whether the hooks sent a bucket during backward,
+    finish() had to send it (a parameter without gradient, or overlap=False as under pipelines), or naive mode
+    sent each gradient;
     bucketed DP sends each gradient once per step, and every complete bucket during backward, on every step;
     naive DP's all-reduces go through the communication counter too."""
     steps = 3
@@ -395,10 +399,9 @@ def test_process_grid_puts_tp_fastest():
 
 def test_layout_that_does_not_fit_the_world_is_named():
     with pytest.raises(ValueError, match=r"dp\*tp\*pp = 2\*3\*1 = 6 but WORLD_SIZE = 8"):
-        ProcessGrid(2, 3, 1, rank=0, world_size=8)
+        check_layout(ParallelConfig(dp=2, tp=3), GPTConfig(n_head=6, n_embd=96), 12, 8, torch.float32)
 
 
-@pytest.mark.integration
 def test_a_dying_rank_stops_the_others_with_a_clear_error_then_resumes_exactly(corpus):
     clean = corpus / "dp2-clean"
     train_ranks(2, args(corpus, clean, "--dp", 2, "--batch_size", 4))
@@ -423,7 +426,6 @@ def test_a_dying_rank_stops_the_others_with_a_clear_error_then_resumes_exactly(c
     assert_same_run(relayout, clean)
 
 
-@pytest.mark.integration
 def test_a_3d_run_killed_mid_way_resumes_on_other_layouts(corpus, single):
     """A dp2 x tp2 x pp2 run loses a rank at step 13; its single-device checkpoint of step 10 continues
     on one process and as tp2 x pp2, each with the losses of the uninterrupted run."""
@@ -452,7 +454,6 @@ def test_a_3d_run_killed_mid_way_resumes_on_other_layouts(corpus, single):
     assert_same_run(corpus / "3d-to-1x2x2", single)
 
 
-@pytest.mark.integration
 def test_torchrun_end_to_end(corpus, single):
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     out = corpus / "torchrun"
@@ -524,7 +525,6 @@ def _train_with_a_late_rank(argv):
     return train.main(argv)
 
 
-@pytest.mark.integration
 def test_every_rank_resumes_from_the_checkpoint_rank_0_chose(corpus, single):
     """A late rank must not find step 0, written a moment ago, and resume while rank 0 starts afresh."""
     out = corpus / "dp2-late-rank"
@@ -533,7 +533,6 @@ def test_every_rank_resumes_from_the_checkpoint_rank_0_chose(corpus, single):
     assert_same_run(out, single)
 
 
-@pytest.mark.integration
 def test_zero_shares_out_the_state_as_the_closed_form_says(corpus):
     """state_bytes at the first update on dp2, of 16 B per parameter: plain DP keeps all 16, ZeRO-1 4 + 4 + 8/2
     (0.75 of it), ZeRO-2 4 + 12/2 (0.625), each equal to cost.py's closed form up to the padding that makes a
@@ -550,7 +549,6 @@ def test_zero_shares_out_the_state_as_the_closed_form_says(corpus):
     assert measured[2] / measured[0] == pytest.approx(0.625, abs=1e-4)
 
 
-@pytest.mark.integration
 def test_a_zero2_run_killed_mid_way_resumes_on_one_process(corpus, single):
     """A dp2 ZeRO-2 run loses a rank at step 13: its checkpoint of step 10, in single-device form (the moments
     gathered whole from the ranks' shards), continues on one process and as dp2 ZeRO-1, each with the losses
@@ -575,12 +573,19 @@ def test_a_zero2_run_killed_mid_way_resumes_on_one_process(corpus, single):
     assert closed_form <= state < closed_form + 16 * 2 * len(list(GPT(parse_args(resumed)[2].model).parameters()))
 
 
+def check_flags(corpus, *flags):
+    """layout.check_layout of the run these flags ask for, on as many processes as its layout needs."""
+    configs = parse_args(args(corpus, corpus / "x", *flags))[2]
+    layout = configs.parallel
+    check_layout(layout, configs.model, configs.train.batch_size, layout.dp * layout.tp * layout.pp, torch.float32)
+
+
 def test_zero_is_refused_where_it_cannot_work(corpus):
     with pytest.raises(ValueError, match=r"--zero 1 shares the training state out over the data-parallel ranks"):
-        run_setup.check_layout(parse_args(args(corpus, corpus / "x", "--zero", 1))[2])
+        check_flags(corpus, "--zero", 1)
     with pytest.raises(ValueError, match=r"--zero 3: choose 1 .* --dp_mode fsdp"):
-        run_setup.check_layout(parse_args(args(corpus, corpus / "x", "--dp", 2, "--zero", 3))[2])
+        check_flags(corpus, "--dp", 2, "--zero", 3)
     with pytest.raises(ValueError, match=r"--zero 2 keeps only a shard .* pass --zero 1 with --pp"):
-        run_setup.check_layout(parse_args(args(corpus, corpus / "x", "--dp", 2, "--pp", 2, "--zero", 2))[2])
+        check_flags(corpus, "--dp", 2, "--pp", 2, "--zero", 2)
     with pytest.raises(ValueError, match=r"leave out --dp_mode naive"):
-        run_setup.check_layout(parse_args(args(corpus, corpus / "x", "--dp", 2, "--zero", 2, "--dp_mode", "naive"))[2])
+        check_flags(corpus, "--dp", 2, "--zero", 2, "--dp_mode", "naive")

@@ -9,10 +9,10 @@ from model import GPT, GPTConfig, causal_attention, clm_loss
 SMALL = dict(block_size=32, vocab_size=256, n_layer=3, n_head=4, n_embd=64)
 
 
-def first_loss(model, cfg, batch=8):
+def first_loss(model, gpt_config, batch=8):
     """A fresh model's mean next-token cross-entropy on random tokens, from its logits (PyTorch's own loss)."""
-    x = torch.randint(cfg.vocab_size, (batch, cfg.block_size))
-    y = torch.randint(cfg.vocab_size, (batch, cfg.block_size))
+    x = torch.randint(gpt_config.vocab_size, (batch, gpt_config.block_size))
+    y = torch.randint(gpt_config.vocab_size, (batch, gpt_config.block_size))
     logits, _ = model(x)  # (B, T, V)
     return F.cross_entropy(logits.float().flatten(0, 1), y.flatten()).item()
 
@@ -29,8 +29,8 @@ def first_loss(model, cfg, batch=8):
 def test_initial_loss_is_uniform_guessing(overrides):
     """A fresh model's loss is ~ln V: the scaled init makes its first predictions near-uniform."""
     torch.manual_seed(0)
-    cfg = GPTConfig(**{**SMALL, **overrides})
-    loss, uniform = first_loss(GPT(cfg), cfg), math.log(cfg.vocab_size)
+    gpt_config = GPTConfig(**{**SMALL, **overrides})
+    loss, uniform = first_loss(GPT(gpt_config), gpt_config), math.log(gpt_config.vocab_size)
     assert abs(loss - uniform) < 0.1, (
         f"a fresh model guesses near-uniformly: its first loss is within 0.1 of ln V = {uniform:.3f}, got {loss:.3f}"
     )
@@ -63,9 +63,9 @@ def test_causality(norm_position):
 )
 def test_init_std_follows_the_stated_rule(overrides):
     torch.manual_seed(0)
-    cfg = GPTConfig(**{**dict(block_size=256, n_head=8), **overrides})
-    model = GPT(cfg)
-    C, L = cfg.n_embd, cfg.n_layer
+    gpt_config = GPTConfig(**{**dict(block_size=256, n_head=8), **overrides})
+    model = GPT(gpt_config)
+    C, L = gpt_config.n_embd, gpt_config.n_layer
     hidden = math.sqrt(2 / (5 * C))
     expected = {  # name ending: (std, the rule in words)
         "wte.weight": (0.25 / math.sqrt(C), "the tied embedding / head: 0.25 / sqrt(C)"),
@@ -100,8 +100,8 @@ def test_init_std_follows_the_stated_rule(overrides):
 
 def test_naive_init_uses_one_std_everywhere_and_starts_far_above_ln_v():
     torch.manual_seed(0)
-    cfg = GPTConfig(**{**SMALL, "n_embd": 128}, bias=True, naive_init_std=0.02)
-    for name, p in GPT(cfg).named_parameters():
+    gpt_config = GPTConfig(**{**SMALL, "n_embd": 128}, bias=True, naive_init_std=0.02)
+    for name, p in GPT(gpt_config).named_parameters():
         if name.endswith(".bias"):
             assert torch.equal(p, torch.zeros_like(p)), (
                 f"the naive init zeroes biases too: expected every value of {name} 0, got values up to "
@@ -117,8 +117,8 @@ def test_naive_init_uses_one_std_everywhere_and_starts_far_above_ln_v():
                 f"--naive_init_std 0.02 gives every matrix and embedding std 0.02, residual projections too (no "
                 f"depth scaling): {name} has std {p.std().item():.5f}"
             )
-    cfg = GPTConfig(**SMALL, naive_init_std=1.0)
-    loss, uniform = first_loss(GPT(cfg), cfg), math.log(cfg.vocab_size)
+    gpt_config = GPTConfig(**SMALL, naive_init_std=1.0)
+    loss, uniform = first_loss(GPT(gpt_config), gpt_config), math.log(gpt_config.vocab_size)
     assert loss > 3 * uniform, (
         f"naive_init_std 1.0 is confidently wrong from the first step: expected a first loss above 3 ln V = "
         f"{3 * uniform:.2f}, got {loss:.2f}"
@@ -253,9 +253,9 @@ def test_config_errors_name_the_values():
 
 def test_counts_and_generate():
     torch.manual_seed(0)
-    cfg = GPTConfig(**SMALL)
-    model = GPT(cfg)
-    C, L, V, T = cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.block_size
+    gpt_config = GPTConfig(**SMALL)
+    model = GPT(gpt_config)
+    C, L, V, T = gpt_config.n_embd, gpt_config.n_layer, gpt_config.vocab_size, gpt_config.block_size
     assert model.num_params() == V * C + T * C + L * (12 * C * C + 2 * C) + C
     out = model.generate(torch.zeros(2, 1, dtype=torch.long), 40, temperature=0.9, top_k=10)
     assert out.shape == (2, 41) and out.max() < V  # runs past block_size by cropping the context

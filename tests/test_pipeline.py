@@ -5,13 +5,12 @@ import torch
 
 from local_ranks import run_ranks
 from model import GPT, GPTConfig
-from parallel import ProcessGrid, destroy_distributed, global_grad_norm, init_distributed
+from layout import check_layout
+from parallel import ParallelConfig, ProcessGrid, destroy_distributed, global_grad_norm, init_distributed
 from pipeline import (
     SCHEDULES,
     PipelineModel,
     bubble_fraction,
-    check_micro_batches,
-    check_pipeline_layout,
     logical_timeline,
     peak_activations,
     run_schedule,
@@ -118,12 +117,15 @@ def test_stored_activations_gpipe_m_1f1b_at_most_p(p, m):
 
 
 def test_bad_layouts_are_named():
+    def check(gpt_config, pp, micro_batches):
+        check_layout(ParallelConfig(pp=pp, micro_batches=micro_batches), gpt_config, 12, pp, torch.float32)
+
     with pytest.raises(ValueError, match="n_layer 2 < pp 4"):
-        check_pipeline_layout(2, 4)
+        check(GPTConfig(n_layer=2), 4, 1)
     with pytest.raises(ValueError, match="batch_size 12 is not divisible by micro_batches 5"):
-        check_micro_batches(12, 5)
+        check(GPTConfig(n_layer=2), 2, 5)
     with pytest.raises(ValueError, match="--micro_batches 0 must be at least 1"):
-        check_micro_batches(12, 0)
+        check(GPTConfig(n_layer=2), 2, 0)
 
 
 CFG = dict(block_size=16, vocab_size=64, n_layer=4, n_head=2, n_embd=16)

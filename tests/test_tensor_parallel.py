@@ -3,6 +3,7 @@
 import contextlib
 import copy
 import traceback
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -15,7 +16,8 @@ import train
 from local_ranks import run_ranks
 from model import GPT, GPTConfig
 from comm_count import take_comm_bytes
-from parallel import ProcessGrid, ShardedModel, destroy_distributed, global_grad_norm, init_distributed
+from layout import check_layout
+from parallel import ParallelConfig, ProcessGrid, ShardedModel, destroy_distributed, global_grad_norm, init_distributed
 from tensor_parallel import (
     ColumnParallelLinear,
     CopyToTensorParallel,
@@ -23,7 +25,6 @@ from tensor_parallel import (
     ReduceFromTensorParallel,
     RowParallelLinear,
     VocabParallelEmbedding,
-    check_tensor_parallel_layout,
 )
 
 # ----------------------------------------------------------------------------
@@ -298,14 +299,14 @@ def _compare_with_single_device(cfg_kwargs, tp):
     """On each rank: the TP model's logits, loss, grads (gathered) and clipped norm vs the single-device model."""
     launch = init_distributed(30)
     grid = ProcessGrid(1, tp, 1, launch.rank, launch.world_size)
-    cfg = GPTConfig(**cfg_kwargs)
+    gpt_config = GPTConfig(**cfg_kwargs)
     torch.manual_seed(0)
-    single = GPT(cfg)
+    single = GPT(gpt_config)
     torch.manual_seed(0)
-    model = ShardedModel(GPT(cfg), grid)
+    model = ShardedModel(GPT(gpt_config), grid)
     sliced = model.module
-    x = torch.randint(cfg.vocab_size, (3, cfg.block_size), generator=torch.Generator().manual_seed(1))
-    y = torch.randint(cfg.vocab_size, (3, cfg.block_size), generator=torch.Generator().manual_seed(2))
+    x = torch.randint(gpt_config.vocab_size, (3, gpt_config.block_size), generator=torch.Generator().manual_seed(1))
+    y = torch.randint(gpt_config.vocab_size, (3, gpt_config.block_size), generator=torch.Generator().manual_seed(2))
     logits, loss = single(x, y)
     loss.backward()
     local_logits, tp_loss = sliced(x, y)
@@ -314,7 +315,7 @@ def _compare_with_single_device(cfg_kwargs, tp):
     # the logits: this rank's vocabulary slice
     V_local = local_logits.shape[-1]
     start = grid.tp_rank * V_local
-    width = min(V_local, cfg.vocab_size - start)
+    width = min(V_local, gpt_config.vocab_size - start)
     torch.testing.assert_close(local_logits[..., :width], logits[..., start : start + width])
     grads = dict(single.named_parameters())
     for name, p, cut in model.local_parameters():
@@ -366,7 +367,7 @@ def test_tensor_parallel_equals_single_device(tp, cfg):
 
 def test_bad_layouts_are_named_before_any_process_group(tmp_path, capsys):
     with pytest.raises(ValueError, match="n_head 6 is not divisible by tp 4"):
-        check_tensor_parallel_layout(GPTConfig(n_head=6, n_embd=96), 4)
+        check_layout(ParallelConfig(tp=4), GPTConfig(n_head=6, n_embd=96), 12, 4, torch.float32)
     with pytest.raises(SystemExit) as exit_info:  # no launcher, no process group: it must not wait for peers
         train.main(["--tp", "8", "--out_dir", str(tmp_path / "o"), "--data_dir", str(tmp_path / "d")])
     assert "n_head 4 is not divisible by tp 8" in str(exit_info.value.code)
@@ -380,6 +381,6 @@ def test_bad_layouts_are_named_before_any_process_group(tmp_path, capsys):
 @pytest.mark.parametrize("tp", [2, 3, 4])
 def test_cut_shard_then_unshard_is_the_identity(cut, tp):
     full = torch.randn(10 if cut.rows else 12 * tp, 6 * tp)
-    shards = [cut.shard(full, tp, rank) for rank in range(tp)]
+    shards = [cut.shard(full, SimpleNamespace(tp=tp, tp_rank=rank)) for rank in range(tp)]
     assert len({s.shape for s in shards}) == 1  # equal slices: what all_gather needs
-    assert torch.equal(cut.unshard(shards), full)
+    assert torch.equal(cut.join(shards), full)

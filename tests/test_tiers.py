@@ -136,7 +136,7 @@ def test_export_hf_loads_in_transformers_with_the_same_logits_and_greedy_text(tm
     assert "lm_eval --model hf" in exported.stdout
 
     _, state = checkpoint.load_latest(str(tmp_path / "run" / "ckpt"))
-    ours = single_device_model(state["config"]["GPTConfig"], state["model"], "cpu").eval()
+    ours = single_device_model(GPTConfig(**state["config"]["GPTConfig"]), state["model"], "cpu").eval()
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     ids = torch.randint(50257, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -150,7 +150,6 @@ def test_export_hf_loads_in_transformers_with_the_same_logits_and_greedy_text(tm
     assert our_text.tolist() == their_text.tolist()
 
 
-@pytest.mark.integration
 def test_export_hf_refuses_another_architecture(tmp_path, small_corpus):
     result = train(tmp_path, "--source", small_corpus, *TINY, "--max_iters", "1", "--out_dir", tmp_path / "run")
     assert result.returncode == 0, result.stderr
@@ -201,13 +200,13 @@ def test_a_source_that_changed_under_a_run_is_refused_when_read_again(tmp_path, 
     def gpt2_shaped_file(rows):
         torch.manual_seed(0)
         # fmt: off
-        config = GPTConfig(
+        gpt_config = GPTConfig(
             n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=rows, norm="layernorm", bias=True,
             activation="gelu_tanh",
         )
         # fmt: on
         transfer.write_safetensors(
-            str(tmp_path / "w.safetensors"), transfer.state_dict_to_hf(GPT(config).state_dict(), rows)
+            str(tmp_path / "w.safetensors"), transfer.state_dict_to_hf(GPT(gpt_config).state_dict(), rows)
         )
 
     flags = [

@@ -3,7 +3,7 @@ same logits, and the refusals (shapes, architecture, tokenizer, a foreign folder
 transformers and safetensors are test-only: their tests skip without them."""
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 import tiktoken
@@ -19,9 +19,9 @@ GPT2_SHAPED = dict(norm="layernorm", bias=True, activation="gelu_tanh")  # norm_
 
 
 def small_model(**fields):
-    config = GPTConfig(**dict(n_layer=2, n_head=4, n_embd=64, vocab_size=256, block_size=32) | fields)
+    gpt_config = GPTConfig(**dict(n_layer=2, n_head=4, n_embd=64, vocab_size=256, block_size=32) | fields)
     torch.manual_seed(0)
-    return GPT(config), asdict(config)
+    return GPT(gpt_config), gpt_config
 
 
 def sample_tensors():
@@ -79,7 +79,7 @@ def test_a_malformed_safetensors_file_is_named_with_its_problem(tmp_path):
 def test_older_gpt2_layouts_load_in_fp32():
     """The Hub's own GPT-2 files name tensors without "transformer.", keep the causal-mask buffers
     (h.{i}.attn.bias, attn.masked_bias) and sometimes the tied head; some hold fp16."""
-    model, config = small_model(**GPT2_SHAPED)
+    model, _ = small_model(**GPT2_SHAPED)
     hf = {
         name.removeprefix("transformer."): t.half()
         for name, t in transfer.state_dict_to_hf(model.state_dict(), 256).items()
@@ -120,10 +120,10 @@ def test_gpt2_weights_come_in_and_go_out_with_the_same_logits(tmp_path):
     hf.save_pretrained(tmp_path / "hf")
     gpt_config, state_dict, tokenizer, _, _ = transfer.initial_weights(str(tmp_path / "hf"))
     assert tokenizer == "gpt2"
-    assert gpt_config == dict(
+    assert gpt_config == GPTConfig(
         block_size=128, vocab_size=50257, n_layer=2, n_head=4, n_embd=64, **transfer.GPT2_ARCHITECTURE
     )
-    ours = GPT(GPTConfig(**gpt_config)).eval()
+    ours = GPT(gpt_config).eval()
     ours.load_state_dict(state_dict)
     idx = torch.randint(0, 50257, (3, 20), generator=torch.Generator().manual_seed(1))  # (B, T)
     with torch.no_grad():
@@ -136,7 +136,7 @@ def test_gpt2_weights_come_in_and_go_out_with_the_same_logits(tmp_path):
     padded = {**state_dict, "wte.weight": padded_wte, "lm_head.weight": padded_wte}
     dest = tmp_path / "export"
     for _ in range(2):  # the second export replaces the first
-        transfer.export_hf(padded, {**gpt_config, "vocab_size": 50304}, "gpt2", str(dest), say=lambda _: None)
+        transfer.export_hf(padded, replace(gpt_config, vocab_size=50304), "gpt2", str(dest), say=lambda _: None)
     assert not (tmp_path / "export.tmp").exists() and not (tmp_path / "export.old").exists()
     exported = transformers.AutoModelForCausalLM.from_pretrained(dest).eval()
     with torch.no_grad():
@@ -149,68 +149,73 @@ def test_gpt2_weights_come_in_and_go_out_with_the_same_logits(tmp_path):
 
 
 def test_fit_to_run_refuses_another_shape_naming_both():
-    source, source_config = small_model()
-    _, run_config = small_model()
-    run_config.update(n_layer=1, n_embd=32)
+    source, source_gpt_config = small_model()
+    run_gpt_config = replace(source_gpt_config, n_layer=1, n_embd=32)
     with pytest.raises(
         ValueError,
         match=r"--init_from out/a holds n_layer 2, n_embd 64; this run has n_layer 1, n_embd 32: "
         r"pass --n_layer 2 --n_embd 64",
     ):
-        transfer.fit_to_run(source_config, source.state_dict(), run_config, "out/a")
+        transfer.fit_to_run(source_gpt_config, source.state_dict(), run_gpt_config, "out/a")
     with pytest.raises(
         ValueError,
         match=r"holds norm rmsnorm, bias False, activation gelu; this run has norm layernorm, bias True, "
         r"activation gelu_tanh: pass --norm rmsnorm --bias false --activation gelu$",
     ):
-        transfer.fit_to_run(source_config, source.state_dict(), {**source_config, **GPT2_SHAPED}, "out/a")
+        transfer.fit_to_run(source_gpt_config, source.state_dict(), replace(source_gpt_config, **GPT2_SHAPED), "out/a")
     with pytest.raises(ValueError, match=r"holds block_size 32; this run has block_size 64: pass --block_size 32"):
-        transfer.fit_to_run(source_config, source.state_dict(), {**source_config, "block_size": 64}, "out/a")
+        transfer.fit_to_run(source_gpt_config, source.state_dict(), replace(source_gpt_config, block_size=64), "out/a")
     with pytest.raises(ValueError, match=r"holds 256 token rows; this run's tokenizer pads to 50304"):
-        transfer.fit_to_run(source_config, source.state_dict(), {**source_config, "vocab_size": 50304}, "out/a")
+        transfer.fit_to_run(
+            source_gpt_config, source.state_dict(), replace(source_gpt_config, vocab_size=50304), "out/a"
+        )
     wrong = {**source.state_dict(), "blocks.1.mlp.c_fc.weight": torch.zeros(128, 64)}
     with pytest.raises(
         ValueError, match=r"blocks\.1\.mlp\.c_fc\.weight is \(128, 64\); this run's model needs \(256, 64\)"
     ):
-        transfer.fit_to_run(source_config, wrong, source_config, "out/a")
+        transfer.fit_to_run(source_gpt_config, wrong, source_gpt_config, "out/a")
 
 
 def test_fit_to_run_crops_positions_and_keeps_the_source_vocabulary():
-    source, source_config = small_model(vocab_size=250, **GPT2_SHAPED)  # unpadded, as HF's 50257; both pad to 256
+    source, source_gpt_config = small_model(vocab_size=250, **GPT2_SHAPED)  # unpadded, as HF's 50257; both pad to 256
     source.eval()
     said = []
-    run_config = {**source_config, "vocab_size": 256, "block_size": 16}
-    gpt_config, state_dict = transfer.fit_to_run(source_config, source.state_dict(), run_config, "x", said.append)
-    assert gpt_config == {**run_config, "vocab_size": 250}
+    run_gpt_config = replace(source_gpt_config, vocab_size=256, block_size=16)
+    gpt_config, state_dict = transfer.fit_to_run(
+        source_gpt_config, source.state_dict(), run_gpt_config, "x", said.append
+    )
+    assert gpt_config == replace(run_gpt_config, vocab_size=250)
     assert "its 32 positions cropped to this run's block_size 16" in said[0]
-    model = GPT(GPTConfig(**gpt_config)).eval()
+    model = GPT(gpt_config).eval()
     model.load_state_dict(state_dict)
     idx = torch.randint(0, 250, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(model(idx)[0], source(idx)[0])
     # a model already built with the source's rows (a resumed run, from run.json's record) fits them as they are
-    fitted, _ = transfer.fit_to_run(source_config, source.state_dict(), {**run_config, "vocab_size": 250}, "x")
+    fitted, _ = transfer.fit_to_run(
+        source_gpt_config, source.state_dict(), replace(run_gpt_config, vocab_size=250), "x"
+    )
     assert fitted == gpt_config
 
 
 def test_a_bare_safetensors_file_is_compared_by_its_tensors(tmp_path):
-    source, source_config = small_model(**GPT2_SHAPED)
+    source, source_gpt_config = small_model(**GPT2_SHAPED)
     path = tmp_path / "w.safetensors"
     transfer.write_safetensors(str(path), transfer.state_dict_to_hf(source.state_dict(), 256))
     gpt_config, state_dict, tokenizer, description, data = transfer.initial_weights(str(path))
     assert (gpt_config, tokenizer, description, data) == (None, None, str(path), None)
     said = []
-    fitted, _ = transfer.fit_to_run(gpt_config, state_dict, source_config, description, said.append)
-    assert fitted == source_config and "read from its tensors" in said[0]
+    fitted, _ = transfer.fit_to_run(gpt_config, state_dict, source_gpt_config, description, said.append)
+    assert fitted == source_gpt_config and "read from its tensors" in said[0]
     with pytest.raises(ValueError, match=r"holds n_layer 2; this run has n_layer 3: pass --n_layer 2"):
-        transfer.fit_to_run(gpt_config, state_dict, {**source_config, "n_layer": 3}, description, said.append)
-    rmsnorm = {**source_config, "norm": "rmsnorm", "bias": False}
+        transfer.fit_to_run(gpt_config, state_dict, replace(source_gpt_config, n_layer=3), description, said.append)
+    rmsnorm = replace(source_gpt_config, norm="rmsnorm", bias=False)
     with pytest.raises(ValueError, match=r"holds tensors this run's model has none of \(blocks\.0\.attn\.c_attn\.bias"):
         transfer.fit_to_run(gpt_config, state_dict, rmsnorm, description, said.append)
 
 
 def test_export_refuses_another_architecture_or_tokenizer(tmp_path):
-    model, config = small_model()
+    model, gpt_config = small_model()
     dest = tmp_path / "hf"
     with pytest.raises(
         ValueError,
@@ -218,22 +223,22 @@ def test_export_refuses_another_architecture_or_tokenizer(tmp_path):
         r"bias: False \(GPT-2: True\), activation: 'gelu' \(GPT-2: 'gelu_tanh'\): train with --preset gpt2-small or "
         r"--norm layernorm --bias true --activation gelu_tanh",
     ):
-        transfer.export_hf(model.state_dict(), config, "gpt2", str(dest))
-    model, config = small_model(**GPT2_SHAPED)
+        transfer.export_hf(model.state_dict(), gpt_config, "gpt2", str(dest))
+    model, gpt_config = small_model(**GPT2_SHAPED)
     with pytest.raises(ValueError, match=r"needs GPT-2's tokenizer.*this run's tokenizer is 'byte'"):
-        transfer.export_hf(model.state_dict(), config, "byte", str(dest))
+        transfer.export_hf(model.state_dict(), gpt_config, "byte", str(dest))
     assert not dest.exists()
 
 
 @needs_gpt2
 def test_export_refuses_a_foreign_folder_and_leaves_it_untouched(tmp_path):
-    model, config = small_model(**GPT2_SHAPED)
+    model, gpt_config = small_model(**GPT2_SHAPED)
     dest = tmp_path / "mine"
     dest.mkdir()
     (dest / "notes.txt").write_text("keep me")
     (dest / "config.json").write_text(json.dumps({"model_type": "gpt2"}))  # a GPT-2, but not an export of ours
     with pytest.raises(ValueError, match=r"--export_hf .*mine exists and is not an earlier export of ours"):
-        transfer.export_hf(model.state_dict(), config, "gpt2", str(dest))
+        transfer.export_hf(model.state_dict(), gpt_config, "gpt2", str(dest))
     assert sorted(p.name for p in dest.iterdir()) == ["config.json", "notes.txt"]
     assert (dest / "notes.txt").read_text() == "keep me"
 
@@ -241,8 +246,9 @@ def test_export_refuses_a_foreign_folder_and_leaves_it_untouched(tmp_path):
 @needs_gpt2
 def test_export_run_takes_the_newest_checkpoint_and_says_how_to_score_it(tmp_path):
     out_dir, dest = tmp_path / "run", tmp_path / "hf"
-    model, config = small_model(vocab_size=50304, **GPT2_SHAPED)  # padded, as a run's
-    state = {"model": model.state_dict(), "config": {"GPTConfig": config}, "meta": {"tokenizer": "gpt2"}}
+    model, gpt_config = small_model(vocab_size=50304, **GPT2_SHAPED)  # padded, as a run's
+    identity = {"GPTConfig": asdict(gpt_config)}  # a checkpoint records it as run.json does, a dict
+    state = {"model": model.state_dict(), "config": identity, "meta": {"tokenizer": "gpt2"}}
     checkpoint.save(str(out_dir / "ckpt"), 200, state, healthy=True)
     said = []
     transfer.export_run(str(out_dir), str(dest), said.append)
@@ -261,18 +267,19 @@ def test_export_run_takes_the_newest_checkpoint_and_says_how_to_score_it(tmp_pat
 
 
 def test_initial_weights_from_a_run_takes_its_newest_healthy_checkpoint(tmp_path):
-    model, config = small_model()
+    model, gpt_config = small_model()
     out_dir = tmp_path / "run"
     out_dir.mkdir()
     (out_dir / "run.json").write_text("{}")
     with pytest.raises(ValueError, match=r"--init_from .*run is a run with no healthy checkpoint in .*ckpt"):
         transfer.initial_weights(str(out_dir))
     read = {"source": "stdlib", "source_sha256": "ab" * 32, "tokenizer": "byte", "val_fraction": 0.1}
-    state = {"model": model.state_dict(), "config": {"GPTConfig": config, "data": read}, "meta": {"tokenizer": "byte"}}
+    identity = {"GPTConfig": asdict(gpt_config), "data": read}  # a checkpoint records it as run.json does, a dict
+    state = {"model": model.state_dict(), "config": identity, "meta": {"tokenizer": "byte"}}
     checkpoint.save(str(out_dir / "ckpt"), 200, state, healthy=True)
     checkpoint.save(str(out_dir / "ckpt"), 300, state, healthy=False)  # a spike's: not a start
-    gpt_config, state_dict, tokenizer, description, data = transfer.initial_weights(str(out_dir))
-    assert (gpt_config, tokenizer, description) == (config, "byte", f"{out_dir}, its checkpoint of step 200")
+    read_gpt_config, state_dict, tokenizer, description, data = transfer.initial_weights(str(out_dir))
+    assert (read_gpt_config, tokenizer, description) == (gpt_config, "byte", f"{out_dir}, its checkpoint of step 200")
     assert data == read  # what the run read, for the next run to say what it reads differently
     assert all(torch.equal(state_dict[k], v) for k, v in model.state_dict().items())
 
@@ -298,7 +305,7 @@ def test_initial_weights_refuses_what_it_cannot_read(tmp_path, monkeypatch):
 
 
 def test_a_named_download_is_checked_against_its_sha256(tmp_path, monkeypatch):
-    model, config = small_model(**GPT2_SHAPED)
+    model, gpt_config = small_model(**GPT2_SHAPED)
     served = tmp_path / "served.safetensors"
     transfer.write_safetensors(str(served), transfer.state_dict_to_hf(model.state_dict(), 256))
     spec = dict(
@@ -306,7 +313,7 @@ def test_a_named_download_is_checked_against_its_sha256(tmp_path, monkeypatch):
         sha256="0" * 64,
         filename="model.safetensors",
         offline_flags=("--init_from", "--init_url"),
-        config=config,
+        gpt_config=gpt_config,
     )
     monkeypatch.setattr(transfer, "GPT2_WEIGHTS_DIR", str(tmp_path / "weights"))
     monkeypatch.setitem(transfer.GPT2_MODELS, "tiny", spec)
@@ -314,7 +321,7 @@ def test_a_named_download_is_checked_against_its_sha256(tmp_path, monkeypatch):
         transfer.initial_weights("tiny")
     assert not (tmp_path / "weights" / "tiny" / "model.safetensors").exists()
     monkeypatch.setitem(transfer.GPT2_MODELS, "tiny", {**spec, "sha256": file_sha256(served)})
-    gpt_config, state_dict, tokenizer, description, data = transfer.initial_weights("tiny")
-    assert (gpt_config, tokenizer) == (config, "gpt2") and description.startswith("tiny (")
+    read_gpt_config, state_dict, tokenizer, description, data = transfer.initial_weights("tiny")
+    assert (read_gpt_config, tokenizer) == (gpt_config, "gpt2") and description.startswith("tiny (")
     assert all(torch.equal(state_dict[k], v) for k, v in model.state_dict().items())
     assert (tmp_path / "weights" / "tiny" / "model.safetensors").exists()  # kept: the next start reads it

@@ -1,10 +1,5 @@
 # wrong: divides each bucket and then each parameter's gradient, a view into the same bucket: divided twice
-if self.mode == "naive":
-    for p in self.params:
-        if p.grad is not None:
-            dist.all_reduce(counted("dp", p.grad), group=self.group)
-            p.grad /= self.size
-    return
+# in: BucketedDataParallel.finish
 for i in range(len(self.buckets)):
     if i not in self.launched:
         self._launch(i)

@@ -1,10 +1,5 @@
 # wrong: the ready counts carry over into the next step, so from the second step no hook sends during backward
-if self.mode == "naive":
-    for p in self.params:
-        if p.grad is not None:
-            dist.all_reduce(counted("dp", p.grad), group=self.group)
-            p.grad /= self.size
-    return
+# in: BucketedDataParallel.finish
 for i in range(len(self.buckets)):
     if i not in self.launched:
         self._launch(i)

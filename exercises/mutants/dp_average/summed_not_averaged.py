@@ -1,10 +1,8 @@
 # wrong: gradients summed over the ranks, not averaged
+# in: BucketedDataParallel.finish
 for i in range(len(self.buckets)):
-    if i not in self.launched and self.mode == "bucketed":
+    if i not in self.launched:
         self._launch(i)
-if self.mode == "naive":
-    for p in self.params:
-        dist.all_reduce(p.grad, group=self.group)
 for flat, work in self.launched.values():
     work.wait()
 self.launched.clear()

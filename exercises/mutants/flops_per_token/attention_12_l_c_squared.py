@@ -1,2 +1,3 @@
 # wrong: attention counted as 12 L C^2, the projections' shape, where it grows with the context T
-return 6 * (parameters_on_rank(mc) - mc.block_size * mc.n_embd) + 12 * mc.n_layer * mc.n_embd * mc.n_embd
+L, C, T = gpt_config.n_layer, gpt_config.n_embd, gpt_config.block_size
+return 6 * (parameters_on_rank(gpt_config) - T * C) + 12 * L * C * C

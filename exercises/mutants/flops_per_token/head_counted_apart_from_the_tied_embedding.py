@@ -1,3 +1,4 @@
 # wrong: the output head counted as a matrix of its own, though it is the tied token embedding
-head = mc.vocab_size * mc.n_embd
-return 6 * (parameters_on_rank(mc) + head - mc.block_size * mc.n_embd) + 12 * mc.n_layer * mc.n_embd * mc.block_size
+L, C, T = gpt_config.n_layer, gpt_config.n_embd, gpt_config.block_size
+head = gpt_config.vocab_size * C
+return 6 * (parameters_on_rank(gpt_config) + head - T * C) + 12 * L * C * T

@@ -1,2 +1,3 @@
 # wrong: 6 N alone, without attention
-return 6 * (parameters_on_rank(mc) - mc.block_size * mc.n_embd)
+T, C = gpt_config.block_size, gpt_config.n_embd
+return 6 * (parameters_on_rank(gpt_config) - T * C)

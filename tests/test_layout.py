@@ -1,0 +1,61 @@
+"""The layout's seams: the model as a rank holds it (parallel.RankModel), answered by all four implementations."""
+
+import inspect
+import re
+
+import pytest
+import torch
+
+from conftest import ROOT
+from model import GPT, GPTConfig
+from parallel import ProcessGrid, RankModel, ShardedModel
+from pipeline import PipelineModel
+from torch_engines import DDPModel, FSDPModel
+
+IMPLEMENTATIONS = {
+    "ShardedModel": lambda gpt, grid: ShardedModel(gpt, grid),
+    "PipelineModel": lambda gpt, grid: PipelineModel(gpt, grid, "1f1b", 2),
+    "DDPModel": lambda gpt, grid: DDPModel(gpt, grid),
+    "FSDPModel": lambda gpt, grid: FSDPModel(gpt, grid),
+}
+
+
+def protocol_members(protocol):
+    """(its data members, {name: signature} of its methods), as the Protocol declares them."""
+    methods = {
+        name: inspect.signature(value)
+        for name, value in vars(protocol).items()
+        if inspect.isfunction(value) and not name.startswith("_")
+    }
+    return set(protocol.__annotations__), methods
+
+
+@pytest.mark.parametrize("name", IMPLEMENTATIONS)
+def test_every_rank_model_answers_the_whole_interface(name):
+    """Every member any caller uses is in RankModel; each implementation has each one, methods with the
+    Protocol's parameters (names, order, defaults), so the loop can call any of them alike."""
+    gpt = GPT(GPTConfig(block_size=8, vocab_size=32, n_layer=2, n_head=2, n_embd=8))
+    model = IMPLEMENTATIONS[name](gpt, ProcessGrid(1, 1, 1))  # one process: nothing to cut or average
+    assert isinstance(model, RankModel)  # runtime_checkable: every member present
+    attributes, methods = protocol_members(RankModel)
+    missing = sorted(a for a in attributes if not hasattr(model, a))
+    assert not missing, f"{name} lacks {missing}"
+    for method, signature in methods.items():
+        ours = inspect.signature(getattr(type(model), method))
+        assert list(ours.parameters.values()) == [
+            p.replace(annotation=inspect.Parameter.empty) for p in signature.parameters.values()
+        ], f"{name}.{method}{ours} differs from RankModel.{method}{signature}"
+    assert isinstance(model.zero_stage, int) and model.micro_batches >= 1 and model.in_flight >= 1
+    assert all(isinstance(p, torch.nn.Parameter) for _, p, _ in model.local_parameters())
+
+
+def test_designs_interface_table_is_the_protocol():
+    """DESIGN.md's table of the model as a rank holds it names every member of RankModel, and no other."""
+    design = (ROOT / "DESIGN.md").read_text()
+    table = design[design.index("| member | `ShardedModel`") :].split("\n\n")[0]
+    named = {name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)", row.split("|")[1])}
+    attributes, methods = protocol_members(RankModel)
+    assert named == attributes | set(methods), (
+        f"DESIGN.md's table lacks {sorted((attributes | set(methods)) - named)}, "
+        f"and names {sorted(named - attributes - set(methods))} that RankModel does not have"
+    )
