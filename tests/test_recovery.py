@@ -142,7 +142,6 @@ def test_injected_fault_is_recovered_automatically(workdir, clean, fault):
     assert steps == sorted(set(steps))  # metrics.jsonl holds one timeline, without the abandoned steps
 
 
-@pytest.mark.integration
 def test_too_many_incidents_stop_the_run_with_good_checkpoints(workdir):
     out = workdir / "doomed"
     result = run_train(workdir, out, "--inject", "nan@33,nan@37", "--max_incidents", "1")
@@ -187,7 +186,6 @@ def test_resume_without_the_three_pieces_forgets_each(workdir, clean):
     assert {s["step"].item() for s in state["optimizer"]["state"].values()} == {20}  # AdamW's own count restarted
 
 
-@pytest.mark.integration
 def test_fp16_overflow_is_a_skipped_step_not_an_incident(workdir):
     """The loss scaler skips an overflowing fp16 step and lowers its scale; rolling back would undo that."""
     out = workdir / "fp16"
@@ -237,6 +235,18 @@ class Payload:
         return (os.system, (f"touch {os.environ.get('PAYLOAD_MARK', '/nonexistent/mark')}",))
 
 
+def test_a_truncated_newest_checkpoint_is_skipped_for_the_one_before(tmp_path):
+    """The in-process twin of test_truncated_newest_checkpoint_falls_back (-m integration, a whole run)."""
+    for step in (10, 20):
+        checkpoint.save(tmp_path, step, small_state(step), healthy=True)
+    state = Path(checkpoint.step_path(tmp_path, 20)) / "state.pt"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # a write cut off half way
+    warnings = []
+    step, loaded = checkpoint.load_latest(tmp_path, warn=warnings.append)
+    assert step == 10 and torch.equal(loaded["weights"], small_state(10)["weights"])
+    assert "step_0000020" in warnings[0] and "does not match its sha256" in warnings[0]
+
+
 def test_crafted_pickle_is_refused_not_run(tmp_path, monkeypatch):
     mark = tmp_path / "pwned"
     monkeypatch.setenv("PAYLOAD_MARK", str(mark))
@@ -268,7 +278,6 @@ def test_full_disk_keeps_previous_checkpoints(tmp_path, monkeypatch):
     assert (tmp_path / "step_0000010" / "state.pt").read_bytes() == before
 
 
-@pytest.mark.integration
 def test_resume_flag_without_a_checkpoint_is_an_error(workdir):
     result = run_train(workdir, workdir / "fresh", "--resume")
     assert result.returncode != 0 and "--resume, but" in result.stderr and "holds no checkpoint" in result.stderr
