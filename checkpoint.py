@@ -2,9 +2,10 @@
 thinned with age.
 
 Single-device form: whatever the layout (tensor-parallel slices, pipeline
-stages), a checkpoint holds the state dicts a one-process run would hold. The
-slices are gathered whole and the stages merged on the way out, and cut again on
-the way in, so a run saved on one layout resumes on any other.
+stages, ZeRO's and FSDP2's shards), a checkpoint holds the state dicts a
+one-process run would hold. The parts are gathered whole and the stages merged
+on the way out, and cut again on the way in, so a run saved on one layout
+resumes on any other.
 
 On disk, a checkpoint is a folder out_dir/ckpt/step_0001000/ holding state.pt and
 manifest.json. state.pt holds only tensors and plain containers (so
@@ -25,6 +26,7 @@ import os
 import random
 import re
 import shutil
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -42,16 +44,22 @@ STEP_DIR = re.compile(r"^step_(\d{7})$")
 #
 # `model` is the model as this rank holds it (parallel.RankModel); its local_parameters()
 # name each parameter as the single-device model does and give its cut: None for a whole
-# parameter, else an object with two calls, whatever cut it (tensor parallelism's
-# tensor_parallel.Cut, FSDP2's torch_engines.DTensorCut):
-#
-#   cut.unshard(local, grid) -> the single-device tensor, gathered from every rank's part
-#   cut.shard(full, grid)    -> this rank's part of a single-device tensor, without communication
-#
-# The optimizer gives and takes its moments per parameter the same way whatever the layout
-# (parallel.AdamW's moments() and load_moments(); ZeRO's gather and cut their shards behind them).
-# Every rank must call these functions: they gather over the TP and PP groups (under ZeRO and
-# FSDP2, the DP group).
+# parameter, else a ParameterCut, whatever cut it (tensor parallelism's tensor_parallel.Cut,
+# FSDP2's torch_engines.DTensorCut). The optimizer gives and takes its moments per parameter
+# the same way whatever the layout (parallel.AdamW's moments() and load_moments(); ZeRO's
+# gather and cut their shards behind them). Every rank must call these functions: they gather
+# over the TP and PP groups (under ZeRO and FSDP2, the DP group).
+
+
+class ParameterCut(Protocol):
+    """How a parameter is cut across ranks: the two calls checkpoint.py needs of any cut (tests/test_layout.py
+    checks both implementers)."""
+
+    def shard(self, full, grid):
+        """This rank's part of a single-device tensor every rank holds, without communication."""
+
+    def unshard(self, local, grid):
+        """The single-device tensor, gathered from every rank's part (a collective: every rank calls it)."""
 
 
 def gather_whole(tensor, cut, grid):

@@ -400,7 +400,6 @@ class Plan:
 def plan_layout(
     gpt_config, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute=False, compute_bytes=2, zero=0
 ):
-    zero = 1 if zero == 2 and pp > 1 else zero  # train.py refuses ZeRO-2 with a pipeline (zero.py says why)
     """The step time and memory of one layout of dp x tp x pp devices, batch_rows sequences per step.
 
     Each dp rank runs batch_rows / dp rows as m micro-batches of micro_batch_rows (a pipeline's
@@ -421,6 +420,7 @@ def plan_layout(
     The bubble: a pipeline idles p - 1 micro-batch slots, each the slowest stage's compute and
     communication for one micro-batch: (p - 1) / (m + p - 1) of the step when communication is free.
     A ring all-reduce of P bytes over n devices sends 2 (n - 1) / n P per device in 2 (n - 1) messages."""
+    zero = 1 if zero == 2 and pp > 1 else zero  # layout.check_layout refuses ZeRO-2 with a pipeline (zero.py says why)
     m = batch_rows // dp // micro_batch_rows
     tokens = batch_rows * gpt_config.block_size // dp  # per dp rank and step
     C, T, V = gpt_config.n_embd, gpt_config.block_size, gpt_config.vocab_size

@@ -1,7 +1,7 @@
 """The layout: how the ranks share the model out, checked in one place, and the model as this rank holds it.
 
-A layout is the ParallelConfig's flags (--dp, --tp, --pp, --dp_mode, --zero, --micro_batches, --schedule,
---recompute). Two functions hold all of it:
+A layout is the ParallelConfig's flags (--dp, --tp, --pp, --dp_mode, --bucket_mb, --zero, --micro_batches,
+--schedule, --recompute). Two functions hold all of it:
 
     check_layout(layout, gpt_config, batch_size, world_size, dtype)   every rule, in one order, naming the flag
     model_for_rank(whole, grid, layout, batch_size, dtype)            the model as this rank holds it (RankModel)
@@ -15,7 +15,7 @@ import contextlib
 
 import torch
 
-from parallel import BucketedDataParallel, NaiveDataParallel, ShardedModel, data_parallel
+from parallel import BucketedDataParallel, NaiveDataParallel, ShardedModel, check_grid, data_parallel
 from pipeline import SCHEDULES, PipelineModel
 from torch_engines import DDPModel, FSDPModel
 from zero import Zero1DataParallel, Zero2DataParallel
@@ -27,32 +27,9 @@ ZERO_STAGES = {1: Zero1DataParallel, 2: Zero2DataParallel}  # --zero: zero.py (s
 
 def check_layout(layout, gpt_config, batch_size, world_size, dtype):
     """Name a layout (a ParallelConfig) that cannot work for this model (a GPTConfig), batch_size rows per
-    micro-step, world_size processes and the compute dtype, before any process group exists."""
+    micro-step, world_size processes and the compute dtype, before any process group exists. The engine
+    first (it decides which other flags may combine), then the cuts, then the processes to launch."""
     dp, tp, pp = layout.dp, layout.tp, layout.pp
-    # the grid: every size at least 1 (the processes to launch are checked last, once the layout can work)
-    for name, size in (("dp", dp), ("tp", tp), ("pp", pp)):
-        if size < 1:
-            raise ValueError(f"--{name} {size} must be at least 1")
-    # tensor parallelism: heads are the unit of the cut (n_embd = n_head x head size, so n_embd follows);
-    # the vocabulary never blocks it, as it is padded to a multiple of tp
-    if gpt_config.n_head % tp:
-        raise ValueError(
-            f"n_head {gpt_config.n_head} is not divisible by tp {tp}: choose --tp among the divisors "
-            f"of n_head, or --n_head a multiple of {tp} (with --n_embd a multiple of it)"
-        )
-    # pipeline parallelism: every stage at least one block, every micro-batch the same size
-    if gpt_config.n_layer < pp:
-        raise ValueError(
-            f"n_layer {gpt_config.n_layer} < pp {pp}: every pipeline stage needs at least one block; "
-            "lower --pp or raise --n_layer"
-        )
-    if pp > 1:
-        if layout.micro_batches < 1:
-            raise ValueError(f"--micro_batches {layout.micro_batches} must be at least 1")
-        if batch_size % layout.micro_batches:
-            raise ValueError(f"batch_size {batch_size} is not divisible by micro_batches {layout.micro_batches}")
-        if layout.schedule not in SCHEDULES:
-            raise ValueError(f"--schedule {layout.schedule!r}: choose one of {', '.join(SCHEDULES)}")
     # data parallelism: ours, or torch's engines, which are pure data parallelism
     if layout.dp_mode not in (*HAND_WRITTEN, *TORCH_ENGINES):
         choices = f"{', '.join(HAND_WRITTEN)}, {' or '.join(TORCH_ENGINES)}"
@@ -83,20 +60,37 @@ def check_layout(layout, gpt_config, batch_size, world_size, dtype):
         raise ValueError(
             f"--zero {layout.zero} is built on the bucketed gradients: leave out --dp_mode {layout.dp_mode}"
         )
+    # tensor parallelism: heads are the unit of the cut (n_embd = n_head x head size, so n_embd follows);
+    # the vocabulary never blocks it, as it is padded to a multiple of tp (tp < 1: check_grid names it below)
+    if tp >= 1 and gpt_config.n_head % tp:
+        raise ValueError(
+            f"n_head {gpt_config.n_head} is not divisible by tp {tp}: choose --tp among the divisors "
+            f"of n_head, or --n_head a multiple of {tp} (with --n_embd a multiple of it)"
+        )
+    # pipeline parallelism: every stage at least one block, every micro-batch the same size
+    if gpt_config.n_layer < pp:
+        raise ValueError(
+            f"n_layer {gpt_config.n_layer} < pp {pp}: every pipeline stage needs at least one block; "
+            "lower --pp or raise --n_layer"
+        )
+    if pp > 1:
+        if layout.micro_batches < 1:
+            raise ValueError(f"--micro_batches {layout.micro_batches} must be at least 1")
+        if batch_size % layout.micro_batches:
+            raise ValueError(f"batch_size {batch_size} is not divisible by micro_batches {layout.micro_batches}")
+        if layout.schedule not in SCHEDULES:
+            raise ValueError(f"--schedule {layout.schedule!r}: choose one of {', '.join(SCHEDULES)}")
     # fp16's loss scaling skips a step whose gradients overflowed: every rank must see all of them to agree
     sharded = layout.zero or layout.dp_mode == "fsdp"
     if (pp > 1 or sharded) and dtype == torch.float16:
         raise ValueError(
-            "--dtype gives float16 here, which needs loss scaling, whose overflow check the "
-            f"{'pipeline' if pp > 1 else 'sharded'} path lacks (under ZeRO or FSDP a rank sees only its shard "
-            "of the gradients, and the ranks could disagree on skipping a step): pass --dtype bfloat16 or float32"
+            "the compute dtype is float16 here (--dtype float16, or --dtype auto on a GPU without bf16), which "
+            f"needs loss scaling, whose overflow check the {'pipeline' if pp > 1 else 'sharded'} path lacks (under "
+            "ZeRO or FSDP a rank sees only its shard of the gradients, and the ranks could disagree on skipping a "
+            "step): pass --dtype bfloat16 or float32"
         )
-    # the grid: every rank one cell of dp x pp x tp
-    if dp * tp * pp != world_size:
-        raise ValueError(
-            f"dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp} but WORLD_SIZE = {world_size}: "
-            f"launch {dp * tp * pp} processes (torchrun --nproc_per_node) or change --dp/--tp/--pp"
-        )
+    # the grid: every size at least 1, and one process per rank of dp x pp x tp
+    check_grid(dp, tp, pp, world_size)
 
 
 def model_for_rank(
@@ -104,7 +98,8 @@ def model_for_rank(
 ):
     """The model as this rank holds it (a parallel.RankModel), cut from the whole single-device GPT by the layout
     (a ParallelConfig, checked first): under --dp_mode ddp or fsdp, torch's own engine; else a pipeline stage when
-    pp > 1, or every layer (whole, or TP slices), with the DP engine of --dp_mode, or ZeRO's of --zero."""
+    pp > 1, or every layer (whole, or TP slices), with the DP engine of --dp_mode, or ZeRO's of --zero. dtype: the
+    compute dtype that autocast runs (fp16 is refused where its loss scaling cannot work)."""
     check_layout(layout, whole.config, batch_size, grid.world_size, dtype)
     whole.recompute = layout.recompute
     if layout.dp_mode == "ddp":
@@ -113,10 +108,12 @@ def model_for_rank(
         return FSDPModel(whole, grid, autocast, compile)
     if layout.zero:
         make_dp = data_parallel(ZERO_STAGES[layout.zero], bucket_mb=layout.bucket_mb)
+    elif layout.dp_mode == "bucketed":
+        make_dp = data_parallel(BucketedDataParallel, bucket_mb=layout.bucket_mb)
     elif layout.dp_mode == "naive":
         make_dp = data_parallel(NaiveDataParallel)
     else:
-        make_dp = data_parallel(BucketedDataParallel, bucket_mb=layout.bucket_mb)
+        raise ValueError(f"--dp_mode {layout.dp_mode!r}: no engine")  # check_layout names the choices first
     if grid.pp > 1:
         return PipelineModel(whole, grid, layout.schedule, layout.micro_batches, autocast, make_dp)
     return ShardedModel(whole, grid, autocast, compile, make_dp)

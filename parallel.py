@@ -59,6 +59,7 @@ class Launch:
     local_rank: int = 0
     local_world_size: int = 1
     device: str = "auto"  # cuda:LOCAL_RANK under torchrun on GPUs
+    torchrun: bool = False  # started by torchrun (or local_ranks.py as torchrun would), else a plain `python train.py`
 
 
 def launch_from_environment():
@@ -72,6 +73,7 @@ def launch_from_environment():
         int(os.environ.get("LOCAL_RANK", 0)),
         int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
         f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu",
+        torchrun=True,
     )
 
 
@@ -83,7 +85,7 @@ def init_distributed(timeout_seconds, launch=None):
     threads: more threads than cores make the ranks fight over them.
     """
     launch = launch or launch_from_environment()
-    if "WORLD_SIZE" not in os.environ:
+    if not launch.torchrun:
         return launch
     if torch.cuda.is_available():
         torch.cuda.set_device(launch.local_rank)
@@ -107,6 +109,18 @@ def destroy_distributed():
 # The process grid
 
 
+def check_grid(dp, tp, pp, world_size):
+    """Every size at least 1, and one rank per cell: layout.check_layout's first and last rules."""
+    for name, size in (("dp", dp), ("tp", tp), ("pp", pp)):
+        if size < 1:
+            raise ValueError(f"--{name} {size} must be at least 1")
+    if dp * tp * pp != world_size:
+        raise ValueError(
+            f"dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp} but WORLD_SIZE = {world_size}: "
+            f"launch {dp * tp * pp} processes (torchrun --nproc_per_node) or change --dp/--tp/--pp"
+        )
+
+
 class ProcessGrid:
     """World ranks laid out as a (dp, pp, tp) grid, tp varying fastest:
 
@@ -116,10 +130,11 @@ class ProcessGrid:
     talks at every layer and needs the fast links inside a machine; PP talks
     only between stages; DP once per step. Each rank belongs to one group per
     dimension; every rank creates every group (torch.distributed requires it)
-    and keeps its own. (layout.check_layout has checked that dp * tp * pp = world_size.)
+    and keeps its own.
     """
 
     def __init__(self, dp, tp, pp, rank=0, world_size=1):
+        check_grid(dp, tp, pp, world_size)
         self.dp, self.tp, self.pp, self.rank, self.world_size = dp, tp, pp, rank, world_size
         self.dp_rank, rest = divmod(rank, pp * tp)
         self.pp_rank, self.tp_rank = divmod(rest, tp)
@@ -219,6 +234,14 @@ class DataParallel:
         for p in self.params:
             dist.broadcast(p.data, src=source, group=self.group)
         self.sync = True
+
+    def finish(self):
+        """Block until every gradient this rank keeps is the DP average; call after the last backward of a step."""
+        raise NotImplementedError  # each engine its own: the algorithm it is named for
+
+    def clear_gradients(self):
+        """After the update: the gradients cleared for the next step."""
+        raise NotImplementedError
 
     def gradients(self):
         """[(parameter, its averaged gradient)] as this rank holds them after finish(): whole, every one."""
@@ -346,12 +369,17 @@ class BucketedDataParallel(DataParallel):
 
 def data_parallel(engine, **options):
     """How ShardedModel and PipelineModel build their DP engine: make(module, grid, overlap) gives
-    `engine` (a DataParallel, or ZeRO's) over the grid's dp group, or None when dp is 1."""
+    `engine` (a DataParallel: one of the two below, or ZeRO's) over the grid's dp group, or None when dp is 1."""
 
     def make(module, grid, overlap=True):
         return engine(module, grid, overlap=overlap, **options) if grid.dp > 1 else None
 
     return make
+
+
+def zero_stage_of(dp):
+    """The ZeRO stage of a DP engine (RankModel.zero_stage): 0 when there is none (dp is 1)."""
+    return dp.zero_stage if dp is not None else 0
 
 
 def flat_views(flat, params):
@@ -476,7 +504,7 @@ def forward_and_backward(forward, autocast, x, y, loss_weight):
 class ShardedModel:
     """A rank that runs every layer of the GPT: all of each matrix (tp = 1), or its
     tensor-parallel slices (tp > 1); gradients averaged over the dp replicas by the engine
-    make_dp builds (data_parallel: DataParallel's, or ZeRO's)."""
+    make_dp builds (data_parallel: NaiveDataParallel, BucketedDataParallel, or ZeRO's)."""
 
     def __init__(
         self,
@@ -492,7 +520,7 @@ class ShardedModel:
         self.device = next(model.parameters()).device
         self.forward = torch.compile(model) if compile else model
         self.dp = make_dp(model, grid)
-        self.zero_stage = self.dp.zero_stage if self.dp is not None else 0
+        self.zero_stage = zero_stage_of(self.dp)
 
     def forward_backward(self, x, y, loss_weight, sync=True):
         if self.dp is not None:

@@ -30,7 +30,7 @@ import torch.nn as nn
 
 from comm_count import counted
 from model import run_blocks, stage_layers
-from parallel import BucketedDataParallel, clear_gradients, data_parallel, sharded_grad_norm
+from parallel import BucketedDataParallel, clear_gradients, data_parallel, sharded_grad_norm, zero_stage_of
 from tensor_parallel import tensor_parallel
 
 # ----------------------------------------------------------------------------
@@ -345,7 +345,7 @@ class PipelineModel:
         # A stage runs backward once per micro-batch, so its gradients are complete only at the end
         # of the schedule: there (overlap=False) every DP bucket is launched at once.
         self.dp = make_dp(self.module, grid, overlap=False)
-        self.zero_stage = self.dp.zero_stage if self.dp is not None else 0
+        self.zero_stage = zero_stage_of(self.dp)
 
     def _from_last_stage(self, loss):
         """The loss lives on the last stage; every stage gets it, to log and to judge incidents alike."""

@@ -15,6 +15,7 @@ from dataclasses import asdict
 
 from files import remove_if_exists, write_json_atomic
 from mixture import weight_changes
+from model import GPTConfig
 
 
 def out_dir_of(preset, cfg):
@@ -39,6 +40,12 @@ def run_identity(gpt_config, cfg, meta, global_batch):
         },
         "data": {k: meta[k] for k in data_fields + ("val_fraction",)},
     }
+
+
+def recorded_gpt_config(identity):
+    """The model's GPTConfig from a run's identity, as run.json and every checkpoint's "config" record it (the
+    attention kernel, which is not recorded, at its default)."""
+    return GPTConfig(**identity["GPTConfig"])
 
 
 def identity_defaults(gpt_config, cfg):

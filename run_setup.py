@@ -68,7 +68,8 @@ def pick_dtype(name, device):
     weights and AdamW state stay fp32 ("master weights"). bf16 keeps fp32's exponent
     range, so unlike fp16 it needs no loss scaling."""
     if name == "auto" and device.type == "cuda":
-        name = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        with torch.cuda.device(device):  # this rank's GPU, asked before the process group selects it
+            name = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     elif name == "auto":
         name = "bfloat16" if device.type == "cpu" and cpu_has_native_bf16() else "float32"
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

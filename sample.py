@@ -19,8 +19,8 @@ import torch
 
 import checkpoint
 from data import get_tokenizer
-from model import GPT, GPTConfig
-from run_folder import out_dir_of
+from model import GPT
+from run_folder import out_dir_of, recorded_gpt_config
 
 SEPARATOR = "\n<|endoftext|>\n"  # between the documents of a sample
 
@@ -127,6 +127,5 @@ def sample(preset, configs, device):
     if latest is None:
         raise ValueError(f"no checkpoint in {ckpt_dir}: train first (python train.py --out_dir ...)")
     _, state = latest
-    gpt_config = GPTConfig(**state["config"]["GPTConfig"])  # the checkpoint's record of it, a dict
-    model = single_device_model(gpt_config, state["model"], device)
+    model = single_device_model(recorded_gpt_config(state["config"]), state["model"], device)
     sample_texts(model, get_tokenizer(state["meta"]["tokenizer"]), configs.sample, device, stream=sys.stdout)

@@ -45,7 +45,7 @@ from parallel import forward_and_backward, sharded_grad_norm
 
 def counted_allreduce(group, bucket):
     """DDP's comm hook: its default all-reduce (divide by the group's size, then sum), each bucket counted
-    (comm_count.py) as our DataParallel counts its own."""
+    (comm_count.py) as our BucketedDataParallel counts its own."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     counted("dp", bucket.buffer())

@@ -31,6 +31,7 @@ import checkpoint
 import files
 from data import get_tokenizer
 from model import GPT, GPTConfig, padded_vocab_size
+from run_folder import recorded_gpt_config
 
 # ----------------------------------------------------------------------------
 # safetensors
@@ -405,7 +406,7 @@ def initial_weights(init_from, init_url="", say=print):
             )
         description = f"{init_from}, its checkpoint of step {step}"
         identity = state["config"]  # the run's identity record: its GPTConfig as a dict
-        gpt_config = GPTConfig(**identity["GPTConfig"])
+        gpt_config = recorded_gpt_config(identity)
         return Source(gpt_config, state["model"], state["meta"]["tokenizer"], description, identity.get("data"))
     path = os.path.join(init_from, "model.safetensors") if os.path.isdir(init_from) else init_from
     if not os.path.isfile(path) and os.path.isfile(os.path.join(init_from, "pytorch_model.bin")):
@@ -621,6 +622,5 @@ def export_run(out_dir, dest_dir, say=print):
         )
     step, state = latest
     say(f"exporting {out_dir}, its checkpoint of step {step}")
-    gpt_config = GPTConfig(**state["config"]["GPTConfig"])  # the checkpoint's record of it, a dict
-    export_hf(state["model"], gpt_config, state["meta"]["tokenizer"], dest_dir, say)
+    export_hf(state["model"], recorded_gpt_config(state["config"]), state["meta"]["tokenizer"], dest_dir, say)
     say(f"score it on HellaSwag: lm_eval --model hf --model_args pretrained={dest_dir} --tasks hellaswag --device cpu")

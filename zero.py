@@ -61,8 +61,9 @@ class ShardedBuckets(BucketedDataParallel):
     """What ZeRO's two stages share: BucketedDataParallel's buckets, each padded and cut into dp equal shards
     (rank r owns shard r); the weights moved into one flat buffer per bucket, so that after the
     optimizer's update of the shards gather_parameters() rebuilds them whole, in place; and the
-    pieces AdamW updates. A stage gives its gradients' home (shard_gradient_buffers), how a bucket
-    is reduced (_launch), and how a step's reduction ends (finish) and clears (clear_gradients)."""
+    pieces AdamW updates. A stage gives its gradients' home (shard_gradient_buffers) and how a bucket is
+    reduced (_launch); ZeRO-2 also how a step's reduction ends (finish) and clears (clear_gradients), which
+    ZeRO-1 takes from BucketedDataParallel."""
 
     shards_gradients = True  # after finish(), a rank holds the averaged gradient of its shard only
 
@@ -103,6 +104,10 @@ class ShardedBuckets(BucketedDataParallel):
                     self.pieces.append(Piece(p, i, first - offset, first - start, weights))
                 offset += p.numel()
 
+    def shard_gradient_buffers(self):
+        """[this rank's shard of bucket i's gradient: (shard numel,)], where AdamW's pieces find their gradients."""
+        raise NotImplementedError  # each stage its own
+
     def pieces_of(self, params):
         """This rank's pieces of the given parameters: what AdamW updates in their place."""
         ids = {id(p) for p in params}
@@ -138,7 +143,9 @@ class Zero1DataParallel(ShardedBuckets):
 
     def shard_gradient_buffers(self):
         """BucketedDataParallel's flat gradient buffers; this rank's shard of each, a view into it."""
-        BucketedDataParallel.make_gradient_buffers(self)  # self.flats, self.views; each gradient a view
+        # BucketedDataParallel's own (super() would be ShardedBuckets', which called this): self.flats, self.views,
+        # each gradient a view, zeroed by BucketedDataParallel.clear_gradients, which touches no shard
+        BucketedDataParallel.make_gradient_buffers(self)
         return [flat[slice(*self.shard_range(i))] for i, flat in enumerate(self.flats)]
 
     def _launch(self, i):

@@ -59,7 +59,7 @@ def measure(gpt_config, batch_size, steps, warmup, device_name, compile, attenti
         synchronize = torch.cuda.synchronize
     try:
         model = ShardedModel(GPT(gpt_config).to(device), grid, run_setup.autocast_context(device, dtype), compile)
-        optimizer = run_setup.make_optimizer(model.module, cfg, device)
+        optimizer = run_setup.make_optimizer(model.module, cfg, device, model.dp)
         scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 
         def next_batch():  # random tokens made on the device: the input pipeline is not what is timed

@@ -33,7 +33,7 @@ def measure(compiled, steps, warmup, device, dtype, token_file):
     model = ShardedModel(
         GPT(gpt_config).to(device), ProcessGrid(1, 1, 1), run_setup.autocast_context(device, dtype), compiled
     )
-    optimizer = run_setup.make_optimizer(model.module, cfg, device)
+    optimizer = run_setup.make_optimizer(model.module, cfg, device, model.dp)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     stream = TokenStream(token_file, "uint16", cfg.batch_size, gpt_config.block_size, lanes=cfg.lanes)
     t_start = time.perf_counter()

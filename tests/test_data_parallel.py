@@ -270,7 +270,7 @@ DP_SETUPS = {"bucketed": ("bucketed", True), "bucketed-no-overlap": ("bucketed",
 
 
 def _dp_average_over_steps(steps):
-    """On 4 ranks as dp 2 x pp 2 (DP groups {0, 2} and {1, 3}): each setup of DataParallel over `steps` steps,
+    """On 4 ranks as dp 2 x pp 2 (DP groups {0, 2} and {1, 3}): each setup of a DP engine over `steps` steps,
     each rank with its own data. Per setup and step: this rank's gradients after finish(), the average of
     its DP group's gradients computed here from the group's data on an unwrapped twin, and the DP bytes
     sent during backward and in the whole step."""
@@ -321,8 +321,8 @@ def _dp_average_over_steps(steps):
 def test_finish_leaves_the_group_average_on_every_step():
     """finish() of BucketedDataParallel and NaiveDataParallel on dp 2 x pp 2: after every step each gradient
     is the average over this rank's DP group (not the world), whether the hooks sent a bucket during backward,
-    finish() had to send it (a parameter without gradient, or overlap=False as under pipelines), or naive mode
-    sent each gradient;
+    finish() had to send it (a parameter without gradient, or overlap=False as under pipelines), or the naive
+    engine sent each gradient;
     bucketed DP sends each gradient once per step, and every complete bucket during backward, on every step;
     naive DP's all-reduces go through the communication counter too."""
     steps = 3

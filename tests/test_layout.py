@@ -6,11 +6,13 @@ import re
 import pytest
 import torch
 
+from checkpoint import ParameterCut
 from conftest import ROOT
 from model import GPT, GPTConfig
 from parallel import ProcessGrid, RankModel, ShardedModel
 from pipeline import PipelineModel
-from torch_engines import DDPModel, FSDPModel
+from tensor_parallel import Cut
+from torch_engines import DDPModel, DTensorCut, FSDPModel
 
 IMPLEMENTATIONS = {
     "ShardedModel": lambda gpt, grid: ShardedModel(gpt, grid),
@@ -59,3 +61,11 @@ def test_designs_interface_table_is_the_protocol():
         f"DESIGN.md's table lacks {sorted((attributes | set(methods)) - named)}, "
         f"and names {sorted(named - attributes - set(methods))} that RankModel does not have"
     )
+
+
+@pytest.mark.parametrize("cut", [Cut, DTensorCut], ids=lambda cut: cut.__name__)
+def test_every_cut_answers_checkpoints_two_calls(cut):
+    """checkpoint.py gathers and cuts every parameter through ParameterCut's two calls, whoever cut it."""
+    _, methods = protocol_members(ParameterCut)
+    for method, signature in methods.items():
+        assert inspect.signature(getattr(cut, method)) == signature, f"{cut.__name__}.{method}"

@@ -13,6 +13,7 @@ import checkpoint
 import transfer
 from conftest import ROOT, TIKTOKEN_CACHE, needs_gpt2, run_script, write_word_corpus
 from model import GPT, GPTConfig
+from run_folder import recorded_gpt_config
 
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))  # for this process and the scripts it starts
 
@@ -136,7 +137,7 @@ def test_export_hf_loads_in_transformers_with_the_same_logits_and_greedy_text(tm
     assert "lm_eval --model hf" in exported.stdout
 
     _, state = checkpoint.load_latest(str(tmp_path / "run" / "ckpt"))
-    ours = single_device_model(GPTConfig(**state["config"]["GPTConfig"]), state["model"], "cpu").eval()
+    ours = single_device_model(recorded_gpt_config(state["config"]), state["model"], "cpu").eval()
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     ids = torch.randint(50257, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
