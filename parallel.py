@@ -67,12 +67,13 @@ def launch_from_environment():
     `python train.py` has none of these and runs as rank 0 of 1."""
     if "WORLD_SIZE" not in os.environ:
         return Launch()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
     return Launch(
         int(os.environ["RANK"]),
         int(os.environ["WORLD_SIZE"]),
-        int(os.environ.get("LOCAL_RANK", 0)),
+        local_rank,
         int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-        f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu",
+        f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu",
         torchrun=True,
     )
 
@@ -110,7 +111,8 @@ def destroy_distributed():
 
 
 def check_grid(dp, tp, pp, world_size):
-    """Every size at least 1, and one rank per cell: layout.check_layout's first and last rules."""
+    """Every size at least 1, and one process per rank of the grid: layout.check_layout's last rule, and
+    ProcessGrid's own check."""
     for name, size in (("dp", dp), ("tp", tp), ("pp", pp)):
         if size < 1:
             raise ValueError(f"--{name} {size} must be at least 1")
@@ -369,7 +371,7 @@ class BucketedDataParallel(DataParallel):
 
 def data_parallel(engine, **options):
     """How ShardedModel and PipelineModel build their DP engine: make(module, grid, overlap) gives
-    `engine` (a DataParallel: one of the two below, or ZeRO's) over the grid's dp group, or None when dp is 1."""
+    `engine` (NaiveDataParallel, BucketedDataParallel, or ZeRO's) over the grid's dp group, or None when dp is 1."""
 
     def make(module, grid, overlap=True):
         return engine(module, grid, overlap=overlap, **options) if grid.dp > 1 else None

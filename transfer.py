@@ -466,8 +466,9 @@ def fit_to_run(source_gpt_config, state_dict, run_gpt_config, source_description
             f"--init_from {source_description}: no config.json beside it, so its n_layer, n_embd, vocab_size and "
             "block_size are read from its tensors; n_head, norm_position and activation are this run's"
         )
-    # the source's fields as far as they are known: a bare file shows only its tensors' shapes
-    source = _shape_of(state_dict) if source_gpt_config is None else asdict(source_gpt_config)
+        source = _shape_of(state_dict)  # a bare file shows only its tensors' shapes
+    else:
+        source = asdict(source_gpt_config)
     keys = ["n_layer", "n_head", "n_embd", *GPT2_ARCHITECTURE]
     differ = [key for key in keys if key in source and source[key] != getattr(run_gpt_config, key)]
     if source["block_size"] < run_gpt_config.block_size:
