@@ -15,7 +15,9 @@ Writing goes to step_0001000.tmp/, each file fsynced, then one rename: a crash
 leaves the previous checkpoints and at most a .tmp folder that nothing reads.
 
 "Latest" is the newest checkpoint whose files match their manifest; a
-truncated or corrupted one is skipped with a warning.
+truncated or corrupted one is skipped with a warning. A command that reads a
+run may name a step instead (load_chosen, --ckpt_step), whose checkpoint must
+verify.
 
 What a checkpoint holds is train.py's decision (`checkpoint_state`); this file
 provides the means, the random generators' states as tensors among them.
@@ -148,29 +150,63 @@ def step_path(ckpt_dir, step):
 def save(ckpt_dir, step, state, healthy):
     """Write state as the checkpoint of `step`; return its folder. An OSError (full or
     read-only disk) becomes a ValueError that says the earlier checkpoints are untouched."""
-    final = step_path(ckpt_dir, step)
-    tmp = final + ".tmp"
-    try:
-        os.makedirs(ckpt_dir, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
+
+    def fill(tmp):
         state_path = os.path.join(tmp, STATE_FILE)
         write_synced(state_path, lambda f: torch.save(state, f), "wb")
         manifest = {"step": step, "healthy": healthy, "files": {STATE_FILE: file_sha256(state_path)}}
         write_synced(os.path.join(tmp, MANIFEST_FILE), lambda f: json.dump(manifest, f, indent=1))
-        old = final + ".old"
-        if os.path.exists(final):  # the same step saved again (after a rollback): set the old one aside first
+
+    try:
+        return write_folder(ckpt_dir, step, fill)
+    except OSError as e:
+        raise ValueError(
+            f"could not write the checkpoint of step {step} to {ckpt_dir} ({e}). The earlier checkpoints "
+            "there are untouched: free some space (or make the folder writable) and run again to resume."
+        ) from None
+
+
+def mirror(ckpt_dir, mirror_dir, step):
+    """Copy the checkpoint of `step` into mirror_dir (--ckpt_mirror, a second disk or file system) as save writes
+    one, each file synced, and the copy checked against the manifest before its rename."""
+
+    def fill(tmp):
+        for name in (STATE_FILE, MANIFEST_FILE):
+            with open(os.path.join(step_path(ckpt_dir, step), name), "rb") as source:
+                write_synced(os.path.join(tmp, name), lambda f: shutil.copyfileobj(source, f, 1 << 24), "wb")
+        problem = verify(tmp)
+        if problem is not None:
+            raise OSError(f"the copy does not verify: {problem}")
+
+    try:
+        return write_folder(mirror_dir, step, fill)
+    except OSError as e:
+        raise ValueError(
+            f"could not mirror the checkpoint of step {step} to {mirror_dir} ({e}). The one in {ckpt_dir} and the "
+            "earlier mirrored ones are untouched: free some space there (or make it writable) and run again to resume."
+        ) from None
+
+
+def write_folder(ckpt_dir, step, fill):
+    """The checkpoint folder of `step`: fill(tmp) writes its files into step_N.tmp/, then one rename puts it in
+    place, made durable by syncing ckpt_dir. The same step saved again (after a rollback) sets the old folder aside
+    first: a folder is not renamed over a non-empty one. An OSError leaves no .tmp folder behind."""
+    final = step_path(ckpt_dir, step)
+    tmp, old = final + ".tmp", final + ".old"
+    try:
+        os.makedirs(ckpt_dir, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        fill(tmp)
+        if os.path.exists(final):
             shutil.rmtree(old, ignore_errors=True)
             os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
         fsync_dir(ckpt_dir)
-    except OSError as e:
+    except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ValueError(
-            f"could not write the checkpoint of step {step} to {ckpt_dir} ({e}). The earlier checkpoints "
-            "there are untouched: free some space (or make the folder writable) and run again to resume."
-        ) from None
+        raise
     return final
 
 
@@ -212,24 +248,60 @@ def load(path, device="cpu"):
     return torch.load(os.path.join(path, STATE_FILE), map_location=device, weights_only=True)
 
 
+def load_verified(path, device="cpu"):
+    """(state, None) of a checkpoint folder that verifies and holds plain tensors only, else (None, what is wrong)."""
+    problem = verify(path) if os.path.isdir(path) else "there is no such checkpoint"
+    if problem is not None:
+        return None, problem
+    try:
+        return load(path, device), None
+    except Exception as e:  # weights_only refuses anything but tensors and plain containers
+        return None, f"refused to load: not a plain tensor checkpoint ({type(e).__name__}: {str(e)[:200]})"
+
+
 def load_latest(ckpt_dir, device="cpu", healthy_only=False, warn=print):
     """(step, state) of the newest checkpoint that verifies and loads, or None.
 
     A checkpoint that fails its manifest, or holds more than plain tensors, is
     reported through `warn` and skipped in favour of the one before it.
     """
-    for step in list_steps(ckpt_dir):
-        path = step_path(ckpt_dir, step)
-        problem = verify(path)
-        if problem is None and healthy_only and not is_healthy(path):
-            continue
-        if problem is None:
-            try:
-                return step, load(path, device)
-            except Exception as e:  # weights_only refuses anything but tensors and plain containers
-                problem = f"refused to load: not a plain tensor checkpoint ({type(e).__name__}: {str(e)[:200]})"
-        warn(f"warning: skipping checkpoint {path}: {problem}; falling back to the one before it")
+    found = find_latest([ckpt_dir], device, healthy_only, warn)
+    return None if found is None else (found[0], found[2])
+
+
+def find_latest(ckpt_dirs, device="cpu", healthy_only=False, warn=print):
+    """(step, path, state) of the newest checkpoint in any of ckpt_dirs (a run's, then its --ckpt_mirror) that
+    verifies and loads, or None. Of a step's copies, the first folder's that verifies: a corrupt or lost copy in
+    one folder falls back to the other's before it falls back to an older step."""
+    for step in sorted({s for folder in ckpt_dirs for s in list_steps(folder)}, reverse=True):
+        copies = [step_path(folder, step) for folder in ckpt_dirs if os.path.isdir(step_path(folder, step))]
+        for i, path in enumerate(copies):
+            if healthy_only and not is_healthy(path) and verify(path) is None:
+                continue
+            state, problem = load_verified(path, device)
+            if problem is None:
+                return step, path, state
+            fallback = "its copy in " + os.path.dirname(copies[i + 1]) if i + 1 < len(copies) else "the one before it"
+            warn(f"warning: skipping checkpoint {path}: {problem}; falling back to {fallback}")
     return None
+
+
+def load_chosen(ckpt_dir, step=-1, device="cpu", healthy_only=False, warn=print):
+    """(step, state) of the checkpoint a command that reads a run asks for (--ckpt_step): -1, the newest that
+    verifies (load_latest: None where none does); else the checkpoint of that step, which must verify and load,
+    or a ValueError that says why it does not and names the steps whose checkpoints do."""
+    if step == -1:
+        return load_latest(ckpt_dir, device, healthy_only, warn)
+    state, problem = load_verified(step_path(ckpt_dir, step), device)
+    if problem is None:
+        return step, state
+    verified = [s for s in list_steps(ckpt_dir) if s != step and verify(step_path(ckpt_dir, s)) is None]
+    choices = (
+        f"The checkpoints there that verify: {', '.join(f'step {s}' for s in verified)}; name one with --ckpt_step N"
+        if verified
+        else "No other checkpoint there verifies"
+    )
+    raise ValueError(f"the checkpoint of step {step} in {ckpt_dir} cannot be read: {problem}. {choices}")
 
 
 def retain(ckpt_dir, keep_last, keep_every):

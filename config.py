@@ -75,7 +75,13 @@ class RecoveryConfig:
     ckpt_interval: int = 100  # steps between checkpoints (in out_dir/ckpt/)
     keep_last: int = 3  # retention, dense recent: the newest keep_last checkpoints...
     keep_every: int = 1000  # ...and sparse old: every checkpoint at a multiple of this step
+    # a second run folder (on another disk or file system) whose ckpt/ holds a verified copy of every checkpoint;
+    # resume takes the newest that verifies in either
+    ckpt_mirror: str = ""
     resume: bool = False  # insist on resuming (a run whose out_dir holds checkpoints resumes anyway)
+    # the checkpoint --sample, --eval_only and --export_hf read: -1 = the newest that verifies (--export_hf: the
+    # newest, which must verify); a step = that step's, which must verify
+    ckpt_step: int = -1
     reset_optimizer: bool = False  # accept a checkpoint without optimizer state (fresh AdamW moments)
     # teaching: resume as if the checkpoint had not saved these, of optimizer,data_position,schedule
     # (fresh AdamW moments; train.bin read again from its start; the LR schedule restarted from warmup)
@@ -92,13 +98,15 @@ class RecoveryConfig:
     incident_lr_scale: float = 0.5
     rewarm_iters: int = 0  # rewarm: steps to climb from 0 back to the scheduled LR; 0 = warmup_iters
     max_incidents: int = 5  # more incidents than this stop the run
-    inject: str = ""  # faults for teaching and tests: nan@STEP,spike@STEP,crash@STEP
+    inject: str = ""  # faults for teaching and tests: nan@STEP,spike@STEP,crash@STEP,hang@STEP (faults.py)
 
     RESUMABLE = ("optimizer", "data_position", "schedule")
 
     def __post_init__(self):
         if self.repeat_response not in ("lower_lr", "rewarm"):
             raise ValueError(f"--repeat_response {self.repeat_response!r}: choose lower_lr or rewarm")
+        if self.ckpt_step < -1:
+            raise ValueError(f"--ckpt_step {self.ckpt_step}: a step that has a checkpoint, or -1 for the newest")
         unknown = set(self.forgotten_on_resume) - set(self.RESUMABLE)
         if unknown:
             raise ValueError(f"--resume_without {','.join(sorted(unknown))}: choose from {','.join(self.RESUMABLE)}")
@@ -111,21 +119,30 @@ class RecoveryConfig:
 @dataclass
 class SampleConfig:
     prompt: str = ""  # text to continue; "" = start from the end-of-text token
-    num_samples: int = 3
+    num_samples: int = 3  # 0: a training run writes no samples at its end (--sample needs at least 1)
     max_new_tokens: int = 300
-    temperature: float = 0.8
-    top_k: int = 200
+    temperature: float = 0.8  # 0 = greedy: the most likely token every time
+    top_k: int = 200  # draw among the top_k most likely tokens; 0 = all of them
     top_p: float = 1.0  # nucleus sampling: the fewest tokens whose probabilities sum to top_p; 1.0 = all of them
     kv_cache: bool = True  # keep each layer's keys and values: one token's forward per new token, not the context's
 
     def __post_init__(self):  # here, not when sampling starts: at the end of a run that would be hours later
+        if self.num_samples < 0:
+            raise ValueError(f"--num_samples {self.num_samples}: a count, 0 or more (0: a run writes no samples)")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"--max_new_tokens {self.max_new_tokens}: a count of tokens, 1 or more")
+        if not self.temperature >= 0:  # written so that nan is refused too
+            raise ValueError(f"--temperature {self.temperature}: 0 or more (0: greedy, the most likely token)")
+        if self.top_k < 0:
+            raise ValueError(f"--top_k {self.top_k}: 0 or more (0: no top-k, every token may be drawn)")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"--top_p {self.top_p}: a share of the probability, above 0 and at most 1 (1 keeps all)")
 
 
 @dataclass
 class ExportConfig:
-    export_hf: str = ""  # a mode: write the newest checkpoint in --out_dir to this folder as a transformers GPT-2
+    # a mode: write the newest checkpoint in --out_dir (or --ckpt_step's) to this folder as a transformers GPT-2
+    export_hf: str = ""
 
 
 @dataclass
@@ -174,7 +191,8 @@ NOT_FLAGS = ("vocab_size",)  # set from the data, not by hand
 FLAGS = {
     f.name: (name, f) for name, kind in CONCERNS.items() for f in dataclasses.fields(kind) if f.name not in NOT_FLAGS
 }
-ACTIONS = ("overwrite", "resume", "export_hf")  # what one command does to a run, not what the run is: never recorded
+# what one command does to a run, not what the run is: never recorded
+ACTIONS = ("overwrite", "resume", "ckpt_step", "export_hf")
 SETTINGS = [name for name in FLAGS if name not in ACTIONS]  # what a run.json's recorded configuration sets: all of them
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
 DEFAULT_PRESET = "tiny"
@@ -336,12 +354,14 @@ def parse_args(argv):
     )
     # a boolean flag alone means true (--resume); --resume true|false also works
     boolean = dict(type=parse_bool, nargs="?", const=True, metavar="true|false")
-    parser.add_argument("--sample", default=False, help="sample from the newest checkpoint in --out_dir", **boolean)
+    parser.add_argument(
+        "--sample", default=False, help="sample from the newest checkpoint in --out_dir (or --ckpt_step's)", **boolean
+    )
     parser.add_argument(
         "--eval_only",
         default=False,
         help="val loss and the benchmark of the newest checkpoint in "
-        "--out_dir, logged to its metrics.jsonl; no training",
+        "--out_dir (or --ckpt_step's), logged to its metrics.jsonl; no training",
         **boolean,
     )
     for name, (concern, f) in FLAGS.items():
@@ -377,4 +397,11 @@ def parse_args(argv):
             for concern, kind in CONCERNS.items()
         }
     )
+    if not modes and configs.recovery.ckpt_step != -1:  # a run resumes from its newest: the flag would do nothing
+        parser.error(
+            f"--ckpt_step {configs.recovery.ckpt_step} chooses the checkpoint --sample, --eval_only or --export_hf "
+            "reads: give it with one of them"
+        )
+    if modes == ["sample"] and configs.sample.num_samples == 0:
+        parser.error("--sample with --num_samples 0 would print nothing: give --num_samples 1 or more")
     return preset, modes[0] if modes else "train", configs

@@ -73,8 +73,10 @@ class TiktokenTokenizer:
             self.encoding = tiktoken.get_encoding(name)
         except Exception as e:  # tiktoken raises requests' or its own errors when offline
             raise ValueError(
-                f"tokenizer {name!r} is not available offline ({type(e).__name__}: {e}). "
-                "Point TIKTOKEN_CACHE_DIR at a folder holding tiktoken's cached files for it, "
+                f"tokenizer {name!r} is not available offline ({type(e).__name__}: {e}). tiktoken downloads its "
+                "files once and keeps them in the folder TIKTOKEN_CACHE_DIR names (unset: data-gym-cache in the "
+                "system's temp folder): run once with network, with TIKTOKEN_CACHE_DIR set to a folder that lasts, or "
+                "copy that folder from a machine where it holds them and point TIKTOKEN_CACHE_DIR at the copy; "
                 "or use --tokenizer byte, which needs no download."
             ) from None
         self.name = name
@@ -197,6 +199,7 @@ def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22, shard_chars=
     if any(is_json_lines(path) for path in files):  # which field was read is part of what the data is
         identity["text_field"] = config.text_field
     meta_path = os.path.join(data_dir, "meta.json")
+    shard_dir = os.path.join(data_dir, "shards.partial")  # finished shards of an unfinished prepare
     if os.path.exists(meta_path):
         old = load_meta(data_dir)
         if all(old.get(k) == v for k, v in identity.items()):
@@ -208,10 +211,18 @@ def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22, shard_chars=
                 f"{data_dir} already holds data prepared differently ({', '.join(changed)} differ). Choose "
                 f"another --data_dir, or replace it: python data.py --overwrite --out_dir {data_dir} --source ..."
             )
+    # token files without meta.json, and no prepare of ours cut short there (it keeps shard_dir until meta.json is
+    # written): someone else's, such as nanoGPT's train.bin and val.bin, never replaced unasked
+    held = [name for name in ("train.bin", "val.bin") if os.path.exists(os.path.join(data_dir, name))]
+    if held and not os.path.exists(meta_path) and not os.path.isdir(shard_dir) and not overwrite:
+        raise ValueError(
+            f"{data_dir} holds {' and '.join(held)} but no meta.json, so they are not token files of ours (nanoGPT "
+            f"writes such files too); nothing there was touched. Choose another --data_dir, or replace them: "
+            f"python data.py --overwrite --out_dir {data_dir} --source ..."
+        )
 
     tokenizer = get_tokenizer(config.tokenizer)
     dtype = token_dtype(tokenizer.vocab_size)
-    shard_dir = os.path.join(data_dir, "shards.partial")  # finished shards of an unfinished prepare
     plan = dict(identity, chunk_chars=chunk_chars, shard_chars=shard_chars, dtype=np.dtype(dtype).name)
     if os.path.exists(shard_dir) and read_json(os.path.join(shard_dir, "plan.json")) != plan:
         shutil.rmtree(shard_dir)  # left by a prepare of other inputs: of no use here

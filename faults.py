@@ -3,15 +3,17 @@
     python train.py --inject nan@1000 --out_dir out/nan       # a NaN weight, as from a flipped bit
     python train.py --inject spike@1000 --out_dir out/spike   # one batch of garbage, as from a corrupt shard
     python train.py --inject crash@500 --out_dir out/crash    # SIGKILL; run the same command again to resume
+    python train.py --inject hang@500 --dp 2 --dist_timeout 30 ...   # a rank that stops responding, alive
 
 The health monitor (monitor.py) must catch the first two and the runbook
 (train.respond_to_incident) recover from them; the third is what checkpoints
-and exact resume are for.
+and exact resume are for; the fourth is what the heartbeats (cluster.py) name.
 """
 
 import json
 import os
 import signal
+import time
 
 import torch
 
@@ -19,15 +21,17 @@ from files import write_json_atomic
 
 
 class FaultInjector:
-    """--inject nan@S,spike@S,crash@S. Each fault fires once, ever: fired faults are
+    """--inject nan@S,spike@S,crash@S,hang@S. Each fault fires once, ever: fired faults are
     remembered in out_dir/injected.json, so a resumed run does not crash again.
 
     - nan: one weight becomes NaN before step S (a flipped bit); every loss after is NaN.
     - spike: step S trains on garbage instead of its batch (see garbage_batches).
     - crash: the process kills itself before step S (a dying machine).
+    - hang: the process sleeps forever before step S, alive but silent (stuck I/O, a wedged device); the
+      others wait for it in their next collective until --dist_timeout.
     """
 
-    KINDS = ("nan", "spike", "crash")
+    KINDS = ("nan", "spike", "crash", "hang")
 
     def __init__(self, spec, out_dir, vocab_size, rank=0, active=True):
         self.vocab_size, self.rank = vocab_size, rank
@@ -61,6 +65,9 @@ class FaultInjector:
             print(f"rank {self.rank}: injecting fault: {fault} at step {step}", flush=True)
             if fault == "crash":  # Windows has no SIGKILL; its SIGTERM ends a process as abruptly
                 os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))
+            elif fault == "hang":
+                while True:
+                    time.sleep(3600)
             elif fault == "nan":
                 with torch.no_grad():
                     weight = next(model.module.parameters())  # under --dp_mode fsdp a DTensor: its local shard

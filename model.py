@@ -366,7 +366,8 @@ class GPT(nn.Module):
         """Extend idx (B, T0) by max_new_tokens sampled tokens -> (B, T0 + max_new_tokens).
 
         Each token is drawn from the last position's logits / temperature, restricted first to the top_k most
-        likely tokens (None: all), then to the nucleus of top_p among those (filter_top_p; 1.0: all). on_token,
+        likely tokens (None: all), then to the nucleus of top_p among those (filter_top_p; 1.0: all); temperature
+        0 is greedy: the most likely token, which both restrictions keep, drawing no random number. on_token,
         if given, gets each new (B, 1) column as soon as it is drawn (sample.py prints it).
 
         kv_cache keeps each layer's keys and values (KVCache): a new token then costs one position's forward
@@ -377,6 +378,8 @@ class GPT(nn.Module):
         token thus costs a whole context's forward, with the cache or without."""
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p {top_p} must lie in (0, 1]: the probability mass to keep (1.0: all tokens)")
+        if not temperature >= 0:
+            raise ValueError(f"temperature {temperature} must be 0 (greedy) or more")
         block_size, cache = self.config.block_size, None
         for _ in range(max_new_tokens):
             context = idx[:, -block_size:]
@@ -388,13 +391,17 @@ class GPT(nn.Module):
                 logits, _ = self(context, cache=cache)
             else:  # one position's forward: the newest token against the kept keys and values
                 logits, _ = self(idx[:, -1:], cache=cache)
-            logits = logits[:, -1, :].float() / max(temperature, 1e-6)  # (B, V)
-            if top_k is not None:
-                kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
-                logits[logits < kth] = -float("inf")
-            if top_p < 1:
-                logits = filter_top_p(logits, top_p)
-            next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)  # (B, 1)
+            logits = logits[:, -1, :].float()  # (B, V)
+            if temperature == 0:  # greedy
+                next_token = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+            else:
+                logits = logits / max(temperature, 1e-6)  # the floor keeps a tiny temperature's logits finite
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                    logits[logits < kth] = -float("inf")
+                if top_p < 1:
+                    logits = filter_top_p(logits, top_p)
+                next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)  # (B, 1)
             idx = torch.cat((idx, next_token), dim=1)
             if on_token is not None:
                 on_token(next_token)

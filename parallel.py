@@ -132,11 +132,13 @@ class ProcessGrid:
     talks at every layer and needs the fast links inside a machine; PP talks
     only between stages; DP once per step. Each rank belongs to one group per
     dimension; every rank creates every group (torch.distributed requires it)
-    and keeps its own.
+    and keeps its own. Each group's collectives wait at most timeout_seconds for a
+    missing rank (--dist_timeout), as the world's do: a new group's own default is 30 minutes.
     """
 
-    def __init__(self, dp, tp, pp, rank=0, world_size=1):
+    def __init__(self, dp, tp, pp, rank=0, world_size=1, timeout_seconds=None):
         check_grid(dp, tp, pp, world_size)
+        self.timeout = None if timeout_seconds is None else timedelta(seconds=timeout_seconds)
         self.dp, self.tp, self.pp, self.rank, self.world_size = dp, tp, pp, rank, world_size
         self.dp_rank, rest = divmod(rank, pp * tp)
         self.pp_rank, self.tp_rank = divmod(rest, tp)
@@ -158,7 +160,7 @@ class ProcessGrid:
     def _make_groups(self, rank_lists):
         mine = None
         for ranks in rank_lists:
-            group = dist.new_group(ranks.tolist())
+            group = dist.new_group(ranks.tolist(), timeout=self.timeout)
             if self.rank in ranks.tolist():
                 mine = group
         return mine

@@ -3,7 +3,8 @@
 A run writes run.json (what makes it this run; under "config", the
 configuration it was trained with, which `--config OUT/run.json` repeats),
 metrics.jsonl, incidents.jsonl, injected.json, metrics.png, pipeline.png,
-samples.txt and ckpt/ into its out_dir. A second command with the same out_dir
+samples.txt and ckpt/ into its out_dir; the job that runs it keeps lock.json
+and heartbeat/ there (cluster.py). A second command with the same out_dir
 continues that run, or is refused: nothing of an earlier run, and nothing that
 is not a run of ours, is overwritten unless --overwrite says so.
 """
@@ -73,6 +74,8 @@ RUN_FILES = (
     "ckpt",
     "run.json",
 )
+# What the job that runs in the folder keeps there (cluster.py), not the run: a new job writes its own over them
+JOB_FILES = ("lock.json", "heartbeat")
 # A run may continue with these changed: a larger max_iters trains further, a lower LR (or a
 # longer warmup) is what the runbook asks of a person after repeated incidents, and a mix's sources and
 # weights may change mid-run (curriculum training), the LR schedule going on as it was.
@@ -89,18 +92,20 @@ def config_changes(old, new, ignore=()):
     ]
 
 
-def check_out_dir_is_ours(out_dir):
-    """Refuse, before anything is written, a folder that holds anything but a run of ours."""
+def check_out_dir_is_ours(out_dir, flag="--out_dir"):
+    """Refuse, before anything is written, a folder that holds anything but a run of ours (flag: the flag that
+    named it: --out_dir, or --ckpt_mirror, a run folder for the checkpoints' second copy)."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise ValueError(f"--out_dir {out_dir} is a file, not a folder: choose another --out_dir")
-    if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.exists(os.path.join(out_dir, "run.json")):
+        raise ValueError(f"{flag} {out_dir} is a file, not a folder: choose another {flag}")
+    held = set(os.listdir(out_dir)) - set(JOB_FILES) if os.path.isdir(out_dir) else set()
+    if held and not os.path.exists(os.path.join(out_dir, "run.json")):
         raise ValueError(
-            f"--out_dir {out_dir} is not empty and holds no run.json, so it is not a run of ours; nothing in it "
-            "was touched. Choose a new or empty --out_dir."
+            f"{flag} {out_dir} is not empty and holds no run.json, so it is not a run of ours; nothing in it "
+            f"was touched. Choose a new or empty {flag}."
         )
 
 
-def prepare_out_dir(out_dir, identity, overwrite, defaults):
+def prepare_out_dir(out_dir, identity, overwrite, defaults, flag="--out_dir"):
     """Make out_dir this run's folder, refusing to mix two runs in one: a folder of another run is
     refused unless --overwrite starts this one afresh there. Returns the CONTINUABLE fields that
     differ from the run already there, for the caller to record (record_identity) once it has
@@ -123,7 +128,7 @@ def prepare_out_dir(out_dir, identity, overwrite, defaults):
     if changed:
         raise ValueError(
             f"{out_dir} holds a different run, whose checkpoints cannot continue with this config "
-            f"({'; '.join(changed)}). Choose another --out_dir, or start over there with --overwrite."
+            f"({'; '.join(changed)}). Choose another {flag}, or start over there with --overwrite."
         )
     return config_changes(old, identity, ignore=("mix",)) + data_changes(old["data"], identity["data"])
 

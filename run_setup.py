@@ -9,17 +9,20 @@ health monitor and the fault injector; and check_epochs, the guard start runs on
 import contextlib
 import json
 import os
+import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 import checkpoint
 import cost
+from cluster import Watch, end_with_launcher
 from config import Configs
-from data import TokenStream, default_data_dir, load_or_prepare
+from data import TokenStream, default_data_dir, get_tokenizer, load_or_prepare
 from evaluation import read_benchmark
 from faults import FaultInjector
 from mixture import Mix, MixedStream, mix_meta, prepare_sources, read_mix, weights_at
@@ -149,6 +152,7 @@ class Run:
     tokens_per_step: int  # all ranks together
     flops_per_token: float  # of the whole single-device model, whatever share this rank holds
     peak_flops: float | None  # one device's peak, for MFU; None on CPU
+    watch: Watch  # stop signals, heartbeats and the run folder's lock (cluster.py), until the job ends
     tracker: Tracker = field(default_factory=Tracker)  # --log_to's TensorBoard / W&B on rank 0 (tracking.py); else none
     comm_compared: bool = False  # the first logged step printed its measured bytes beside the closed form
     measured_state: int | None = None  # monitor.state_bytes at this process's first update, until logged
@@ -163,6 +167,12 @@ class Run:
     @property
     def ckpt_dir(self):
         return os.path.join(self.out_dir, "ckpt")
+
+    @property
+    def ckpt_dirs(self):
+        """Where its checkpoints are kept: ckpt_dir, and --ckpt_mirror's second copy if given."""
+        mirror = self.configs.recovery.ckpt_mirror
+        return [self.ckpt_dir] + ([os.path.join(mirror, "ckpt")] if mirror else [])
 
     @property
     def metrics_path(self):
@@ -182,8 +192,13 @@ def start_processes(configs):
     # before any process group exists: a collective would wait forever for a peer that refused
     check_layout(layout, configs.model, cfg.batch_size, launch.world_size, dtype)
     init_distributed(layout.dist_timeout, launch)
-    grid = ProcessGrid(layout.dp, layout.tp, layout.pp, launch.rank, launch.world_size)
+    if launch.torchrun:
+        end_with_launcher(launch.rank)  # an orphan would train on beside the next job in its folder (cluster.py)
+    grid = ProcessGrid(layout.dp, layout.tp, layout.pp, launch.rank, launch.world_size, layout.dist_timeout)
     say = print if grid.rank == 0 else (lambda *args, **kwargs: None)
+    # every generator a checkpoint saves, so that two runs of one command save the same states
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     return grid, say, device, dtype
 
@@ -195,60 +210,92 @@ def set_up(preset, configs):
     trackers = run_on_rank0(lambda: trackers_asked(cfg.log_to), grid.rank == 0)  # rank 0 logs: it needs the packages
     out_dir = out_dir_of(preset, cfg)
     run_on_rank0(lambda: check_out_dir_is_ours(out_dir), grid.rank == 0)  # before the data may land inside it
-    mix, meta, data_dirs = prepare_data(preset, configs, grid.rank == 0)
-    benchmark_examples = run_on_rank0(lambda: read_benchmark(configs.benchmark), grid.rank == 0)
-    configs, whole, initial_weights = initial_model(configs, meta, grid, say, device, out_dir)
-    global_batch = grid.dp * cfg.batch_size * cfg.gradient_accumulation_steps  # sequences per optimizer step
-    identity = run_identity(configs.model, cfg, meta, global_batch)
-    defaults = identity_defaults(configs.model, cfg)
-    continued = run_on_rank0(lambda: prepare_out_dir(out_dir, identity, cfg.overwrite, defaults), grid.rank == 0)
-    check_visible_everywhere(
-        [os.path.join(d, "meta.json") for d in data_dirs.values()] + [os.path.join(out_dir, "run.json")]
-    )
-    say(f"{grid}" if grid.world_size > 1 else "single process")
-    train_stream, val_streams, eval_batches = open_token_streams(
-        mix, data_dirs, meta, cfg, configs.model.block_size, grid, say
-    )
-    # the single-device names of each AdamW group's parameters, taken before a layout cuts the model
-    optimizer_groups = [[name for name, _ in group] for group in parameter_groups(whole.named_parameters())]
-    model = model_for_rank(
-        whole, grid, configs.parallel, cfg.batch_size, dtype, autocast_context(device, dtype), cfg.compile
-    )
-    return Run(
-        configs=configs,
-        grid=grid,
-        say=say,
-        out_dir=out_dir,
-        identity=identity,
-        continued=continued,
-        initial_weights=initial_weights,
-        meta=meta,
-        mix=mix,
-        benchmark_examples=benchmark_examples,
-        train_stream=train_stream,
-        val_streams=val_streams,
-        eval_batches=eval_batches,
-        model=model,
-        optimizer_groups=optimizer_groups,
-        optimizer=make_optimizer(model.module, cfg, device, model.dp),
-        scaler=torch.amp.GradScaler(device.type, enabled=dtype == torch.float16),
-        dtype=dtype,
-        monitor=HealthMonitor(
-            recovery.monitor_window,
-            recovery.spike_factor,
-            recovery.grad_z_threshold,
-            recovery.val_rise_evals,
-            recovery.triggers.split(","),
-        ),
-        # faults strike one process, the last rank, as a failing machine would
-        injector=FaultInjector(
-            recovery.inject, out_dir, meta["vocab_size"], grid.rank, grid.rank == grid.world_size - 1
-        ),
-        tokens_per_step=global_batch * configs.model.block_size,
-        flops_per_token=cost.flops_per_token(configs.model),
-        peak_flops=cost.device_peak_flops(device, cfg.peak_tflops),
-        tracker=Tracker(trackers if grid.rank == 0 else (), out_dir, hyperparameters(configs, identity)),
-    )
+    watch = Watch(out_dir, grid, say)  # the folder's lock first: one job per run folder (cluster.py)
+    with contextlib.ExitStack() as on_failure:  # a set-up that fails releases the lock
+        on_failure.callback(watch.close)
+        mix, meta, data_dirs = prepare_data(preset, configs, grid.rank == 0)
+        benchmark_examples = run_on_rank0(lambda: read_benchmark(configs.benchmark), grid.rank == 0)
+        run_on_rank0(lambda: check_tokenizer_at_hand(configs, meta), grid.rank == 0)
+        configs, whole, initial_weights = initial_model(configs, meta, grid, say, device, out_dir)
+        global_batch = grid.dp * cfg.batch_size * cfg.gradient_accumulation_steps  # sequences per optimizer step
+        identity = run_identity(configs.model, cfg, meta, global_batch)
+        defaults = identity_defaults(configs.model, cfg)
+        continued = run_on_rank0(lambda: prepare_out_dir(out_dir, identity, cfg.overwrite, defaults), grid.rank == 0)
+        if recovery.ckpt_mirror:  # a run folder of its own, so another run's copies are never taken for this one's
+            mirror = recovery.ckpt_mirror
+            run_on_rank0(lambda: prepare_mirror(mirror, identity, cfg.overwrite, defaults), grid.rank == 0)
+        check_visible_everywhere(
+            [os.path.join(d, "meta.json") for d in data_dirs.values()] + [os.path.join(out_dir, "run.json")]
+        )
+        say(f"{grid}" if grid.world_size > 1 else "single process")
+        train_stream, val_streams, eval_batches = open_token_streams(
+            mix, data_dirs, meta, cfg, configs.model.block_size, grid, say
+        )
+        # the single-device names of each AdamW group's parameters, taken before a layout cuts the model
+        optimizer_groups = [[name for name, _ in group] for group in parameter_groups(whole.named_parameters())]
+        model = model_for_rank(
+            whole, grid, configs.parallel, cfg.batch_size, dtype, autocast_context(device, dtype), cfg.compile
+        )
+        run = Run(
+            configs=configs,
+            grid=grid,
+            say=say,
+            out_dir=out_dir,
+            identity=identity,
+            continued=continued,
+            initial_weights=initial_weights,
+            meta=meta,
+            mix=mix,
+            benchmark_examples=benchmark_examples,
+            train_stream=train_stream,
+            val_streams=val_streams,
+            eval_batches=eval_batches,
+            model=model,
+            optimizer_groups=optimizer_groups,
+            optimizer=make_optimizer(model.module, cfg, device, model.dp),
+            scaler=torch.amp.GradScaler(device.type, enabled=dtype == torch.float16),
+            dtype=dtype,
+            monitor=HealthMonitor(
+                recovery.monitor_window,
+                recovery.spike_factor,
+                recovery.grad_z_threshold,
+                recovery.val_rise_evals,
+                recovery.triggers.split(","),
+            ),
+            # faults strike one process, the last rank, as a failing machine would
+            injector=FaultInjector(
+                recovery.inject, out_dir, meta["vocab_size"], grid.rank, grid.rank == grid.world_size - 1
+            ),
+            tokens_per_step=global_batch * configs.model.block_size,
+            flops_per_token=cost.flops_per_token(configs.model),
+            peak_flops=cost.device_peak_flops(device, cfg.peak_tflops),
+            tracker=Tracker(trackers if grid.rank == 0 else (), out_dir, hyperparameters(configs, identity)),
+            watch=watch,
+        )
+        on_failure.pop_all()
+        return run
+
+
+def check_tokenizer_at_hand(configs, meta):
+    """The end of a run decodes its samples and tokenizes the benchmark with the data's tokenizer, which the token
+    files do not need: a machine without it (offline, tiktoken's files not cached) finds out now, not after the
+    last step."""
+    uses = []
+    if configs.sample.num_samples:
+        uses.append(f"writes {configs.sample.num_samples} samples (--num_samples 0: none)")
+    if configs.benchmark.benchmark:
+        uses.append(f"scores --benchmark {configs.benchmark.benchmark}")
+    if not uses:
+        return
+    try:
+        get_tokenizer(meta["tokenizer"])
+    except ValueError as e:
+        raise ValueError(f"at its end this run {' and '.join(uses)} with its data's tokenizer: {e}") from None
+
+
+def prepare_mirror(mirror, identity, overwrite, defaults):
+    check_out_dir_is_ours(mirror, "--ckpt_mirror")
+    prepare_out_dir(mirror, identity, overwrite, defaults, "--ckpt_mirror")
 
 
 def prepare_data(preset, configs, is_rank0):

@@ -2,12 +2,13 @@
 
     python train.py --sample --out_dir out/tiny --prompt "def " --num_samples 2
 
-A run samples from its final weights when it ends (samples.txt); `--sample`
-samples again from the newest checkpoint in --out_dir, printing each sample as
+A run samples from its final weights when it ends (samples.txt; none with
+--num_samples 0); `--sample` samples again from the newest checkpoint in
+--out_dir (or the one of step --ckpt_step), printing each sample as
 its tokens come (TextPrinter: only whole characters, also where a UTF-8
 character spans byte or BPE tokens). Either way the model is a plain
 single-device GPT, whatever layout trained it, and generates with its KV cache
-unless --kv_cache false; --temperature, --top_k, then --top_p shape each draw.
+unless --kv_cache false; --temperature (0: greedy), --top_k, then --top_p shape each draw.
 """
 
 import functools
@@ -120,12 +121,14 @@ class TextPrinter:
 
 
 def sample(preset, configs, device):
-    """--sample: print samples from the newest checkpoint in --out_dir (or out/<preset>), each as it comes."""
+    """--sample: print samples from the newest checkpoint in --out_dir (or out/<preset>), or --ckpt_step's, each as it
+    comes."""
     torch.manual_seed(configs.train.seed)
     ckpt_dir = os.path.join(out_dir_of(preset, configs.train), "ckpt")
-    latest = checkpoint.load_latest(ckpt_dir, device)
+    latest = checkpoint.load_chosen(ckpt_dir, configs.recovery.ckpt_step, device)
     if latest is None:
         raise ValueError(f"no checkpoint in {ckpt_dir}: train first (python train.py --out_dir ...)")
-    _, state = latest
+    step, state = latest
+    print(f"sampling from {checkpoint.step_path(ckpt_dir, step)}", file=sys.stderr)  # stdout: the samples alone
     model = single_device_model(recorded_gpt_config(state["config"]), state["model"], device)
     sample_texts(model, get_tokenizer(state["meta"]["tokenizer"]), configs.sample, device, stream=sys.stdout)

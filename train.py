@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 import checkpoint
 import cost
+from cluster import PREEMPTED
 from comm_count import take_busiest_comm_bytes, take_comm_bytes
 from config import config_file_form, parse_args
 from data import get_tokenizer
@@ -156,51 +157,56 @@ def train(preset, configs):
     """The chapter's loop: forward -> CLM loss -> backward -> clip -> AdamW, evaluated and
     watched as it goes, checkpointed every few steps, rolled back when an incident strikes."""
     run = set_up(preset, configs)
-    cfg, monitor = run.configs.train, run.monitor
-    step = start(run)  # 0, or where the newest checkpoint left off
-    # run.json's "config": this command's settings, which `--config OUT/run.json` repeats
-    run_on_rank0(lambda: record_config(run.out_dir, config_file_form(preset, configs)), run.is_rank0)
-    measure_state_at_the_first_update(run)
-    throughput = Throughput(run.tokens_per_step)
-    while True:
-        record, eval_warnings = {"step": step}, []
-        if evaluation_due(step, cfg):
-            with throughput.paused():
-                record.update(validate(run, step))  # val_loss; for a mix, each source's too, and the tokens read
-            eval_warnings = monitor.check_eval(record["val_loss"])
-            if monitor.is_incident(eval_warnings):
-                step = respond_to_incident(run, step, eval_warnings)
+    with run.watch:  # the stop signals, heartbeats and the folder's lock, until the job ends (cluster.py)
+        cfg, monitor = run.configs.train, run.monitor
+        step = start(run)  # 0, or where the newest checkpoint left off
+        # run.json's "config": this command's settings, which `--config OUT/run.json` repeats
+        run_on_rank0(lambda: record_config(run.out_dir, config_file_form(preset, configs)), run.is_rank0)
+        measure_state_at_the_first_update(run)
+        throughput = Throughput(run.tokens_per_step)
+        while True:
+            record, eval_warnings = {"step": step}, []
+            if evaluation_due(step, cfg):
+                with throughput.paused():
+                    record.update(validate(run, step))  # val_loss; for a mix, each source's too, and the tokens read
+                eval_warnings = monitor.check_eval(record["val_loss"])
+                if monitor.is_incident(eval_warnings):
+                    step = respond_to_incident(run, step, eval_warnings)
+                    continue
+            if step == cfg.max_iters:
+                final_evaluation = record  # evaluation_due(max_iters): the last weights were just judged
+                break
+
+            run.watch.beat(step)  # this rank's heartbeat: alive, at this step
+            next_batch = run.injector.strike(step, run.model, run.train_stream)  # the data, unless a fault is due
+            lr = step_lr(step, cfg, run.configs.recovery, run.recovery)
+            take_comm_bytes()  # this step's communication is counted from zero (log_step reads it)
+            loss, grad_norm = optimizer_step(run.model, run.optimizer, run.scaler, next_batch, lr, cfg)
+            # the logged loss is the mean over DP ranks; the grad norm is already that of the averaged gradient
+            loss = all_reduce_mean(loss, run.grid.dp_group, run.grid.dp).item()  # .item() waits for the device
+            grad_norm = grad_norm.item()
+            overflow = skipped_for_fp16_overflow(run.scaler, loss, grad_norm)
+            grad_norm_z, fired = (0.0, []) if overflow else monitor.check_step(loss, grad_norm)
+            fired += eval_warnings
+            if monitor.is_incident(fired):
+                step = respond_to_incident(run, step, fired)
                 continue
-        if step == cfg.max_iters:
-            final_evaluation = record  # evaluation_due(max_iters): the last weights were just judged
-            break
+            for detector, values in fired:
+                run.say(f"warning at step {step}: {detector} {values}; the next checkpoint is marked unhealthy")
+            throughput.step_done()
 
-        next_batch = run.injector.strike(step, run.model, run.train_stream)  # the data, unless a fault is due
-        lr = step_lr(step, cfg, run.configs.recovery, run.recovery)
-        take_comm_bytes()  # this step's communication is counted from zero (log_step reads it)
-        loss, grad_norm = optimizer_step(run.model, run.optimizer, run.scaler, next_batch, lr, cfg)
-        # the logged loss is the mean over DP ranks; the grad norm is already that of the averaged gradient
-        loss = all_reduce_mean(loss, run.grid.dp_group, run.grid.dp).item()  # .item() waits for the device
-        grad_norm = grad_norm.item()
-        overflow = skipped_for_fp16_overflow(run.scaler, loss, grad_norm)
-        grad_norm_z, fired = (0.0, []) if overflow else monitor.check_step(loss, grad_norm)
-        fired += eval_warnings
-        if monitor.is_incident(fired):
-            step = respond_to_incident(run, step, fired)
-            continue
-        for detector, values in fired:
-            run.say(f"warning at step {step}: {detector} {values}; the next checkpoint is marked unhealthy")
-        throughput.step_done()
-
-        record.update(loss=loss, lr=lr, grad_norm=grad_norm, grad_norm_z=grad_norm_z)
-        if overflow:
-            record["skipped"] = f"fp16 overflow; loss scale now {run.scaler.get_scale():g}"
-        if log_due(step, record, cfg):
-            log_step(run, record, throughput)
-        step += 1
-        if step % run.configs.recovery.ckpt_interval == 0 or step == cfg.max_iters:
-            save_checkpoint(run, step)
-    finish(run, final_evaluation)
+            record.update(loss=loss, lr=lr, grad_norm=grad_norm, grad_norm_z=grad_norm_z)
+            if overflow:
+                record["skipped"] = f"fp16 overflow; loss scale now {run.scaler.get_scale():g}"
+            if log_due(step, record, cfg):
+                log_step(run, record, throughput)
+            step += 1
+            stop = run.watch.stop_requested(run.model.device)  # SIGTERM or SIGUSR1, on any rank
+            if stop or step % run.configs.recovery.ckpt_interval == 0 or step == cfg.max_iters:
+                save_checkpoint(run, step)
+            if stop:
+                stop_for_signal(run, step)
+        finish(run, final_evaluation)
 
 
 def evaluation_due(step, cfg):
@@ -235,12 +241,17 @@ def skipped_for_fp16_overflow(scaler, loss, grad_norm):
 
 
 def evaluate_only(preset, configs):
-    """--eval_only: the final check of the newest checkpoint in out_dir, with no training."""
+    """--eval_only: the final check of the newest checkpoint in out_dir (or --ckpt_step's), with no training."""
     out_dir = out_dir_of(preset, configs.train)
     if not os.path.isdir(os.path.join(out_dir, "ckpt")):
         raise ValueError(f"--eval_only: {out_dir} holds no checkpoints; train there first, or point --out_dir at a run")
-    run = set_up(preset, configs)
-    latest = load_checkpoint(run)
+    run = set_up(preset, replace(configs, sample=replace(configs.sample, num_samples=0)))  # it writes no samples
+    with run.watch:
+        evaluate_newest(run)
+
+
+def evaluate_newest(run):
+    latest = load_checkpoint(run, ckpt_step=run.configs.recovery.ckpt_step)
     if latest is None:
         raise ValueError(f"--eval_only: no checkpoint in {run.ckpt_dir} verifies")
     step, state = latest
@@ -296,6 +307,19 @@ def start(run):
     if run.is_rank0:
         write_jsonl(run.metrics_path, run.records)
     return step
+
+
+def stop_for_signal(run, step):
+    """A stop signal reached the job and the checkpoint of `step` is written: end every rank with cluster.PREEMPTED,
+    which a scheduler's script (examples/slurm/train.sbatch) reads as "requeue me"."""
+    received = run.watch.signals.received or "a stop signal to another rank"
+    run.say(
+        f"{received}: stopped after step {step - 1} and wrote the checkpoint of step {step} in {run.ckpt_dir}. Run "
+        f"the same command to resume from it (exit code {PREEMPTED})",
+        flush=True,
+    )
+    run.tracker.close()
+    sys.exit(PREEMPTED)
 
 
 def refuse_finished_run(run, finished_at):
@@ -454,8 +478,9 @@ def restore_checkpoint(run, state, forget=()):
     # exercise checkpoint, restore_checkpoint: end
 
 
-def load_checkpoint(run, healthy_only=False):
-    """(step, state) of the newest checkpoint that verifies (and is marked healthy, if asked), or None.
+def load_checkpoint(run, healthy_only=False, ckpt_step=-1):
+    """(step, state) of the newest checkpoint that verifies (and is marked healthy, if asked), or None; given
+    ckpt_step (--ckpt_step), that step's, which must verify (checkpoint.load_chosen).
 
     Rank 0 chooses and every rank loads its choice: a rank that looked for itself could find
     a checkpoint rank 0 wrote a moment ago, and resume while the others start afresh. Every
@@ -465,17 +490,23 @@ def load_checkpoint(run, healthy_only=False):
 
     def choose():
         nonlocal latest
-        latest = checkpoint.load_latest(run.ckpt_dir, healthy_only=healthy_only, warn=run.say)
-        if latest is None:
+        if ckpt_step != -1:
+            latest = checkpoint.load_chosen(run.ckpt_dir, ckpt_step, healthy_only=healthy_only, warn=run.say)
+            return None if latest is None else checkpoint.step_path(run.ckpt_dir, ckpt_step)
+        found = checkpoint.find_latest(run.ckpt_dirs, healthy_only=healthy_only, warn=run.say)
+        if found is None:
             return None
-        step, _ = latest
-        return step
+        step, path, state = found
+        if os.path.dirname(path) != run.ckpt_dir:
+            run.say(f"taking the checkpoint of step {step} from the mirror: {path}")
+        latest = step, state
+        return path
 
-    step = run_on_rank0(choose, run.is_rank0)
-    if step is not None and not run.is_rank0:
-        path = checkpoint.step_path(run.ckpt_dir, step)
+    path = run_on_rank0(choose, run.is_rank0)
+    if path is not None and not run.is_rank0:
         try:
-            latest = step, checkpoint.load(path)
+            state = checkpoint.load(path)
+            latest = state["step"], state
         except Exception as e:  # unreadable here: stop every rank with the reason, rather than hang them
             problem = f"rank {run.grid.rank} could not load {path}, which rank 0 chose ({type(e).__name__}: {e})"
     raise_on_every_rank(problem)
@@ -489,7 +520,10 @@ def save_checkpoint(run, step):
 
     def write():
         checkpoint.save(run.ckpt_dir, step, state, healthy)
-        checkpoint.retain(run.ckpt_dir, run.configs.recovery.keep_last, run.configs.recovery.keep_every)
+        if run.configs.recovery.ckpt_mirror:
+            checkpoint.mirror(*run.ckpt_dirs, step)
+        for folder in run.ckpt_dirs:
+            checkpoint.retain(folder, run.configs.recovery.keep_last, run.configs.recovery.keep_every)
 
     run_on_rank0(write, run.is_rank0)
 
@@ -522,7 +556,10 @@ def respond_to_incident(run, step, fired):
     elif response == "rewarm":
         recovery.rewarm_from = restored
     run.recovery = recovery  # what the incidents did survives the restore of the older state
-    discarded = run_on_rank0(lambda: checkpoint.discard_after(run.ckpt_dir, restored), run.is_rank0)
+    discarded = run_on_rank0(
+        lambda: sorted({s for folder in run.ckpt_dirs for s in checkpoint.discard_after(folder, restored)}),
+        run.is_rank0,
+    )
     save_checkpoint(run, restored)  # the restored state, with the skip and the response, so a crash now keeps them
     run.records = [r for r in run.records if r["step"] < restored]
     incident["action"] = {
@@ -651,7 +688,7 @@ def main(argv=None):
         elif mode == "eval_only":
             evaluate_only(preset, configs)
         elif mode == "export_hf":
-            export_run(out_dir_of(preset, configs.train), configs.export.export_hf)
+            export_run(out_dir_of(preset, configs.train), configs.export.export_hf, configs.recovery.ckpt_step)
         else:
             train(preset, configs)
     except ValueError as e:

@@ -17,11 +17,12 @@ run-time dependencies at torch, numpy, tiktoken and matplotlib, and shows that a
 weights file is nothing more. (The tests check it against the safetensors package.)
 """
 
+import contextlib
 import json
 import math
 import os
-import shutil
 import struct
+import uuid
 from dataclasses import asdict, replace
 from typing import NamedTuple
 
@@ -113,6 +114,11 @@ def _tensor_entry(name, entry, data_size, malformed):
 def write_safetensors(path, tensors, metadata=None):
     """Write {name: tensor} to path as safetensors (atomically: a reader finds the old file or the whole new
     one). metadata: {str: str}, the header's "__metadata__" (transformers looks for {"format": "pt"})."""
+    files.write_atomic(path, safetensors_writer(tensors, metadata), mode="wb")
+
+
+def safetensors_writer(tensors, metadata=None):
+    """write(f): writes {name: tensor} as a safetensors file into f, opened "wb" (write_safetensors)."""
     tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()}
     header, offset = ({"__metadata__": dict(metadata)} if metadata else {}), 0
     for name, tensor in tensors.items():
@@ -136,7 +142,7 @@ def write_safetensors(path, tensors, metadata=None):
         for tensor in tensors.values():
             f.write(tensor.reshape(-1).view(torch.uint8).numpy())  # its raw bytes, in the machine's (little) endianness
 
-    files.write_atomic(path, write, mode="wb")
+    return write
 
 
 # ----------------------------------------------------------------------------
@@ -255,7 +261,7 @@ def gpt_config_from_hf(hf_config):
     )
 
 
-EXPORTED_BY = "minipretrain"  # marks a config.json as ours: a later export may replace its folder
+EXPORTED_BY = "minipretrain"  # marks a config.json as ours: a later export may replace the files it wrote
 
 
 def hf_config(gpt_config, vocab_size, eot_id):
@@ -556,8 +562,9 @@ def _is_our_export(folder):
 def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print):
     """Write our weights to dest_dir as a transformers GPT2LMHeadModel with GPT-2's tokenizer: config.json,
     model.safetensors (fp32, the vocabulary trimmed to the tokenizer's), vocab.json, merges.txt,
-    tokenizer_config.json, special_tokens_map.json. Written into a sibling folder, then renamed into place;
-    a dest_dir that holds anything but an earlier export of ours is refused."""
+    tokenizer_config.json, special_tokens_map.json (_write_into: each under a temporary name of its own, then
+    renamed over its name). dest_dir is new, empty or an earlier export of ours; anything else is refused. Over an
+    earlier export, only those six files are replaced: a file a user added there (lm-eval's results) is kept."""
     differ = [key for key, value in GPT2_ARCHITECTURE.items() if getattr(gpt_config, key) != value]
     if differ:
         raise ValueError(
@@ -569,6 +576,7 @@ def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print):
             f"--export_hf needs GPT-2's tokenizer (transformers and lm-eval read its vocab.json and merges.txt); "
             f"this run's tokenizer is {tokenizer_name!r}: train with --tokenizer gpt2"
         )
+    dest_dir = os.path.normpath(dest_dir)
     replaceable = os.path.isdir(dest_dir) and (not os.listdir(dest_dir) or _is_our_export(dest_dir))
     if os.path.exists(dest_dir) and not replaceable:
         raise ValueError(
@@ -578,7 +586,7 @@ def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print):
     tensors = state_dict_to_hf(state_dict, tokenizer.vocab_size)
     end_of_text = tokenizer.decode([tokenizer.eot])
     special_tokens = {"bos_token": end_of_text, "eos_token": end_of_text, "unk_token": end_of_text}
-    written = {
+    contents = {  # config.json first: the mark a later export knows its folder by
         "config.json": json.dumps(hf_config(gpt_config, tokenizer.vocab_size, tokenizer.eot), indent=2).encode(),
         **{name: _gpt2_tokenizer_file(url, sha256) for name, (url, sha256) in GPT2_TOKENIZER_FILES.items()},
         "tokenizer_config.json": json.dumps(
@@ -592,36 +600,63 @@ def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print):
         ).encode(),
         "special_tokens_map.json": json.dumps(special_tokens, indent=2).encode(),
     }
-    dest_dir = os.path.normpath(dest_dir)
-    staging, previous = dest_dir + ".tmp", dest_dir + ".old"
-    for leftover in (staging, previous):  # from an export cut short
-        if os.path.isdir(leftover):
-            shutil.rmtree(leftover)
-    os.makedirs(staging)
-    for name, content in written.items():
-        files.write_synced(os.path.join(staging, name), lambda f: f.write(content), mode="wb")
-    write_safetensors(os.path.join(staging, "model.safetensors"), tensors, metadata={"format": "pt"})
-    if os.path.exists(dest_dir):  # a folder is not renamed over a non-empty one: move the old export aside first
-        os.replace(dest_dir, previous)
-    os.replace(staging, dest_dir)
-    shutil.rmtree(previous, ignore_errors=True)
-    files.fsync_dir(os.path.dirname(dest_dir) or ".")
+    writers = {name: lambda f, content=content: f.write(content) for name, content in contents.items()}
+    writers["model.safetensors"] = safetensors_writer(tensors, metadata={"format": "pt"})
+    made = not os.path.exists(dest_dir)
+    os.makedirs(dest_dir, exist_ok=True)
+    try:
+        _write_into(dest_dir, writers)
+    except BaseException:
+        if made:  # the folder this export made, now empty again (rmdir removes nothing else)
+            with contextlib.suppress(OSError):
+                os.rmdir(dest_dir)
+        raise
+    kept = sorted(name for name in os.listdir(dest_dir) if name not in writers)
     n_params = sum(t.numel() for t in tensors.values())
     say(
         f"wrote {dest_dir}: a transformers GPT-2 of {n_params:,} parameters (fp32, the vocabulary trimmed to gpt2's "
         f"{tokenizer.vocab_size}), with GPT-2's tokenizer files"
+        + (f"; the folder's other files left as they were: {', '.join(kept)}" if kept else "")
     )
 
 
-def export_run(out_dir, dest_dir, say=print):
-    """--export_hf: the newest checkpoint of the run in out_dir, exported to dest_dir (export_hf)."""
+def _write_into(folder, writers):
+    """Write each file of {name: write(f)} into folder, touching no other file there. Each is written whole under
+    a temporary name of its own (a random one, opened "x": it never takes over a file it did not create), then
+    all are renamed over their names at once, so a crash leaves the old files or the new ones but for that
+    moment. If anything fails, the temporary files are removed, and nothing else."""
+    temporary = {}
+    try:
+        for name, write in writers.items():
+            path = os.path.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
+            with open(path, "xb") as f:
+                temporary[name] = path
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+        for name, path in temporary.items():
+            os.replace(path, os.path.join(folder, name))
+    except BaseException:
+        for path in temporary.values():
+            files.remove_if_exists(path)
+        raise
+    files.fsync_dir(folder)
+
+
+def export_run(out_dir, dest_dir, ckpt_step=-1, say=print):
+    """--export_hf: the run's checkpoint of ckpt_step (--ckpt_step; -1: its newest) exported to dest_dir (export_hf).
+    The newest, not the newest that verifies as --sample and --eval_only read: an export leaves the run as its
+    model, and a warning that it holds older weights would be read by no one. So when the newest checkpoint does
+    not verify, the export is refused, naming the steps that do; --ckpt_step exports one of them."""
     ckpt_dir = os.path.join(out_dir, "ckpt")
-    latest = checkpoint.load_latest(ckpt_dir, warn=say)
-    if latest is None:
-        raise ValueError(
-            f"--export_hf: no checkpoint in {ckpt_dir} verifies: train first (python train.py --out_dir ...)"
-        )
-    step, state = latest
+    steps = checkpoint.list_steps(ckpt_dir)  # newest first
+    if not steps:
+        raise ValueError(f"--export_hf: no checkpoint in {ckpt_dir}: train first (python train.py --out_dir ...)")
+    try:
+        step, state = checkpoint.load_chosen(ckpt_dir, steps[0] if ckpt_step == -1 else ckpt_step)
+    except ValueError as e:
+        which = " exports the run's newest checkpoint, and" if ckpt_step == -1 else ":"
+        raise ValueError(f"--export_hf{which} {e}") from None
     say(f"exporting {out_dir}, its checkpoint of step {step}")
     export_hf(state["model"], recorded_gpt_config(state["config"]), state["meta"]["tokenizer"], dest_dir, say)
     say(f"score it on HellaSwag: lm_eval --model hf --model_args pretrained={dest_dir} --tasks hellaswag --device cpu")

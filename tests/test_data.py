@@ -103,6 +103,19 @@ def test_failed_prepare_leaves_previous_data_intact(small_corpus, tmp_path):
     assert {n: (out / n).read_bytes() for n in os.listdir(out)} == before  # no temp files, nothing changed
 
 
+def test_prepare_leaves_token_files_not_of_ours_untouched(small_corpus, tmp_path):
+    out = tmp_path / "nanogpt"  # nanoGPT's prepare.py writes train.bin and val.bin, and meta.pkl, not meta.json
+    out.mkdir()
+    theirs = {name: name.encode() for name in ("train.bin", "val.bin", "meta.pkl")}
+    for name, content in theirs.items():
+        (out / name).write_bytes(content)
+    with pytest.raises(ValueError, match=r"holds train\.bin and val\.bin but no meta\.json.*nothing there was touched"):
+        prepare(DataConfig(source=str(small_corpus)), str(out))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == theirs
+    prepare(DataConfig(source=str(small_corpus)), str(out), overwrite=True)  # asked for: replaced
+    assert (out / "meta.json").exists() and (out / "train.bin").read_bytes() != theirs["train.bin"]
+
+
 def test_glob_and_single_file_sources(small_corpus, tmp_path):
     one = prepare(DataConfig(source=str(small_corpus / "doc1.txt")), str(tmp_path / "one"))
     two = prepare(DataConfig(source=str(small_corpus / "doc[01].txt")), str(tmp_path / "two"))

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import checkpoint
+import cluster
 from config import RecoveryConfig, TrainConfig
 from runbook import Recovery, runbook_response
 from train import lr_at, read_jsonl
@@ -106,6 +107,133 @@ def test_chaos_five_crashes_resume_to_the_same_losses(workdir, clean):
     assert codes == [-signal.SIGKILL] * 5 + [0]
     assert json.loads((out / "injected.json").read_text()) == [f"crash@{s}" for s in steps]
     assert losses(out) == losses(clean)
+
+
+def test_sigterm_at_a_random_step_checkpoints_there_and_resumes_bitwise(workdir, clean):
+    """A scheduler's SIGTERM (preemption, a time limit) at a random step: the run finishes that step, writes a
+    checkpoint, and exits with cluster.PREEMPTED; the same command resumes there and logs the uninterrupted losses."""
+    out, at = workdir / "preempted", random.Random(36).randint(12, 45)
+    process = subprocess.Popen(
+        [sys.executable, *map(str, train_args(workdir, out))], cwd=workdir, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.time() + 120
+        while len(losses(out)) <= at and time.time() < deadline:
+            time.sleep(0.01)
+        process.send_signal(signal.SIGTERM)
+        stdout, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == cluster.PREEMPTED, stdout
+    stopped_at = int(re.search(r"SIGTERM: stopped after step \d+ and wrote the checkpoint of step (\d+)", stdout)[1])
+    assert at < stopped_at < 60 and checkpoint.list_steps(out / "ckpt")[0] == stopped_at
+    assert [r[0] for r in losses(out)] == list(range(stopped_at))  # nothing logged past the checkpoint
+    resumed = run_train(workdir, out)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming from the checkpoint of step {stopped_at}" in resumed.stdout
+    assert losses(out) == losses(clean)  # exact equality, not a tolerance
+    assert_same_tensors(out, clean, 60)
+
+
+def assert_same_tensors(out, reference, step):
+    """Every tensor of two runs' checkpoints of `step` equal bit for bit (the RNG states among them)."""
+    mine, theirs = (checkpoint.load(checkpoint.step_path(o / "ckpt", step)) for o in (out, reference))
+    flat_mine, flat_theirs = dict(flat_tensors(mine)), dict(flat_tensors(theirs))
+    assert flat_mine.keys() == flat_theirs.keys()
+    assert all(torch.equal(flat_mine[k], flat_theirs[k]) for k in flat_mine), [
+        k for k in flat_mine if not torch.equal(flat_mine[k], flat_theirs[k])
+    ]
+
+
+def flat_tensors(value, prefix=""):
+    if isinstance(value, torch.Tensor):
+        yield prefix, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from flat_tensors(v, f"{prefix}/{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from flat_tensors(v, f"{prefix}/{i}")
+
+
+@pytest.mark.parametrize("fault", ["corrupt", pytest.param("delete", marks=pytest.mark.integration)])
+def test_the_mirror_resumes_when_the_primarys_newest_checkpoint_is_lost(workdir, clean, fault):
+    """--ckpt_mirror: a second run folder holds a verified copy of every checkpoint. With the primary's newest
+    corrupted or deleted, the run resumes from the mirror's copy of that same step, bitwise."""
+    out, mirror = workdir / f"mirrored-{fault}", workdir / f"mirror-{fault}"
+    first = run_train(workdir, out, "--ckpt_mirror", mirror, "--inject", "crash@45")
+    assert first.returncode == -signal.SIGKILL
+    assert checkpoint.list_steps(mirror / "ckpt")[0] == 40 and (mirror / "run.json").exists()
+    newest = Path(checkpoint.step_path(out / "ckpt", 40))
+    if fault == "corrupt":
+        (newest / "state.pt").write_bytes(b"not a checkpoint")
+    else:
+        shutil.rmtree(newest)
+    resumed = run_train(workdir, out, "--ckpt_mirror", mirror, "--inject", "crash@45")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"taking the checkpoint of step 40 from the mirror: {checkpoint.step_path(mirror / 'ckpt', 40)}" in (
+        resumed.stdout
+    )
+    assert losses(out) == losses(clean)
+    assert_same_tensors(out, clean, 60)
+
+
+def test_a_mirror_folder_of_another_run_is_refused(workdir, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    refused = run_train(workdir, workdir / "mirror-refused", "--ckpt_mirror", tmp_path, "--max_iters", "2")
+    assert refused.returncode != 0 and f"--ckpt_mirror {tmp_path} is not empty and holds no run.json" in refused.stderr
+    assert os.listdir(tmp_path) == ["notes.txt"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_crash_storm_ends_with_the_uninterrupted_runs_losses_and_tensors(workdir, ranks):
+    """25 SIGKILLs at random moments, with a checkpoint every 2 steps, so that many land while one is written; the
+    same command is started again after each. Under torchrun (2 ranks) the kill goes to torchrun's process group, as
+    a cancelled job's would, and the workers, in sessions of their own, end as their launcher dies."""
+    launch = [sys.executable] + (["-m", "torch.distributed.run", "--nproc_per_node", "2"] if ranks == 2 else [])
+    steps = {1: 800, 2: 1200}[ranks]  # enough for 25 short lives (a dying launcher's workers train on a moment)
+    extra = ("--ckpt_interval", "2", "--max_iters", steps, "--eval_interval", "200", "--dp", ranks)
+
+    def command(out):
+        return [*launch, *map(str, train_args(workdir, out, *extra))]
+
+    reference = workdir / f"storm-{ranks}-reference"
+    done = subprocess.run(command(reference), cwd=workdir, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    out, rng, kills, mid_write = workdir / f"storm-{ranks}", random.Random(25 + ranks), 0, 0
+    while kills < 25:
+        job = subprocess.Popen(
+            command(out), cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        logged = len(losses(out))
+        deadline = time.time() + 120
+        while len(losses(out)) <= logged and job.poll() is None and time.time() < deadline:  # until it trains
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0, 0.4))
+        if job.poll() is not None:
+            break  # it finished first
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        kills += 1
+        mid_write += (out / "ckpt").is_dir() and any(name.endswith(".tmp") for name in os.listdir(out / "ckpt"))
+        wait_for_the_jobs_processes_to_end(out)
+    assert kills == 25, f"the run finished after {kills} kills: give it more steps"
+    last = subprocess.run(command(out), cwd=workdir, capture_output=True, text=True, timeout=600)
+    assert last.returncode == 0, last.stderr
+    print(f"{kills} kills, {mid_write} of them while a checkpoint was being written")
+    assert losses(out) == losses(reference)
+    assert_same_tensors(out, reference, steps)
+
+
+def wait_for_the_jobs_processes_to_end(out, timeout=15):
+    """Until every process the run folder's lock names has ended (a worker notices its launcher's death within
+    a second), so the next start finds a lock whose holder is gone rather than a live one."""
+    lock = out / cluster.LOCK_FILE
+    pids = [pid for _, pid in json.loads(lock.read_text())["processes"]] if lock.exists() else []
+    deadline = time.time() + timeout
+    while any(cluster.is_alive(pid) for pid in pids) and time.time() < deadline:
+        time.sleep(0.1)
 
 
 @pytest.mark.integration

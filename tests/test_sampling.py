@@ -4,6 +4,7 @@ character spans tokens. Speed is bench/sample_speed.py's job, not asserted here.
 
 import io
 import random
+import shutil
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ import torch
 import train
 from conftest import ROOT, needs_gpt2
 from config import SampleConfig
-from data import ByteTokenizer, get_tokenizer
+from data import ByteTokenizer, DataConfig, get_tokenizer, prepare
 from model import GPT, GPTConfig, KVCache, filter_top_p
 from sample import TextPrinter, sample_text, sample_texts
 
@@ -139,6 +140,18 @@ def test_top_p_one_changes_nothing():
             model.generate(prompt, 1, top_p=bad)
 
 
+def test_temperature_0_is_greedy():
+    assert drawn(FixedLogits([0.3, 0.4, 0.2, 0.1]), temperature=0) == [1]
+    model = spread_model()
+    prompt = torch.randint(256, (2, 3), generator=torch.Generator().manual_seed(3))
+    torch.manual_seed(0)
+    greedy = model.generate(prompt, 20, temperature=0, top_k=5, top_p=0.5)  # both keep the most likely token
+    assert torch.rand(1).item() == torch.rand(1, generator=torch.Generator().manual_seed(0)).item(), "no draw"
+    assert greedy.tolist() == model.generate(prompt, 20, top_k=1).tolist()
+    with pytest.raises(ValueError, match="temperature -1 must be 0"):
+        model.generate(prompt, 1, temperature=-1)
+
+
 # ----------------------------------------------------------------------------
 # streaming
 
@@ -255,3 +268,84 @@ def test_sample_from_the_command_line_with_and_without_the_cache(small_corpus, t
     # the same seed draws the same tokens, 40 past a block of 16, whether the cache is kept or not
     assert uncached.stdout.decode() == cached
     assert cached.count(" \n==========\n") == 2 and cached.startswith("the ")
+
+
+@pytest.mark.parametrize(
+    "flag, value", [("--top_k", "-1"), ("--temperature", "-1"), ("--max_new_tokens", "0"), ("--num_samples", "-1")]
+)
+def test_a_sampling_flag_out_of_range_stops_the_command_before_it_starts(flag, value, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit, match=rf"^error: {flag} {value}(\.0)?: .*or more"):
+        train.main(["--out_dir", str(out), flag, value])
+    assert not out.exists()
+
+
+def test_sample_with_no_samples_and_a_training_run_with_ckpt_step_are_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    for flags, refusal in [
+        (["--sample", "--num_samples", "0"], "--sample with --num_samples 0 would print nothing"),
+        (["--ckpt_step", "4"], "--ckpt_step 4 chooses the checkpoint --sample, --eval_only or --export_hf reads"),
+    ]:
+        with pytest.raises(SystemExit):
+            train.main(["--out_dir", str(out), *flags])
+        assert refusal in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_sample_reads_the_checkpoint_ckpt_step_names(small_corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    # fmt: off
+    run = [
+        "--source", small_corpus, "--data_dir", tmp_path / "data", "--out_dir", out, "--n_layer", "1",
+        "--n_head", "2", "--n_embd", "32", "--block_size", "16",
+    ]
+    train.main([str(a) for a in [*run, "--batch_size", "4", "--eval_iters", "1", "--max_iters", "4",
+                                 "--ckpt_interval", "2", "--num_samples", "0"]])
+    # fmt: on
+    greedy = [str(a) for a in [*run, "--sample", "--num_samples", "1", "--max_new_tokens", "30", "--temperature", "0"]]
+    capsys.readouterr()
+    train.main([*greedy, "--ckpt_step", "2"])
+    of_step_2 = capsys.readouterr()
+    assert f"sampling from {out / 'ckpt' / 'step_0000002'}" in of_step_2.err
+    with pytest.raises(
+        SystemExit,
+        match=r"the checkpoint of step 3 in .*ckpt cannot be read: there is no such checkpoint\. The checkpoints "
+        r"there that verify: step 4, step 2, step 0; name one with --ckpt_step N",
+    ):
+        train.main([*greedy, "--ckpt_step", "3"])
+    shutil.rmtree(out / "ckpt" / "step_0000004")
+    capsys.readouterr()
+    train.main(greedy)  # the newest now: step 2's
+    assert capsys.readouterr().out == of_step_2.out
+
+
+@needs_gpt2
+def test_a_run_without_its_tokenizer_stops_before_step_0(small_corpus, tmp_path, monkeypatch):
+    import tiktoken.load
+    import tiktoken.registry
+
+    data_dir = tmp_path / "data"
+    prepare(DataConfig(source=str(small_corpus), tokenizer="gpt2", workers=1), str(data_dir))  # with the tokenizer
+    # then offline: an empty tiktoken cache, no network, and no encoding this process loaded before
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty_cache"))
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
+
+    def offline(url):
+        raise ConnectionError(f"no network to fetch {url}")
+
+    monkeypatch.setattr(tiktoken.load, "read_file", offline)
+    out = tmp_path / "run"
+    # fmt: off
+    run = [
+        "--data_dir", data_dir, "--tokenizer", "gpt2", "--out_dir", out, "--n_layer", "1", "--n_head", "2",
+        "--n_embd", "32", "--block_size", "16", "--batch_size", "2", "--max_iters", "2",
+    ]
+    # fmt: on
+    with pytest.raises(
+        SystemExit,
+        match=r"at its end this run writes 3 samples \(--num_samples 0: none\) with its data's tokenizer: tokenizer "
+        r"'gpt2' is not available offline \(ConnectionError: no network .*\)\. .*run once with network.*point "
+        r"TIKTOKEN_CACHE_DIR at the copy",
+    ):
+        train.main([str(a) for a in run])
+    assert not (out / "ckpt").exists()

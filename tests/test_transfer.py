@@ -10,6 +10,7 @@ import tiktoken
 import torch
 
 import checkpoint
+import train
 import transfer
 from conftest import needs_gpt2
 from files import file_sha256
@@ -251,7 +252,7 @@ def test_export_run_takes_the_newest_checkpoint_and_says_how_to_score_it(tmp_pat
     state = {"model": model.state_dict(), "config": identity, "meta": {"tokenizer": "gpt2"}}
     checkpoint.save(str(out_dir / "ckpt"), 200, state, healthy=True)
     said = []
-    transfer.export_run(str(out_dir), str(dest), said.append)
+    transfer.export_run(str(out_dir), str(dest), say=said.append)
     assert "its checkpoint of step 200" in said[0]
     assert (
         said[-1]
@@ -262,8 +263,106 @@ def test_export_run_takes_the_newest_checkpoint_and_says_how_to_score_it(tmp_pat
     torch.testing.assert_close(written["transformer.wte.weight"], model.wte.weight[:50257].detach())
     hf_config = json.loads((dest / "config.json").read_text())
     assert (hf_config["vocab_size"], hf_config["eos_token_id"], hf_config["n_positions"]) == (50257, 50256, 32)
-    with pytest.raises(ValueError, match=r"no checkpoint in .*empty.*ckpt verifies"):
+    with pytest.raises(ValueError, match=r"--export_hf: no checkpoint in .*empty.*ckpt: train first"):
         transfer.export_run(str(tmp_path / "empty"), str(tmp_path / "hf2"))
+
+
+EXPORT_FILES = [
+    "config.json",
+    "merges.txt",
+    "model.safetensors",
+    "special_tokens_map.json",
+    "tokenizer_config.json",
+    "vocab.json",
+]
+
+
+def save_steps(out_dir, steps):
+    """A run's checkpoints of a GPT-2-shaped model, one per step, each with weights of its own; {step: its wte}."""
+    model, gpt_config = small_model(vocab_size=50304, **GPT2_SHAPED)  # padded, as a run's
+    saved = {}
+    for step in steps:
+        weights = {name: tensor + step for name, tensor in model.state_dict().items()}
+        state = {"model": weights, "config": {"GPTConfig": asdict(gpt_config)}, "meta": {"tokenizer": "gpt2"}}
+        checkpoint.save(str(out_dir / "ckpt"), step, state, healthy=True)
+        saved[step] = weights["wte.weight"][:50257]  # the rows an export keeps
+    return saved
+
+
+def exported_wte(dest):
+    return transfer.read_safetensors(str(dest / "model.safetensors"))["transformer.wte.weight"]
+
+
+@needs_gpt2
+def test_export_deletes_and_changes_nothing_it_did_not_write(tmp_path):
+    """Beside the folder (x.old/ and x.tmp/, the names an export once staged through, here a user's) and in an
+    earlier export (a file the user added) nothing but the export's own files is touched."""
+    out_dir, dest = tmp_path / "run", tmp_path / "out" / "x"
+    wte = save_steps(out_dir, [100])
+    theirs = {dest.parent / "x.old" / "weights.bin": b"mine", dest.parent / "x.tmp" / "notes.txt": b"keep me"}
+    for path, content in theirs.items():
+        path.parent.mkdir(parents=True)
+        path.write_bytes(content)
+    export = ["--export_hf", str(dest), "--out_dir", str(out_dir)]
+    train.main(export)
+    assert {path: path.read_bytes() for path in theirs} == theirs
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["x", "x.old", "x.tmp"]
+    assert sorted(p.name for p in dest.iterdir()) == EXPORT_FILES
+    torch.testing.assert_close(exported_wte(dest), wte[100])
+    (dest / "lm_eval_results.json").write_text('{"hellaswag": 0.25}')
+    wte.update(save_steps(out_dir, [200]))
+    train.main(export)  # the newest checkpoint now: step 200's, over the export of step 100
+    assert (dest / "lm_eval_results.json").read_text() == '{"hellaswag": 0.25}'
+    assert sorted(p.name for p in dest.iterdir()) == sorted([*EXPORT_FILES, "lm_eval_results.json"])  # no temporary
+    torch.testing.assert_close(exported_wte(dest), wte[200])
+    assert {path: path.read_bytes() for path in theirs} == theirs
+
+
+@needs_gpt2
+def test_an_export_that_fails_removes_only_what_it_made(tmp_path, monkeypatch):
+    model, gpt_config = small_model(vocab_size=50304, **GPT2_SHAPED)
+    before = tmp_path / "earlier"
+    transfer.export_hf(model.state_dict(), gpt_config, "gpt2", str(before))
+    (before / "notes.txt").write_text("mine")
+    contents = {p.name: p.read_bytes() for p in before.iterdir()}
+
+    def full_disk(tensors, metadata):
+        def write(f):
+            f.write(b"half of it")
+            raise OSError(28, "No space left on device")
+
+        return write
+
+    monkeypatch.setattr(transfer, "safetensors_writer", full_disk)
+    for dest in (before, tmp_path / "new"):
+        with pytest.raises(OSError, match="No space left"):
+            transfer.export_hf(model.state_dict(), gpt_config, "gpt2", str(dest))
+    assert {p.name: p.read_bytes() for p in before.iterdir()} == contents  # no temporary file left, nothing changed
+    assert not (tmp_path / "new").exists()  # the folder it made, removed
+
+
+@needs_gpt2
+def test_export_refuses_a_newest_checkpoint_that_does_not_verify_unless_ckpt_step_names_one(tmp_path):
+    out_dir, dest = tmp_path / "run", tmp_path / "hf"
+    wte = save_steps(out_dir, [100, 200])
+    state_file = out_dir / "ckpt" / "step_0000200" / checkpoint.STATE_FILE
+    state_file.write_bytes(state_file.read_bytes()[:-100])  # cut short, as a full disk leaves it
+    export = ["--export_hf", str(dest), "--out_dir", str(out_dir)]
+    with pytest.raises(
+        SystemExit,
+        match=r"--export_hf exports the run's newest checkpoint, and the checkpoint of step 200 in .*ckpt cannot be "
+        r"read: state\.pt does not match its sha256 \(truncated or corrupted\)\. The checkpoints there that verify: "
+        r"step 100; name one with --ckpt_step N",
+    ):
+        train.main(export)
+    assert not dest.exists()
+    with pytest.raises(
+        SystemExit, match=r"--export_hf: the checkpoint of step 150 in .*there is no such checkpoint.*step 100"
+    ):
+        train.main([*export, "--ckpt_step", "150"])
+    assert not dest.exists()
+    train.main([*export, "--ckpt_step", "100"])
+    torch.testing.assert_close(exported_wte(dest), wte[100])
 
 
 def test_initial_weights_from_a_run_takes_its_newest_healthy_checkpoint(tmp_path):
