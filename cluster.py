@@ -214,8 +214,8 @@ class RunLock:
         now = time.time()
         self.holder = {"processes": processes, "started": now, "renewed": now}
         held = self.read()
-        if held is not None and held["processes"] == processes:
-            held = None  # this very job, setting up again (a test, a notebook): its own lock
+        if held is not None and {tuple(p) for p in held["processes"]} & {tuple(p) for p in processes}:
+            held = None  # this very job: set up again (a test), or its workers restarted by torchrun --max-restarts
         if held is not None and is_live(held):
             raise ValueError(
                 f"{out_dir} is in use by {describe(held)}: one job per run folder. Wait for it to end or end it "

@@ -109,6 +109,15 @@ def test_chaos_five_crashes_resume_to_the_same_losses(workdir, clean):
     assert losses(out) == losses(clean)
 
 
+def test_seed_seeds_every_generator_a_checkpoint_saves(workdir, clean):
+    """Python's and numpy's generators too, not only torch's: two runs of one command save the same states."""
+    again = workdir / "clean-again"
+    assert run_train(workdir, again, "--max_iters", "2").returncode == 0
+    first, second = (checkpoint.load(checkpoint.step_path(out / "ckpt", 0)) for out in (clean, again))
+    assert first["rng"]["python"] == second["rng"]["python"]
+    assert torch.equal(first["rng"]["numpy"]["state"]["key"], second["rng"]["numpy"]["state"]["key"])
+
+
 def test_sigterm_at_a_random_step_checkpoints_there_and_resumes_bitwise(workdir, clean):
     """A scheduler's SIGTERM (preemption, a time limit) at a random step: the run finishes that step, writes a
     checkpoint, and exits with cluster.PREEMPTED; the same command resumes there and logs the uninterrupted losses."""
