@@ -251,6 +251,7 @@ def evaluate_only(preset, configs):
 
 
 def evaluate_newest(run):
+    """The final check of the newest checkpoint (or --ckpt_step's), logged to metrics.jsonl."""
     latest = load_checkpoint(run, ckpt_step=run.configs.recovery.ckpt_step)
     if latest is None:
         raise ValueError(f"--eval_only: no checkpoint in {run.ckpt_dir} verifies")
