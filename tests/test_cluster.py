@@ -68,6 +68,7 @@ def test_a_second_stop_signal_ends_the_process_at_once():
     assert done.stdout == "SIGTERM\n" and done.returncode == -signal.SIGTERM, done.stderr
 
 
+@pytest.mark.integration  # the default run has the single-process SIGTERM (test_recovery.py)
 def test_a_stop_signal_to_one_rank_stops_every_rank_with_a_checkpoint(corpus, tmp_path, monkeypatch):
     """SIGUSR1 to rank 1 alone, at step 6: both ranks finish the step, rank 0 writes the checkpoint of step 7, and
     both exit with cluster.PREEMPTED."""

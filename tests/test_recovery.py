@@ -165,7 +165,22 @@ def flat_tensors(value, prefix=""):
             yield from flat_tensors(v, f"{prefix}/{i}")
 
 
-@pytest.mark.parametrize("fault", ["corrupt", pytest.param("delete", marks=pytest.mark.integration)])
+def test_a_corrupt_newest_checkpoint_falls_back_to_its_mirrored_copy_first(tmp_path):
+    """checkpoint.find_latest over a run's ckpt/ and its --ckpt_mirror's: a step's copy in the mirror before an
+    older step; the whole run resumed from it is tested below (integration)."""
+    primary, mirror = tmp_path / "run" / "ckpt", tmp_path / "mirror" / "ckpt"
+    for step in (10, 20):
+        checkpoint.save(primary, step, {"step": step, "w": torch.full((3,), float(step))}, healthy=True)
+        checkpoint.mirror(primary, mirror, step)
+    (Path(checkpoint.step_path(primary, 20)) / "state.pt").write_bytes(b"not a checkpoint")
+    warnings = []
+    step, path, state = checkpoint.find_latest([primary, mirror], warn=warnings.append)
+    assert (step, path, state["w"].tolist()) == (20, checkpoint.step_path(mirror, 20), [20.0] * 3)
+    assert len(warnings) == 1 and f"falling back to its copy in {mirror}" in warnings[0]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("fault", ["corrupt", "delete"])
 def test_the_mirror_resumes_when_the_primarys_newest_checkpoint_is_lost(workdir, clean, fault):
     """--ckpt_mirror: a second run folder holds a verified copy of every checkpoint. With the primary's newest
     corrupted or deleted, the run resumes from the mirror's copy of that same step, bitwise."""
