@@ -16,8 +16,9 @@ Two readings of "least surprising":
     acc_norm  the lowest mean loss per ending token: the ending's length divided out
 
 Guessing scores 1/4. GPT-2 small (124M) scores about 0.29-0.30 acc_norm on the
-10,042 validation examples (0.2955 in the llm.c and build-nanogpt reproductions):
-the target of the gpt2-small preset. A model too small to read English stays
+10,042 validation examples (OpenAI's weights: 0.2955, scored this way by llm.c's
+and build-nanogpt's hellaswag.py; bands/gpt2-small.json): the target of the
+gpt2-small preset. A model too small to read English stays
 near chance, and its acc then mostly says which ending is shortest.
 
 The data is the public validation file, downloaded once and checked by sha256,

@@ -3,7 +3,8 @@
 A run writes run.json (what makes it this run; under "config", the
 configuration it was trained with, which `--config OUT/run.json` repeats),
 metrics.jsonl, incidents.jsonl, injected.json, metrics.png, pipeline.png,
-samples.txt and ckpt/ into its out_dir; the job that runs it keeps lock.json
+samples.txt and ckpt/ into its out_dir (and curves.py its plots, curves.png and
+compare.png); the job that runs it keeps lock.json
 and heartbeat/ there (cluster.py). A second command with the same out_dir
 continues that run, or is refused: nothing of an earlier run, and nothing that
 is not a run of ours, is overwritten unless --overwrite says so.
@@ -69,6 +70,8 @@ RUN_FILES = (
     "metrics.png",
     "pipeline.png",
     "samples.txt",
+    "curves.png",  # the curve reader's plots (curves.py)
+    "compare.png",
     "tensorboard",  # --log_to tensorboard (tracking.py)
     "wandb",  # --log_to wandb, offline
     "ckpt",

@@ -42,6 +42,7 @@ import cost
 from cluster import PREEMPTED
 from comm_count import take_busiest_comm_bytes, take_comm_bytes
 from config import config_file_form, parse_args
+from curves import find_band
 from data import get_tokenizer
 from evaluation import evaluate, final_check
 from mixture import weights_at
@@ -206,7 +207,7 @@ def train(preset, configs):
                 save_checkpoint(run, step)
             if stop:
                 stop_for_signal(run, step)
-        finish(run, final_evaluation)
+        finish(run, final_evaluation, preset)
 
 
 def evaluation_due(step, cfg):
@@ -378,9 +379,10 @@ def print_cost_account(run):
         run.say("cost: " + line)
 
 
-def finish(run, final_evaluation):
+def finish(run, final_evaluation, preset):
     """The end of a run: its peak memory, the layout's own account, the final check of the last weights (judged
-    in final_evaluation, validate's record), the metrics plot, samples."""
+    in final_evaluation, validate's record), the metrics plot, samples; where a band of its recipe over seeds
+    exists (bands/<preset>.json), how to read the curve against it."""
     peak = peak_memory_bytes(run.model.device)  # set against the cost account's memory line at the start
     run.say(
         f"training took {(time.perf_counter() - run.started) / 60:.1f} min"
@@ -415,6 +417,9 @@ def finish(run, final_evaluation):
         f.write("\n\n==========\n\n".join(samples) + "\n")
     shown = f"samples:\n{samples[0]}\n" if samples else ""  # --num_samples 0: none
     print(f"{shown}wrote {run.out_dir}: metrics.jsonl, metrics.png, samples.txt, ckpt/")
+    band, _ = find_band(run.identity, preset)
+    if band:  # a band of this recipe over seeds (bands/<preset>.json): the reader sets the run against it
+        print(f"is this curve normal? Against {len(band['seeds'])} seeds of its recipe: python curves.py {run.out_dir}")
 
 
 # ----------------------------------------------------------------------------

@@ -1,0 +1,790 @@
+"""Loss curves that talk: a run's curve read against the chapter's shapes and against a band of its recipe over
+seeds; and runs compared checkpoint by checkpoint on one fixed evaluation.
+
+    python curves.py RUN [--band FILE] [--plot FILE]                   # a few lines, RUN/curves.png, a verdict
+    python curves.py compare RUN RUN... [--band FILE] [--plot FILE]    # a table by step, RUN/compare.png, a verdict
+
+The chapter's first intuition: a run starts near ln V (a uniform guess over the vocabulary), falls fast, then
+descends in a long tail; loss that stops falling early points at the LR or the data, a jump mid-run at bad data
+or instability, and a plateau at the end is convergence. Its fourth: trust checkpoints compared on one fixed
+evaluation at equal steps, not a feeling.
+
+A band (bands/<preset>.json, made by bench/bands.py with make_band) is one recipe trained over K seeds, each with
+its own data order: at every logged step, the mean, std and 5/50/95% quantiles of the K train losses (and of the
+val losses at the evaluated steps). It applies to runs of the same model, data (by sha256), tokenizer, batch, block
+size and evaluation rows (`recipe`); the LR, its schedule, clipping, the seed and the data order may differ: the band
+shows what the recipe's own settings give, which is how a run with an LR that is off shows it. Its edge is a rule,
+not the raw quantiles (with K ~ 10 the 5% and 95% quantiles are nearly the min and the max, which a healthy run
+leaves by chance):
+
+    edge(t) = mean(t) ± z · s(t)    s: the per-step std averaged over SMOOTH logged points around t
+    a run has left the band where PERSIST logged train losses in a row lie outside the edge,
+    and has jumped where one lies above mean + JUMP · z · s
+
+make_band calibrates z on held-out healthy seeds: each of the K seeds is judged against the band of the other K - 1,
+and z is the smallest of Z_CHOICES that flags none of them (the band records the whole table). The final val loss's
+p-value is two-sided, from Student's t with K - 1 degrees of freedom of (x - mean) / (std · √(1 + 1/K)): where one
+more seed of the recipe would land (a prediction interval).
+
+Reading a run is a pure function of its files (run.json, metrics.jsonl, incidents.jsonl): it trains nothing, and
+writes only its plot. `compare` evaluates checkpoints with --eval_only's functions (evaluation.evaluate on the val
+rows the first run's own evaluations read, and its benchmark where it has one), and writes nothing but its plot.
+"""
+
+import argparse
+import contextlib
+import math
+import os
+import statistics
+import sys
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+import checkpoint
+from config import BenchmarkConfig, DataConfig, RecoveryConfig, TrainConfig
+from data import default_data_dir, get_tokenizer, load_meta, read_json
+from evaluation import benchmark_scores, evaluate, read_benchmark
+from parallel import ProcessGrid, ShardedModel
+from model import GPTConfig
+from run_folder import fill_new_fields, identity_defaults, read_jsonl, recorded_gpt_config
+from run_setup import open_token_streams, pick_device
+from sample import single_device_model
+
+BANDS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bands")
+MIN_SEEDS = 8  # fewer seeds than this leave the std too uncertain to draw an edge with
+SMOOTH = 5  # logged points the std is averaged over (centred): a per-step std of K seeds is itself noisy
+PERSIST = 3  # logged train losses in a row outside the edge: one point out is the noise of a batch
+JUMP = 2  # ...unless it is above the mean by more than twice the edge's distance: a jump
+Z_CHOICES = (2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0)  # from the normal's 95% point up: calibration takes the first that fits
+P_ALARM = 0.01  # a final val loss where fewer than 1 in 100 seeds of the recipe would land
+MIN_POINTS = 12  # logged steps before a curve has a shape: three per quarter
+NEAR_LN_V = 0.05  # a first loss within 5% of ln V is a uniform guess
+TAIL_RATIO = 3  # a curve is in its tail once it falls 3x slower per step than in its first quarter
+# where a recipe's settings differ from the band's, the reader names them (the ones a user tunes)
+SETTINGS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "max_iters", "grad_clip", "weight_decay")
+
+
+# ----------------------------------------------------------------------------
+# A run's files, read
+
+
+@dataclass
+class RunCurves:
+    """What a run folder's files say, by step: train loss, LR and grad norm (with its z-score) at the logged
+    steps, val loss at the evaluated ones, the incidents and the injected faults."""
+
+    folder: str
+    identity: dict  # run.json without "config", every field filled: what makes it this run (run_folder)
+    config: dict  # run.json's "config": the preset and every section's settings
+    train: dict = field(default_factory=dict)  # {step: loss}
+    val: dict = field(default_factory=dict)  # {step: val loss}
+    lr: dict = field(default_factory=dict)
+    grad_norm: dict = field(default_factory=dict)
+    grad_z: dict = field(default_factory=dict)
+    skipped: int = 0  # steps fp16's loss scaler skipped
+    incidents: list = field(default_factory=list)
+    injected: list = field(default_factory=list)  # the faults --inject planted (injected.json)
+
+    @property
+    def ln_vocab(self):
+        return math.log(self.identity["GPTConfig"]["vocab_size"])
+
+    @property
+    def settings(self):
+        return self.identity["TrainConfig"]
+
+    @property
+    def preset(self):
+        return self.config.get("preset", "")
+
+    @property
+    def recovery(self):
+        """The run's RecoveryConfig (its detectors' thresholds, the runbook's window)."""
+        recorded = self.config.get("recovery", {})
+        return RecoveryConfig(**{k: v for k, v in recorded.items() if k in RecoveryConfig.__dataclass_fields__})
+
+
+def read_run(folder):
+    """RunCurves of a run folder; a ValueError naming the folder and what is missing."""
+    recorded = read_json(os.path.join(folder, "run.json"))
+    if recorded is None:
+        raise ValueError(f"{folder}: no run.json, so not a run folder (python train.py --out_dir DIR makes one)")
+    records = [r for r in read_jsonl(os.path.join(folder, "metrics.jsonl")) if not r.get("eval_only")]
+    if not any("loss" in r for r in records):
+        raise ValueError(f"{folder}: metrics.jsonl holds no logged step yet; read it once the run has logged one")
+    identity = {k: v for k, v in recorded.items() if k != "config"}
+    identity = fill_new_fields(identity, identity_defaults(GPTConfig(), TrainConfig()))  # an older run.json
+    run = RunCurves(folder, identity, recorded.get("config", {}))
+    for r in records:
+        if "loss" in r:
+            run.train[r["step"]], run.lr[r["step"]] = r["loss"], r["lr"]
+            run.grad_norm[r["step"]], run.grad_z[r["step"]] = r["grad_norm"], r["grad_norm_z"]
+            run.skipped += "skipped" in r
+        if "val_loss" in r:
+            run.val[r["step"]] = r["val_loss"]
+    run.incidents = read_jsonl(os.path.join(folder, "incidents.jsonl"))
+    run.injected = read_json(os.path.join(folder, "injected.json")) or []
+    return run
+
+
+def recipe(identity):
+    """What a band applies to: the model, the data (its sha256 and tokenizer, not its description), the global batch
+    and the evaluation's rows, and the starting weights. The settings a user tunes are not in it."""
+    train = identity["TrainConfig"]
+    return {
+        "model": {k: v for k, v in identity["GPTConfig"].items() if k != "attention"},  # one function, two kernels
+        "data": {k: v for k, v in identity["data"].items() if k != "source"},
+        "batch": {k: train[k] for k in ("global_batch", "eval_iters", "lanes")},
+        "start": {"init_from": train["init_from"]},
+    }
+
+
+def recipe_differences(run_recipe, band_recipe):
+    """['model n_layer 6 (the band's 4)', ...]: where a run's recipe is not the band's."""
+    return [
+        f"{section} {key} {run_recipe[section].get(key)!r} (the band's {value!r})"
+        for section, fields in band_recipe.items()
+        for key, value in fields.items()
+        if run_recipe[section].get(key) != value
+    ]
+
+
+# ----------------------------------------------------------------------------
+# Bands: one recipe over seeds
+
+
+def summary(runs, steps):
+    """Per step, the mean, std and 5/50/95% quantiles over runs ({step: value} each), and every run's values."""
+    values = np.array([[run[t] for t in steps] for run in runs])  # (K, steps)
+    q05, q50, q95 = np.quantile(values, [0.05, 0.5, 0.95], axis=0)
+
+    def rounded(a):
+        return [round(float(x), 6) for x in a]
+
+    return {
+        "step": list(steps),
+        "mean": rounded(values.mean(0)),
+        "std": rounded(values.std(0, ddof=1)),
+        "q05": rounded(q05),
+        "q50": rounded(q50),
+        "q95": rounded(q95),
+        "runs": [rounded(row) for row in values],
+    }
+
+
+def shared_summary(series):
+    """summary() over the steps every one of the {step: value} dicts holds."""
+    return summary(series, sorted(set.intersection(*(set(s) for s in series))))
+
+
+def make_band(runs, preset, made_by):
+    """The band of RunCurves `runs`: one recipe with one set of settings, at least MIN_SEEDS seeds, none of which
+    had an incident; its edge calibrated on them."""
+    if len(runs) < MIN_SEEDS:
+        raise ValueError(f"a band needs at least {MIN_SEEDS} seeds; got {len(runs)}")
+    first = runs[0]
+    for run in runs:
+        if differences := recipe_differences(recipe(run.identity), recipe(first.identity)):
+            raise ValueError(f"{run.folder} is another recipe than {first.folder}: {'; '.join(differences)}")
+        if changed := [k for k in SETTINGS if run.settings[k] != first.settings[k]]:
+            raise ValueError(f"{run.folder} trained with other settings than {first.folder}: {', '.join(changed)}")
+        if run.incidents:
+            raise ValueError(f"{run.folder} had {len(run.incidents)} incident(s): a band is made of healthy runs")
+    band = {
+        "preset": preset,
+        "about": "a recipe over seeds, each with its own data order (curves.py reads runs against it)",
+        "seeds": [run.settings["seed"] for run in runs],
+        "data_orders": [run.settings["data_order"] for run in runs],
+        "made_by": made_by,
+        "recipe": recipe(first.identity),
+        "settings": {k: first.settings[k] for k in SETTINGS},
+        "train": shared_summary([run.train for run in runs]),
+        "val": shared_summary([run.val for run in runs]),
+        "grad_norm": shared_summary([run.grad_norm for run in runs]),
+    }
+    band["rule"] = calibrate(band["train"])
+    return band
+
+
+def calibrate(train):
+    """The edge rule of a band's train series: z, the smallest of Z_CHOICES that flags none of its seeds when each
+    is judged against the band of the others (the seeds held out in turn), and the table of how many each z flags.
+    A z chosen so flags a new healthy seed about 1 time in K + 1: as often as it would flag the most extreme of
+    the K + 1 seeds."""
+    held_out = []  # (a seed's {step: loss}, the summary of the others)
+    for k, row in enumerate(train["runs"]):
+        others = [dict(zip(train["step"], r)) for j, r in enumerate(train["runs"]) if j != k]
+        held_out.append((dict(zip(train["step"], row)), summary(others, train["step"])))
+    rules = {z: {"z": z, "persist": PERSIST, "jump": JUMP, "smooth": SMOOTH} for z in Z_CHOICES}
+    seeds_flagged = {z: sum(flagged(values, others, rule) for values, others in held_out) for z, rule in rules.items()}
+    z = next((z for z in Z_CHOICES if seeds_flagged[z] == 0), Z_CHOICES[-1])
+    table = ", ".join(f"z {z:g}: {n}" for z, n in seeds_flagged.items())
+    widest = "" if seeds_flagged[z] == 0 else f"; no z flags none of them, so the widest, {z:g}"
+    seeds = len(train["runs"])
+    calibration = f"each of the {seeds} seeds against the band of the other {seeds - 1}, seeds flagged by {table}"
+    return {**rules[z], "calibration": calibration + widest}
+
+
+def edge(series, rule):
+    """(mean, s) per step of a band's series: s, the std averaged over rule["smooth"] logged points around t."""
+    std = np.array(series["std"])
+    half = rule["smooth"] // 2
+    smoothed = [std[max(0, i - half) : i + half + 1].mean() for i in range(len(std))]
+    return np.array(series["mean"]), np.maximum(np.array(smoothed), 1e-12)
+
+
+def deviations(values, series, rule):
+    """[(step, (value - mean) / s)] at the band's steps that the run logged (values: {step: loss})."""
+    mean, s = edge(series, rule)
+    return [(t, (values[t] - mean[i]) / s[i]) for i, t in enumerate(series["step"]) if t in values]
+
+
+def stretches_out(values, series, rule):
+    """[(first step, last step, side)] of every stretch of rule["persist"] or more logged points in a row outside
+    mean ± z·s, on one side: where the run left the band."""
+    found, stretch = [], []  # stretch: [(step, above?)]
+    for t, d in deviations(values, series, rule) + [(None, 0.0)]:
+        outside = abs(d) > rule["z"]
+        if outside and (not stretch or (d > 0) == stretch[0][1]):
+            stretch.append((t, d > 0))
+            continue
+        if len(stretch) >= rule["persist"]:
+            found.append((stretch[0][0], stretch[-1][0], "above" if stretch[0][1] else "below"))
+        stretch = [(t, d > 0)] if outside else []
+    return found
+
+
+def jumps(values, series, rule):
+    """[(step, deviation)] of single logged points above the band by more than rule["jump"] x its edge, outside any
+    stretch out of it: the chapter's mid-run jump, which one bad batch makes and the next step may already have
+    undone. (A jump that the spike detector caught is an incident instead: the runbook rolled it back before it
+    was logged.)"""
+    stretches = stretches_out(values, series, rule)
+    return [
+        (t, d)
+        for t, d in deviations(values, series, rule)
+        if d > rule["jump"] * rule["z"] and not any(a <= t <= b for a, b, _ in stretches)
+    ]
+
+
+def flagged(values, series, rule):
+    """True if the rule flags a run's train losses: out of the band for long enough, or a jump."""
+    return bool(stretches_out(values, series, rule) or jumps(values, series, rule))
+
+
+def student_t_p(t, dof):
+    """Two-sided p-value of Student's t with dof degrees of freedom: 1 - the density integrated over [-|t|, |t|]
+    (the trapezoid rule on 20,001 points: the density is smooth, the error under 1e-6 for any t)."""
+    u = np.linspace(0.0, abs(t), 20001)
+    log_c = math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
+    density = np.exp(log_c - (dof + 1) / 2 * np.log1p(u * u / dof))
+    inside = 2.0 * float(((density[1:] + density[:-1]) / 2 * np.diff(u)).sum())
+    return min(1.0, max(0.0, 1.0 - inside))
+
+
+def val_p(run, band):
+    """(step, the run's val loss, p) at the last evaluated step the run and the band share, or None: where one more
+    seed of the recipe would land, by Student's t with K - 1 degrees of freedom (a prediction interval)."""
+    shared = [t for t in band["val"]["step"] if t in run.val]
+    if not shared:
+        return None
+    step = shared[-1]
+    seeds = [row[band["val"]["step"].index(step)] for row in band["val"]["runs"]]
+    k = len(seeds)
+    spread = max(statistics.stdev(seeds), 1e-12) * math.sqrt(1 + 1 / k)
+    return step, run.val[step], student_t_p((run.val[step] - statistics.fmean(seeds)) / spread, k - 1)
+
+
+def find_band(identity, preset, path=""):
+    """(band, None) where the band file at `path` (default bands/<preset>.json) applies to a run of `identity`
+    (run.json's, filled), else (None, why). Reading a band never fails a caller: a file it cannot read is a why."""
+    path = path or os.path.join(BANDS_DIR, f"{preset}.json")
+    shown = os.path.relpath(path)
+    try:
+        band = read_json(path)
+    except (OSError, ValueError) as e:
+        return None, f"{shown} cannot be read ({type(e).__name__}: {e})"
+    if band is None:
+        return None, f"no band file {shown} (make one: python bench/bands.py --preset {preset or 'PRESET'})"
+    if "train" not in band:
+        return None, f"{shown} holds published anchors only, not a band measured here"
+    if differences := recipe_differences(recipe(identity), band["recipe"]):
+        return None, f"{shown} is another recipe: {'; '.join(differences)}"
+    return band, None
+
+
+def anchor_lines(path):
+    """The published reference points a band file holds (bands/gpt2-small.json), one line each."""
+    try:
+        anchors = (read_json(path) or {}).get("anchors", [])
+    except (OSError, ValueError):
+        return []
+    lines = []
+    for a in anchors:
+        numbers = [f"val loss {a['val_loss']:g} ({a['val_on']})"] if "val_loss" in a else []
+        numbers += [f"HellaSwag acc_norm {a['hellaswag_acc_norm']:.2%}"] if "hellaswag_acc_norm" in a else []
+        lines.append(f"published: {a['what']}: {', '.join(numbers)} ({a['source']})")
+    return lines
+
+
+# ----------------------------------------------------------------------------
+# Reading one curve
+
+
+def phase(run):
+    """(name, words): where the train curve is, by its shape alone. The logged steps are cut into quarters, each
+    summed up by its median (a noisy batch moves a mean); two quarters differ when their medians are further apart
+    than twice the error of that difference (the points' noise: the std of their step-to-step differences in the
+    last quarter, / √2). The last quarter above the second: rising. The second quarter already at the last one's
+    level: an early plateau (the chapter: the LR or the data). The third at it: a final plateau (the chapter:
+    convergence). Otherwise the fall per step over the first quarter is set against the fall over the last: a long
+    tail once it is TAIL_RATIO times slower, else the fast fall goes on."""
+    steps, losses = list(run.train), list(run.train.values())
+    n = len(steps)
+    if n < MIN_POINTS or steps[-1] < run.settings["warmup_iters"]:
+        return "start", f"{n} logged steps, to step {steps[-1]}: too early for a shape (the warmup, or few points)"
+    q = n // 4
+    quarters = [losses[i * q : (i + 1) * q] for i in range(3)] + [losses[3 * q :]]
+    levels = [statistics.median(part) for part in quarters]
+    point_noise = statistics.stdev(b - a for a, b in zip(quarters[3], quarters[3][1:])) / math.sqrt(2)
+    error = 2 * math.sqrt(2) * 1.25 * point_noise / math.sqrt(q)  # a median of q points: 1.25 x a mean's error
+    last = f"{levels[3]:.4f} over steps {steps[3 * q]}-{steps[-1]}"
+    inherited = " (weights inherited from --init_from: a flat start is expected)" if run.settings["init_from"] else ""
+    if levels[3] - levels[1] > error:
+        return "rising", (
+            f"rising: the last quarter ({last}) above the second ({levels[1]:.4f}; the noise {error:.4f}): a run "
+            "that diverges, or a model overfitting data it has read too often"
+        )
+    if levels[1] - levels[3] <= error:
+        return "early plateau", (
+            f"an early plateau: the second quarter (steps {steps[q]}-{steps[2 * q - 1]}, LR {run.lr[steps[q]]:.2g} "
+            f"at its start) is at the last one's level ({levels[1]:.4f} against {last}; the noise {error:.4f}): a "
+            f"curve that stops falling by mid-run points at the data or the LR{inherited}"
+        )
+    if levels[2] - levels[3] <= error:
+        floor, lr_now = run.settings["min_lr"], run.lr[steps[-1]]
+        schedule = "at its floor" if lr_now <= 1.5 * floor else f"above its floor {floor:.2g}"  # 1.5: near it
+        return "final plateau", (
+            f"a final plateau: the third quarter is at the last one's level ({levels[2]:.4f} against {last}; the "
+            f"noise {error:.4f}), the LR {lr_now:.2g}, {schedule}: the chapter reads a plateau at the end as "
+            "convergence"
+        )
+    early = (levels[0] - levels[1]) / (steps[q] - steps[0])
+    late = (levels[2] - levels[3]) / (steps[3 * q] - steps[2 * q])
+    if early < TAIL_RATIO * late:
+        return "fast fall", (
+            f"the fast fall goes on: {late * 1000:.2f} per 1000 steps lately, {early * 1000:.2f} over the first quarter"
+        )
+    return (
+        "long tail",
+        f"a long tail: {late * 1000:.3f} per 1000 steps lately, {early / late:.0f}x slower than at first",
+    )
+
+
+def first_loss_words(run):
+    """Whether the first logged loss is near ln V, in words."""
+    first_step = min(run.train)
+    first = run.train[first_step]
+    if abs(first / run.ln_vocab - 1) < NEAR_LN_V:
+        return f"first loss {first:.3f} at step {first_step}, near ln V = {run.ln_vocab:.3f}: a uniform guess"
+    if run.settings["init_from"]:
+        return f"first loss {first:.3f}, under ln V = {run.ln_vocab:.3f}: weights inherited from --init_from"
+    return (
+        f"first loss {first:.3f}, not near ln V = {run.ln_vocab:.3f}: a fresh init that does not guess uniformly "
+        "(notebook 01 measures what a wrong init costs)"
+    )
+
+
+def leading_indicators(run):
+    """[(step, words)] of the chapter's leading indicators in the logged metrics, by the run's own thresholds (as
+    monitor.HealthMonitor fires them, seen at the logged steps only): the grad norm's z-score above
+    --grad_z_threshold, and the val loss up --val_rise_evals evals in a row while the train loss (the median of
+    the logged losses over the monitor's window before each eval) fell."""
+    rcfg = run.recovery
+    threshold, k = rcfg.grad_z_threshold, rcfg.val_rise_evals
+    fired = [(t, f"grad-norm z {z:.1f} > {threshold:g}") for t, z in run.grad_z.items() if threshold and z > threshold]
+
+    def train_level(step):
+        recent = [loss for t, loss in run.train.items() if step - rcfg.monitor_window <= t < step]
+        return statistics.median(recent) if recent else math.inf
+
+    evals = [(t, run.val[t], train_level(t)) for t in run.val]
+    for i in range(k, len(evals) if k else 0):
+        recent = evals[i - k : i + 1]
+        if all(b[1] > a[1] and b[2] < a[2] for a, b in zip(recent, recent[1:])):
+            fired.append((recent[-1][0], f"val loss up {k} evals in a row, to {recent[-1][1]:.4f}, train loss down"))
+    return sorted(fired)
+
+
+def late_grad_norm(grad_norms, steps):
+    """The median grad norm ({step: grad norm}) over the last quarter of `steps`."""
+    late = steps[len(steps) - len(steps) // 4 :]
+    return statistics.median(grad_norms[t] for t in late if t in grad_norms)
+
+
+def likely_causes(run, band, shape, jumped=()):
+    """The chapter's causes of an abnormal curve, most frequent first (bad data; an LR too high where the loss is
+    high; numeric precision; a hardware bit flip), each with the evidence this run's files hold for it."""
+    incidents = run.incidents
+    responses = [i.get("response") for i in incidents]
+    if incidents:
+        retried = [r for r in responses[1:] if r in ("lower_lr", "rewarm")]
+        data = f"the runbook rolled back and skipped the batches before step {incidents[0]['step']}; " + (
+            f"it came back ({', '.join(retried)} then): more than one bad batch, or not the data"
+            if retried
+            else "it did not come back, as one bad batch would behave"
+        )
+        data += "; the runbook then stopped the run" if "stop" in responses else ""
+    elif jumped:
+        data = f"one point far above the band at step {jumped[0][0]}, undone by the next: as one bad batch behaves"
+    elif shape.endswith("plateau") and band:
+        # notebook 05, section 1a: a curve stalled by its data sits at the best the data allow, its gradient noise
+        steps = [t for t in band["grad_norm"]["step"] if t in run.grad_norm]
+        mine = late_grad_norm(run.grad_norm, steps)
+        seeds = [late_grad_norm(dict(zip(band["grad_norm"]["step"], row)), steps) for row in band["grad_norm"]["runs"]]
+        reading = (
+            "under all of them: a model at the best its data allow"
+            if mine < min(seeds)
+            else "within or above them: a gradient that still points somewhere (the LR, rather)"
+        )
+        data = (
+            f"a plateau, the grad norm {mine:.2f} over the last quarter, the band's {min(seeds):.2f}-{max(seeds):.2f}"
+        )
+        data += f", {reading}"
+    elif shape == "early plateau":
+        data = "a plateau while the LR is high: data with nothing more to teach (shuffled, repeated) stalls a curve"
+    else:
+        data = "no incident or jump in this run's files points at a batch"
+    return [
+        f"1. bad data: {data}",
+        f"2. an LR too high where the loss is high: {lr_evidence(run, band)}",
+        f"3. numeric precision: {precision_evidence(run)}",
+        f"4. a hardware bit flip: {bit_flip_evidence(run)}",
+    ]
+
+
+def lr_evidence(run, band):
+    """The run's LR against the band's, and at its first incident; what the runbook did to it."""
+    words = f"peak LR {run.settings['learning_rate']:g}"
+    if band and run.settings["learning_rate"] != band["settings"]["learning_rate"]:
+        ratio = run.settings["learning_rate"] / band["settings"]["learning_rate"]
+        words += f", {ratio:g}x the band's {band['settings']['learning_rate']:g}"
+    if run.incidents:
+        first = run.incidents[0]["step"]
+        before = [t for t in run.lr if t <= first]
+        words += f"; the LR near the first incident {run.lr[max(before)]:.2g}" if before else ""
+    lowered = [i["step"] for i in run.incidents if i.get("response") == "lower_lr"]
+    return words + (f"; the runbook lowered it at step {lowered[0]}" if lowered else "")
+
+
+def precision_evidence(run):
+    dtype = run.settings["dtype"]
+    return {
+        "float32": "float32 throughout: no precision boundary in play",
+        "auto": "--dtype auto: bfloat16 autocast on GPUs (and CPUs) that have it, float32 elsewhere; rarely the cause",
+        "bfloat16": "bfloat16 autocast with fp32 master weights and loss sums: rarely the cause today",
+        "float16": f"float16 with loss scaling, {run.skipped} step(s) skipped for overflow",
+    }.get(dtype, f"--dtype {dtype}")
+
+
+def bit_flip_evidence(run):
+    nonfinite = [i["step"] for i in run.incidents if i["detector"] == "nonfinite"]
+    if len(nonfinite) == 1 and len(run.incidents) == 1:
+        return (
+            f"a non-finite loss at step {nonfinite[0]} that did not return: replay that batch to tell data from a flip"
+        )
+    return "rarest of all, and nothing here singles it out"
+
+
+@dataclass
+class Reading:
+    lines: list  # what the reader says, in order
+    verdict: str  # the last line: "verdict: ..."
+    normal: bool | None  # None: no band to judge by
+    stretches: list = field(default_factory=list)  # [(first step, last step, side)] out of the band
+
+    @property
+    def left(self):
+        """Where the run first left the band: (first step, last step, side), or None."""
+        return self.stretches[0] if self.stretches else None
+
+
+def read_curve(run, band=None, why_no_band=""):
+    """The reading of one run: its phase, its start, its place in the band, the evidence and a verdict."""
+    shape, shape_words = phase(run)
+    lines = [f"run {run.folder}: {len(run.train)} logged steps, to step {max(run.train)}", first_loss_words(run)]
+    lines.append(shape_words)
+    for incident in run.incidents:
+        lines.append(f"incident at step {incident['step']}: {incident['detector']} -> {incident.get('response', '')}")
+    indicators = leading_indicators(run)
+    shown = ", ".join(f"step {t}: {words}" for t, words in indicators[:5])
+    more = f" (and {len(indicators) - 5} more)" if len(indicators) > 5 else ""
+    lines.append(f"leading indicators: {shown}{more}" if indicators else "leading indicators: none fired")
+    if run.injected:
+        lines.append(f"faults planted by --inject (injected.json): {', '.join(run.injected)}")
+    problems = [f"incident{'s' if len(run.incidents) > 1 else ''}: " + incidents_named(run)] if run.incidents else []
+    if shape in ("early plateau", "rising"):
+        problems.append(f"its shape: {shape}")
+    if band is None:
+        causes = ["what the chapter says it most likely is, most frequent first:", *likely_causes(run, None, shape)]
+        found = f"; not normal by its own files: {'; '.join(problems)}" if problems else f"; its shape: {shape}"
+        return Reading(
+            lines + (causes if problems else []), f"verdict: no band for this run: {why_no_band}{found}", None
+        )
+    judged, problems_in_band, stretches, jumped = band_lines(run, band)
+    lines += judged
+    problems = problems_in_band + problems
+    if stretches and stretches[-1][2] == "above" and shape.endswith("plateau"):
+        problems = [p for p in problems if not p.startswith("its shape")] + [
+            "a plateau above the band: the data or the LR"
+        ]
+    if problems:
+        causes = likely_causes(run, band, shape, jumped)
+        lines += ["what the chapter says it most likely is, most frequent first:", *causes]
+        return Reading(lines, f"verdict: not normal: {'; '.join(problems)}", False, stretches)
+    p = val_p(run, band)
+    return Reading(lines, f"verdict: normal ({f'p = {p[2]:.2f}' if p else 'no val step shared'})", True, stretches)
+
+
+def incidents_named(run):
+    return ", ".join(f"{i['detector']} at step {i['step']}" for i in run.incidents)
+
+
+def band_lines(run, band):
+    """(lines, problems, the stretches out of the band, the jumps) of a run read against its band."""
+    rule, series = band["rule"], band["train"]
+    shared = [t for t in series["step"] if t in run.train]
+    if not shared:
+        raise ValueError(
+            f"{run.folder} logged steps {min(run.train)}-{max(run.train)} and its band steps "
+            f"{series['step'][0]}-{series['step'][-1]}: no step in common"
+        )
+    last = shared[-1]
+    mean, s = edge(series, rule)
+    i = series["step"].index(last)
+    lines = [
+        f"band: {len(band['seeds'])} seeds of {band['preset']}; edge mean ± {rule['z']:g} std, left after "
+        f"{rule['persist']} logged points out in a row. At step {last} the run's loss {run.train[last]:.4f} is "
+        f"{(run.train[last] - mean[i]) / s[i]:+.1f} std from the band's mean {mean[i]:.4f}"
+    ]
+    if max(run.train) > series["step"][-1]:
+        lines.append(f"steps past the band's last ({series['step'][-1]}) to {max(run.train)}: not judged")
+    differing = [f"{k} {run.settings[k]} (the band's {v})" for k, v in band["settings"].items() if run.settings[k] != v]
+    if differing:
+        lines.append(f"settings that differ from the band's: {', '.join(differing)}")
+    problems = []
+    stretches = stretches_out(run.train, series, rule)
+
+    def duration(start, end):  # to the first logged step back inside (or one past the last)
+        return next((t for t in run.train if t > end), end + 1) - start
+
+    for start, end, side in stretches[:3]:
+        lines.append(f"left the band at step {start}, {side} it, for {duration(start, end)} steps (to step {end})")
+    if len(stretches) > 3:
+        lines.append(f"... and {len(stretches) - 3} more stretches out of it")
+    if stretches:
+        start, end, side = stretches[0]
+        problems.append(f"left the band at step {start} for {duration(start, end)} steps, {side} it")
+        if len(stretches) > 1:
+            longest = max(stretches[1:], key=lambda st: duration(st[0], st[1]))
+            problems[-1] += (
+                f", then {len(stretches) - 1} more time(s), the longest {longest[2]} it from step {longest[0]} for "
+                f"{duration(longest[0], longest[1])} steps"
+            )
+    jumped = jumps(run.train, series, rule)
+    if jumped:
+        shown = ", ".join(f"step {t} ({run.train[t]:.3f}, {d:+.0f} std)" for t, d in jumped[:3])
+        lines.append(f"jumped above the band: {shown}" + (f" and {len(jumped) - 3} more" if len(jumped) > 3 else ""))
+        problems.append(f"a jump at step {jumped[0][0]} to {run.train[jumped[0][0]]:.3f}, {jumped[0][1]:+.0f} std")
+    p = val_p(run, band)
+    if p:
+        step, value, p_value = p
+        where = "its last" if step == max(run.val) else f"the last the band shares; the run goes on to {max(run.val)}"
+        lines.append(f"val loss {value:.4f} at step {step} ({where}): p = {p_value:.2f} against the band's seeds")
+        if p_value < P_ALARM:
+            problems.append(f"val loss {value:.4f} at step {step}, p = {p_value:.2g}")
+    return lines, problems, stretches, jumped
+
+
+# ----------------------------------------------------------------------------
+# The pictures
+
+
+def plot_reading(run, band, reading, path):
+    """The run's train and val loss over the band (its edge, mean, and the seeds' 5% and 95% quantiles), incidents
+    in red, the stretch out of the band shaded."""
+    from matplotlib.figure import Figure  # no pyplot: drawing to a file leaves a notebook's plotting alone
+
+    fig = Figure(figsize=(10, 4.2))
+    ax = fig.subplots()
+    if band:
+        steps = band["train"]["step"]
+        mean, s = edge(band["train"], band["rule"])
+        z = band["rule"]["z"]
+        ax.fill_between(
+            steps, mean - z * s, mean + z * s, color="tab:blue", alpha=0.15, label=f"edge: mean ± {z:g} std"
+        )
+        ax.plot(steps, mean, color="tab:blue", lw=0.8, label=f"band mean, {len(band['seeds'])} seeds")
+        for q in ("q05", "q95"):
+            ax.plot(
+                steps, band["train"][q], ":", color="tab:blue", lw=0.6, label="seeds' 5-95%" if q == "q05" else None
+            )
+        ax.plot(band["val"]["step"], band["val"]["mean"], "s", color="tab:blue", ms=4, label="band's val mean")
+    ax.plot(list(run.train), list(run.train.values()), color="black", lw=1, label="this run: train loss")
+    ax.plot(list(run.val), list(run.val.values()), "o-", color="tab:orange", ms=4, label="this run: val loss")
+    ax.axhline(run.ln_vocab, color="gray", ls=":", label="ln V")
+    for k, (start, end, _) in enumerate(reading.stretches):
+        ax.axvspan(start, end, color="tab:red", alpha=0.12, label="out of the band" if k == 0 else None)
+    for k, incident in enumerate(run.incidents):
+        ax.axvline(incident["step"], color="red", alpha=0.7, label="incident" if k == 0 else None)
+        ax.annotate(incident["detector"], (incident["step"], run.ln_vocab), color="red", rotation=90, va="top")
+    ax.set(xlabel="step", ylabel="loss", title=reading.verdict[:110])
+    ax.legend(fontsize=8, loc="upper right")
+    fig.savefig(path, dpi=100)
+
+
+# ----------------------------------------------------------------------------
+# Runs compared on one fixed evaluation
+
+
+def fixed_evaluation(run, say):
+    """(val stream, batches, tokenizer, benchmark examples) of the run's own evaluations, on one process: the val
+    rows they read, and its benchmark where it has one (--benchmark; [] for none)."""
+    if run.config.get("train", {}).get("mix"):
+        raise ValueError(
+            f"{run.folder} trained on a --mix: compare reads one source's val rows; put a run of one first"
+        )
+    train_cfg = TrainConfig(**{k: v for k, v in run.config["train"].items() if k in TrainConfig.__dataclass_fields__})
+    data_dir = train_cfg.data_dir or default_data_dir(DataConfig(**run.config["data"]))
+    if not os.path.exists(os.path.join(data_dir, "meta.json")):
+        raise ValueError(f"{run.folder} read its data from {data_dir}, which holds no meta.json here")
+    meta = load_meta(data_dir)
+    block_size = run.identity["GPTConfig"]["block_size"]
+    # one process reading the run's global batch in its micro-batches: the rows of any layout's evaluations
+    micro_batch = run.settings["global_batch"] // train_cfg.gradient_accumulation_steps
+    one_process = replace(train_cfg, batch_size=micro_batch)
+    grid = ProcessGrid(1, 1, 1)
+    _, streams, batches = open_token_streams(None, {"val": data_dir}, meta, one_process, block_size, grid, say)
+    examples = read_benchmark(BenchmarkConfig(**run.config.get("benchmark", {})))
+    return streams["val"], batches, get_tokenizer(meta["tokenizer"]), examples
+
+
+def evaluate_checkpoints(run, steps, evaluation, device):
+    """{step: {"val_loss": ..., and "acc_norm" where there is a benchmark}} of the run's checkpoints at `steps`."""
+    stream, batches, tokenizer, examples = evaluation
+    grid = ProcessGrid(1, 1, 1)
+    results = {}
+    for step in steps:
+        _, state = checkpoint.load_chosen(os.path.join(run.folder, "ckpt"), step, device)
+        model = single_device_model(recorded_gpt_config(state["config"]), state["model"], device)
+        results[step] = {"val_loss": evaluate(ShardedModel(model, grid), stream, batches, grid)}
+        if examples:
+            scores = benchmark_scores(model, tokenizer, examples, device, contextlib.nullcontext())
+            results[step]["acc_norm"] = scores["acc_norm"]
+    return results
+
+
+def compare_runs(run_dirs, band_path="", device="cpu", say=print):
+    """(results {run: {step: {"val_loss", "acc_norm"?}}}, verdict line) of runs' checkpoints at the steps they
+    share, on the first run's evaluation (its val rows, its benchmark). The verdict reads the val loss over the last
+    third of those steps: the mean gap there between the best run and the next, against the band's seed noise of a
+    difference, √2 x its val std there."""
+    runs = [read_run(d) for d in run_dirs]
+    first = recipe(runs[0].identity)
+    for run in runs[1:]:
+        mine = recipe(run.identity)
+        if (mine["data"], mine["model"]["block_size"]) != (first["data"], first["model"]["block_size"]):
+            raise ValueError(
+                f"{run.folder} and {runs[0].folder} trained on other data or blocks: one evaluation cannot judge both"
+            )
+    held = {run.folder: set(checkpoint.list_steps(os.path.join(run.folder, "ckpt"))) for run in runs}
+    steps = sorted(set.intersection(*held.values()))
+    if not steps:
+        raise ValueError(
+            f"the runs share no checkpoint step: {'; '.join(f'{n} holds {sorted(s)}' for n, s in held.items())}"
+        )
+    evaluation = fixed_evaluation(runs[0], say)
+    say(f"{len(steps)} shared checkpoint steps, each evaluated on {runs[0].folder}'s {evaluation[1]} val batches")
+    results = {run.folder: evaluate_checkpoints(run, steps, evaluation, device) for run in runs}
+    last_third = [t for t in steps if t >= steps[0] + 2 * (steps[-1] - steps[0]) / 3]
+    late = {name: statistics.fmean(by_step[t]["val_loss"] for t in last_third) for name, by_step in results.items()}
+    ranked = sorted(late, key=late.get)
+    gap = late[ranked[1]] - late[ranked[0]]
+    band, why = find_band(runs[0].identity, runs[0].preset, band_path)
+    if band is None:
+        return results, f"verdict: no band for these runs: {why}; lowest over the last third: {ranked[0]} by {gap:.4f}"
+    val = band["val"]
+    noise = math.sqrt(2) * statistics.fmean(np.interp(last_third, val["step"], val["std"]))
+    if gap > 2 * noise:
+        return results, f"verdict: {ranked[0]} ahead by {gap:.4f} (noise {noise:.4f})"
+    return results, f"verdict: tied within noise (gap {gap:.4f}, noise {noise:.4f}; ahead needs twice the noise)"
+
+
+def plot_comparison(results, path):
+    """Each run's val loss (and benchmark) by checkpoint step."""
+    from matplotlib.figure import Figure
+
+    has_benchmark = any("acc_norm" in r for by_step in results.values() for r in by_step.values())
+    fig = Figure(figsize=(12 if has_benchmark else 8, 4))
+    axes = fig.subplots(1, 2 if has_benchmark else 1, squeeze=False)[0]
+    for name, by_step in results.items():
+        axes[0].plot(list(by_step), [r["val_loss"] for r in by_step.values()], "o-", ms=4, label=name)
+        if has_benchmark:
+            axes[1].plot(list(by_step), [r["acc_norm"] for r in by_step.values()], "o-", ms=4, label=name)
+    axes[0].set(xlabel="checkpoint step", ylabel="val loss (one fixed evaluation)", title="checkpoints compared")
+    axes[0].legend(fontsize=8)
+    if has_benchmark:
+        axes[1].set(xlabel="checkpoint step", ylabel="HellaSwag acc_norm", title="the benchmark")
+    fig.savefig(path, dpi=100)
+
+
+def print_comparison(results):
+    """The table by step: each run's val loss, and its benchmark where there is one."""
+    steps = list(next(iter(results.values())))
+    width = max(len(name) for name in results) + 10
+    print(f"{'step':<{width}}  " + "  ".join(f"{t:>8}" for t in steps))
+    for metric in ("val_loss", "acc_norm"):
+        for name, by_step in results.items():
+            if metric in by_step[steps[0]]:
+                print(f"{name + ' ' + metric:<{width}}  " + "  ".join(f"{by_step[t][metric]:8.4f}" for t in steps))
+
+
+# ----------------------------------------------------------------------------
+# Command line
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    comparing = bool(argv) and argv[0] == "compare"
+    parser = argparse.ArgumentParser(
+        prog="curves.py" + (" compare" if comparing else ""),
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("runs", nargs="+" if comparing else 1, metavar="RUN", help="run folders (out_dir)")
+    parser.add_argument("--band", default="", help="a band file (default: bands/<the run's preset>.json)")
+    parser.add_argument("--plot", default="", help="where the plot goes (default: RUN/curves.png, RUN/compare.png)")
+    parser.add_argument("--device", default="cpu", help="compare: where checkpoints are evaluated")
+    args = parser.parse_args(argv[1:] if comparing else argv)
+    try:
+        if comparing:
+            if len(args.runs) < 2:
+                parser.error("compare needs two run folders or more")
+            results, verdict = compare_runs(args.runs, args.band, pick_device(args.device))
+            print_comparison(results)
+            plot_comparison(results, args.plot or os.path.join(args.runs[0], "compare.png"))
+        else:
+            run = read_run(args.runs[0])
+            band, why = find_band(run.identity, run.preset, args.band)
+            reading = read_curve(run, band, why)
+            print("\n".join(reading.lines + anchor_lines(args.band or os.path.join(BANDS_DIR, f"{run.preset}.json"))))
+            plot_reading(run, band, reading, args.plot or os.path.join(run.folder, "curves.png"))
+            verdict = reading.verdict
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    print(verdict)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,308 @@
+"""The curve reader (curves.py): bands over seeds, the edge rule and its calibration, the shapes, the verdict line.
+
+The default run reads synthetic curves, seeded; `-m integration` trains planted runs of a test-sized recipe (a band
+of 8 seeds, 5 healthy new seeds, an LR x10, shuffled data, an injected spike, another data order), reads each,
+compares checkpoints, and runs bench/bands.py and the command line end to end."""
+
+import math
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, run_script
+import curves
+from files import write_json_atomic
+
+STEPS = 200
+SETTINGS = dict(
+    learning_rate=2e-3, min_lr=2e-4, warmup_iters=20, lr_decay_iters=0, max_iters=STEPS, grad_clip=1.0, weight_decay=0.1
+)
+
+
+def synthetic_run(seed, offset=None, jump_at=None, plateau_from=None, **settings):
+    """A run's files as read: a falling train curve with a seed's own level and each step's batch noise (seeded),
+    val every 20 steps. offset=(step, size): the curve moved by size from that step; jump_at: one point at ln V;
+    plateau_from: the curve stops falling there."""
+    rng = np.random.default_rng(seed)
+    steps = np.arange(STEPS)
+    clean = 2.5 + 3.0 * np.exp(-np.minimum(steps, plateau_from or STEPS) / 30) - 0.001 * steps
+    if plateau_from:
+        clean[plateau_from:] = clean[plateau_from]
+    train = clean + rng.normal(0, 0.02) + rng.normal(0, 0.05, STEPS)
+    if offset:
+        train[offset[0] :] += offset[1]
+    if jump_at:
+        train[jump_at] = math.log(256)
+    lr = {**SETTINGS, **settings}
+    identity = {
+        "GPTConfig": {"vocab_size": 256, "n_layer": 2, "block_size": 64},
+        "data": {"source": "a corpus", "source_sha256": "ab12", "tokenizer": "byte", "val_fraction": 0.1},
+        "TrainConfig": {**lr, "seed": seed, "data_order": seed, "global_batch": 8, "eval_iters": 10, "lanes": 64,
+                        "init_from": "", "dtype": "float32"},
+    }  # fmt: skip
+    run = curves.RunCurves(f"runs/seed_{seed}", identity, {"preset": "tiny", "recovery": {}})
+    for t in steps:
+        run.train[int(t)], run.lr[int(t)] = float(train[t]), lr["learning_rate"]
+        run.grad_norm[int(t)], run.grad_z[int(t)] = 1.0, 0.0
+        if t % 20 == 0:
+            run.val[int(t)] = float(train[t] - rng.normal(0, 0.05) + 0.05)
+    return run
+
+
+@pytest.fixture(scope="module")
+def band():
+    return curves.make_band([synthetic_run(s) for s in range(1, 11)], "tiny", {"command": "a test"})
+
+
+def test_the_band_holds_the_seeds_statistics_and_how_it_was_made(band):
+    assert band["seeds"] == list(range(1, 11)) and band["data_orders"] == band["seeds"]
+    assert band["made_by"] == {"command": "a test"} and band["settings"] == SETTINGS
+    train = band["train"]
+    assert train["step"] == list(range(STEPS)) and len(train["runs"]) == 10
+    values = np.array(train["runs"])
+    assert np.allclose(train["mean"], values.mean(0), atol=1e-5)
+    assert np.allclose(train["std"], values.std(0, ddof=1), atol=1e-5)
+    assert all(lo <= mid <= hi for lo, mid, hi in zip(train["q05"], train["q50"], train["q95"]))
+    assert band["val"]["step"] == list(range(0, STEPS, 20))
+    rule = band["rule"]
+    assert rule["z"] in curves.Z_CHOICES and rule["persist"] == curves.PERSIST
+    assert "each of the 10 seeds against the band of the other 9" in rule["calibration"]
+
+
+def test_a_band_needs_enough_seeds_of_one_recipe():
+    with pytest.raises(ValueError, match="at least 8 seeds"):
+        curves.make_band([synthetic_run(s) for s in range(1, 5)], "tiny", {})
+    other = synthetic_run(9)
+    other.identity["GPTConfig"]["n_layer"] = 4
+    with pytest.raises(ValueError, match="runs/seed_9 is another recipe .*model n_layer 4 \\(the band's 2\\)"):
+        curves.make_band([synthetic_run(s) for s in range(1, 9)] + [other], "tiny", {})
+
+
+def test_healthy_new_seeds_read_normal(band):
+    readings = [curves.read_curve(synthetic_run(s), band) for s in range(101, 106)]
+    assert sum(not r.normal for r in readings) <= 1, [r.verdict for r in readings]
+    assert all(r.verdict.startswith("verdict: normal (p = ") for r in readings if r.normal)
+
+
+def test_a_run_that_moves_away_is_flagged_at_the_step_it_left(band):
+    reading = curves.read_curve(synthetic_run(101, offset=(120, 0.5)), band)
+    assert reading.verdict.startswith("verdict: not normal: left the band at step 120 for 80 steps, above it")
+    assert reading.left == (120, 199, "above")
+    lower = curves.read_curve(synthetic_run(102, offset=(60, -0.4)), band)
+    assert lower.left[0] == 60 and lower.left[2] == "below"
+
+
+def test_one_batch_of_garbage_is_a_jump(band):
+    reading = curves.read_curve(synthetic_run(101, jump_at=90), band)
+    assert reading.left is None
+    assert "a jump at step 90 to 5.545" in reading.verdict and reading.verdict.startswith("verdict: not normal")
+
+
+def test_the_settings_a_user_changed_are_named_with_the_band(band):
+    reading = curves.read_curve(synthetic_run(101, offset=(0, -0.3), learning_rate=2e-2), band)
+    assert "settings that differ from the band's: learning_rate 0.02 (the band's 0.002)" in reading.lines
+    causes = reading.lines[reading.lines.index("what the chapter says it most likely is, most frequent first:") + 1 :]
+    assert [c.split(":")[0] for c in causes] == [
+        "1. bad data",
+        "2. an LR too high where the loss is high",
+        "3. numeric precision",
+        "4. a hardware bit flip",
+    ]
+    assert "10x the band's 0.002" in causes[1]
+
+
+def test_a_plateau_above_the_band_points_at_the_data_or_the_lr(band):
+    run = synthetic_run(101, plateau_from=30)
+    assert curves.phase(run)[0] == "early plateau"
+    reading = curves.read_curve(run, band)
+    assert "a plateau above the band: the data or the LR" in reading.verdict
+
+
+def test_the_shapes_of_a_curve():
+    assert curves.phase(synthetic_run(1))[0] == "long tail"
+    assert curves.phase(synthetic_run(1, plateau_from=40))[0] == "early plateau"
+    short = synthetic_run(1)
+    short.train = dict(list(short.train.items())[:5])
+    assert curves.phase(short)[0] == "start"
+    early = synthetic_run(1)
+    early.train = dict(list(early.train.items())[:40])
+    assert curves.phase(early)[0] == "fast fall"
+    assert "near ln V = 5.545: a uniform guess" in curves.first_loss_words(synthetic_run(1))
+    rising = synthetic_run(1, offset=(150, 1.0))
+    assert curves.phase(rising)[0] == "rising"
+    flat = synthetic_run(1)
+    flat.train = {t: 3.0 for t in flat.train}  # no noise at all: flat, not a division by zero
+    assert curves.phase(flat)[0] == "early plateau"
+
+
+def test_the_p_value_is_students_t():
+    assert curves.student_t_p(0.0, 9) == 1.0
+    assert curves.student_t_p(2.262, 9) == pytest.approx(0.05, abs=5e-4)  # the table's 97.5% point, 9 dof
+    assert curves.student_t_p(-3.250, 9) == pytest.approx(0.01, abs=2e-4)
+    assert curves.student_t_p(1.96, 10_000) == pytest.approx(0.05, abs=5e-4)  # the normal's, for many dof
+
+
+def test_without_a_band_the_reader_says_why(tmp_path, band):
+    run = synthetic_run(101)
+    assert curves.find_band(run.identity, "tiny", str(tmp_path / "none.json"))[1].startswith("no band file")
+    other = dict(band, recipe={**band["recipe"], "data": {**band["recipe"]["data"], "source_sha256": "cd34"}})
+    write_json_atomic(str(tmp_path / "other.json"), other)
+    _, why = curves.find_band(run.identity, "tiny", str(tmp_path / "other.json"))
+    assert "is another recipe: data source_sha256 'ab12' (the band's 'cd34')" in why
+    write_json_atomic(str(tmp_path / "anchors.json"), {"preset": "gpt2-small", "anchors": []})
+    assert "holds published anchors only" in curves.find_band(run.identity, "", str(tmp_path / "anchors.json"))[1]
+    (tmp_path / "broken.json").write_text("{")
+    assert "cannot be read" in curves.find_band(run.identity, "", str(tmp_path / "broken.json"))[1]
+    reading = curves.read_curve(run, None, why)
+    assert reading.verdict.startswith("verdict: no band for this run: ") and reading.normal is None
+
+
+def test_the_committed_bands_name_their_seeds_and_their_making():
+    band = curves.read_json(os.path.join(ROOT, "bands", "shakespeare.json"))
+    assert len(band["seeds"]) >= curves.MIN_SEEDS and band["made_by"]["command"].startswith("python bench/bands.py")
+    assert len(band["train"]["runs"]) == len(band["seeds"]) and band["recipe"]["data"]["source_sha256"]
+    anchors = curves.read_json(os.path.join(ROOT, "bands", "gpt2-small.json"))["anchors"]
+    assert anchors and all(a["source"].startswith("https://") for a in anchors)
+
+
+def test_a_folder_that_is_not_a_run_is_named(tmp_path):
+    with pytest.raises(ValueError, match=f"{tmp_path}: no run.json"):
+        curves.read_run(str(tmp_path))
+
+
+# ----------------------------------------------------------------------------
+# Planted runs of a test-sized recipe, trained
+
+# fmt: off
+SMALL = [
+    "--n_layer", 2, "--n_embd", 32, "--n_head", 2, "--block_size", 64, "--batch_size", 8, "--max_iters", 150,
+    "--warmup_iters", 30, "--log_interval", 1, "--eval_interval", 25, "--eval_iters", 10, "--ckpt_interval", 25,
+    "--keep_every", 25, "--num_samples", 0, "--dtype", "float32",
+]
+# fmt: on
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """{name: run folder} of the test recipe's runs, and the band of its 8 seeds (band.json)."""
+    import contextlib
+    import io
+
+    import data
+    import train
+
+    root = tmp_path_factory.mktemp("planted")
+
+    logs = {}
+
+    def run(name, seed, *flags, order=None):
+        argv = ["--out_dir", root / name, "--seed", seed, "--data_order", order or seed, *SMALL, *flags]
+        with contextlib.redirect_stdout(io.StringIO()) as log:
+            train.main([str(a) for a in argv])
+        logs[name] = log.getvalue()
+        return str(root / name)
+
+    folders = {f"band_{s}": run(f"band_{s}", s) for s in range(1, 9)}
+    band = curves.make_band([curves.read_run(folders[f"band_{s}"]) for s in range(1, 9)], "tiny", {"test": "planted"})
+    write_json_atomic(str(root / "band.json"), band)
+    (root / "bands").mkdir()
+    write_json_atomic(str(root / "bands" / "tiny.json"), band)  # as bench/bands.py would write it for this recipe
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(curves, "BANDS_DIR", str(root / "bands"))
+        folders |= {f"healthy_{s}": run(f"healthy_{s}", s) for s in range(101, 106)}
+    folders["lr10"] = run("lr10", 101, "--learning_rate", 2e-2, "--min_lr", 2e-3)
+    folders["spike"] = run("spike", 101, "--inject", "spike@120")
+    folders["order"] = run("order", 101, order=202)
+    shuffled = root / "shuffled_data"  # notebook 05's data plateau: train.bin's bytes shuffled, val.bin kept
+    shuffled.mkdir()
+    data_dir = os.path.join(ROOT, "data", "stdlib-byte")
+    meta = data.load_meta(data_dir)
+    tokens = np.fromfile(os.path.join(data_dir, "train.bin"), dtype=meta["dtype"])
+    np.random.default_rng(0).permutation(tokens).tofile(shuffled / "train.bin")
+    shutil.copyfile(os.path.join(data_dir, "val.bin"), shuffled / "val.bin")
+    write_json_atomic(str(shuffled / "meta.json"), meta)  # the same corpus by its sha256: bad data, unlabelled
+    folders["shuffled"] = run("shuffled", 101, "--data_dir", shuffled)
+    return folders, band, str(root / "band.json"), logs
+
+
+def reading_of(planted, name):
+    folders, band, *_ = planted
+    return curves.read_curve(curves.read_run(folders[name]), band)
+
+
+@pytest.mark.integration
+def test_planted_healthy_seeds_read_normal(planted):
+    readings = [reading_of(planted, f"healthy_{s}") for s in range(101, 106)]
+    assert sum(not r.normal for r in readings) <= 1, [r.verdict for r in readings]
+
+
+@pytest.mark.integration
+def test_a_run_ends_pointing_at_the_reader_where_a_band_applies(planted):
+    folders, _, _, logs = planted
+    last = logs["healthy_101"].splitlines()[-1]
+    assert last == f"is this curve normal? Against 8 seeds of its recipe: python curves.py {folders['healthy_101']}"
+    assert "curves.py" not in logs["band_1"]  # no band yet
+
+
+@pytest.mark.integration
+def test_planted_lr_x10_is_flagged_where_it_left_the_band(planted):
+    reading = reading_of(planted, "lr10")
+    assert reading.verdict.startswith(f"verdict: not normal: left the band at step {reading.left[0]} ")
+    assert "learning_rate 0.02 (the band's 0.002)" in "\n".join(reading.lines)
+
+
+@pytest.mark.integration
+def test_planted_shuffled_data_is_a_plateau_of_the_data_or_the_lr(planted):
+    reading = reading_of(planted, "shuffled")
+    assert not reading.normal and "plateau above the band: the data or the LR" in reading.verdict
+
+
+@pytest.mark.integration
+def test_planted_spike_is_flagged_at_its_step_with_the_incident(planted):
+    reading = reading_of(planted, "spike")
+    assert not reading.normal and "incident: spike at step 120" in reading.verdict
+    assert "faults planted by --inject (injected.json): spike@120" in reading.lines
+
+
+@pytest.mark.integration
+def test_planted_other_data_order_is_inside_the_band_and_compares_tied(planted):
+    folders, _, band_path, _ = planted
+    assert reading_of(planted, "order").normal
+    results, verdict = curves.compare_runs([folders["healthy_101"], folders["order"]], band_path, say=print)
+    assert verdict.startswith("verdict: tied within noise")
+    own = curves.read_run(folders["order"]).val
+    assert results[folders["order"]][150] == {"val_loss": own[150]}  # the fixed evaluation: the run's own
+
+
+@pytest.mark.integration
+def test_the_command_line_ends_with_the_verdict(planted):
+    folders, _, band_path, _ = planted
+    done = run_script(["curves.py", folders["shuffled"], "--band", band_path], cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].startswith("verdict: not normal")
+    assert os.path.exists(os.path.join(folders["shuffled"], "curves.png"))
+    done = run_script(["curves.py", "compare", folders["healthy_101"], folders["order"], "--band", band_path], ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].startswith("verdict: tied within noise")
+    assert os.path.exists(os.path.join(folders["healthy_101"], "compare.png"))
+
+
+@pytest.mark.integration
+def test_the_bands_bench_writes_a_band(tmp_path):
+    out = tmp_path / "band.json"
+    flags = ["--n_layer", "1", "--n_embd", "16", "--n_head", "1", "--block_size", "32", "--batch_size", "4",
+             "--max_iters", "12", "--eval_interval", "6", "--eval_iters", "2", "--log_interval", "2"]  # fmt: skip
+    command = ["bench/bands.py", "--preset", "tiny", "--seeds", "1-8", "--runs", tmp_path / "runs", "--out", out]
+    done = run_script([*command, "--", *flags], ROOT)
+    assert done.returncode == 0, done.stderr
+    band = curves.read_json(str(out))
+    assert band["seeds"] == list(range(1, 9)) and band["train"]["step"] == list(range(0, 12, 2)) + [11]
+    again = run_script([*command, "--overwrite", "--", *flags], ROOT)  # the finished runs are read again
+    assert again.returncode == 0 and again.stdout.count("finished earlier") == 8, again.stderr
+    assert curves.read_json(str(out))["train"] == band["train"]
+    other = run_script([*command, "--overwrite", "--", *flags, "--learning_rate", "1e-3"], ROOT)
+    assert other.returncode != 0 and "seed_1 holds a finished run of another configuration" in other.stderr
+    refused = run_script([*command, "--", *flags], ROOT)
+    assert refused.returncode != 0 and "exists: pass --overwrite" in refused.stderr
