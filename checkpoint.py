@@ -92,7 +92,8 @@ def merge_stages(mine, grid):
 def full_state_dict(model, grid):
     """The single-device GPT's state dict: every slice gathered whole, every stage's part merged."""
     full = merge_stages({name: gather_whole(p, cut, grid) for name, p, cut in model.local_parameters()}, grid)
-    full.update({alias: full[name] for alias, name in GPT.TIED.items()})  # one matrix, both names
+    # a tied matrix under both names (an untied head, --tie_embeddings false, is a parameter of its own)
+    full.update({alias: full[name] for alias, name in GPT.TIED.items() if alias not in full})
     return full
 
 

@@ -88,23 +88,35 @@ def parameters_on_rank(gpt_config, tp=1, pp=1, stage=0):
     """Closed form of the parameters one rank holds (stage `stage` of pp, a 1/tp slice of its
     matrices); with the defaults, the whole model's count, GPT(gpt_config).num_params().
 
-    A block's four matrices (q k v: 3 C^2, attention out: C^2, MLP: 4 C^2 + 4 C^2) are cut
-    by tp, its norms stay whole on every TP rank. The first stage adds the embedding (its
-    V/tp rows, the vocabulary padded to a multiple of tp) and the positions; the last stage
-    the final norm and, when it is not also the first, its own copy of the tied embedding."""
-    C, V = gpt_config.n_embd, gpt_config.vocab_size
+    A block's matrices are cut by tp, its norms stay whole on every TP rank: attention's q (C^2), k and v
+    (C x kv each, kv = C kv_heads / n_head: C^2 each without GQA) and output (C^2); the MLP's two matrices of
+    C x hidden (GELU, hidden 4 C: 8 C^2 in all) or three (SwiGLU, llama). So GPT-2's block holds 12 C^2. The
+    first stage adds the embedding (its V/tp rows, the vocabulary padded to a multiple of tp) and the learned
+    positions (gpt2); the last stage the final norm, and the head's matrix where it is not the first stage's
+    embedding itself: a copy of the tied one on a later stage, or an untied head of its own."""
+    C, V, H = gpt_config.n_embd, gpt_config.vocab_size, gpt_config.hidden
+    kv = gpt_config.kv_heads * (C // gpt_config.n_head)
+    mlp_matrices = 3 if gpt_config.arch == "llama" else 2
     norm = 0 if gpt_config.norm == "none" else C * (2 if gpt_config.norm == "layernorm" and gpt_config.bias else 1)
-    block = (
-        12 * C * C // tp + 2 * norm + ((7 * C) // tp + 2 * C if gpt_config.bias else 0)
-    )  # column biases cut, row biases whole
+    matrices = C * (C + 2 * kv) + C * C + mlp_matrices * C * H
+    column_biases = (C + 2 * kv if gpt_config.bias or gpt_config.qkv_bias else 0) + (
+        (mlp_matrices - 1) * H if gpt_config.bias else 0
+    )  # cut by tp with their matrices; the row-parallel ones (attention out, MLP down) stay whole
+    block = matrices // tp + 2 * norm + column_biases // tp + (2 * C if gpt_config.bias else 0)
     first_block, end_block = stage_layers(gpt_config.n_layer, pp)[stage]
     embedding = -(-V // tp) * C
     n = (end_block - first_block) * block
     if stage == 0:
-        n += embedding + gpt_config.block_size * C
+        n += embedding + position_parameters(gpt_config)
     if stage == pp - 1:
-        n += (norm if gpt_config.norm_position == "pre" else 0) + (embedding if pp > 1 else 0)
+        head = embedding if pp > 1 or not gpt_config.tie_embeddings else 0
+        n += (norm if gpt_config.norm_position == "pre" else 0) + head
     return n
+
+
+def position_parameters(gpt_config):
+    """The learned positions' parameters (gpt2: T x C; rotary ones have none): a lookup, no matmul."""
+    return gpt_config.block_size * gpt_config.n_embd if gpt_config.arch == "gpt2" else 0
 
 
 def fullest_rank_parameters(gpt_config, tp, pp):
@@ -118,7 +130,7 @@ def flops_per_token(gpt_config):
     backward), counted over the full T x T square as the PaLM paper does. A position lookup does no matmul."""
     # exercise flops_per_token: begin
     L, C, T = gpt_config.n_layer, gpt_config.n_embd, gpt_config.block_size
-    return 6 * (parameters_on_rank(gpt_config) - T * C) + 12 * L * C * T
+    return 6 * (parameters_on_rank(gpt_config) - position_parameters(gpt_config)) + 12 * L * C * T
     # exercise flops_per_token: end
 
 

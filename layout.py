@@ -30,6 +30,11 @@ def check_layout(layout, gpt_config, batch_size, world_size, dtype):
     micro-step, world_size processes and the compute dtype, before any process group exists. The engine
     first (it decides which other flags may combine), then the cuts, then the processes to launch."""
     dp, tp, pp = layout.dp, layout.tp, layout.pp
+    if gpt_config.arch != "gpt2" and (tp > 1 or pp > 1):  # data parallelism, ZeRO and FSDP2 take any module
+        raise ValueError(
+            f"--arch {gpt_config.arch} with --tp {tp} --pp {pp}: tensor and pipeline parallelism cut GPT-2's layers "
+            "only so far (learned positions, one head per key); pass --tp 1 --pp 1, or --arch gpt2"
+        )
     # data parallelism: ours, or torch's engines, which are pure data parallelism
     if layout.dp_mode not in (*HAND_WRITTEN, *TORCH_ENGINES):
         choices = f"{', '.join(HAND_WRITTEN)}, {' or '.join(TORCH_ENGINES)}"

@@ -7,6 +7,11 @@ so the two can be compared, and attention can run written out instead of in
 PyTorch's fused kernel. The loss is the causal language modelling (CLM) loss:
 cross-entropy of each position's prediction of the next token, in fp32.
 
+`--arch llama` is the family today's small bases belong to (Llama, SmolLM2, Qwen2.5), beside GPT-2 and sharing
+everything else: rotary positions instead of learned ones (`apply_rope`), grouped-query attention (`--n_kv_head`:
+fewer key/value heads, each shared by a group of query heads), a SwiGLU MLP (`SwiGLU`), and as options the
+q/k/v biases of Qwen2.5 (`--qkv_bias`) and an untied output head (`--tie_embeddings false`).
+
 Shapes: B batch, T sequence, C channels (n_embd), H heads, V vocab.
 """
 
@@ -34,6 +39,13 @@ class GPTConfig:
     naive_init_std: float = 0.0  # 0: the width-scaled init (GPT._init_weights); > 0: N(0, std^2) everywhere, to compare
     # sdpa: PyTorch's fused kernel, the (T, T) scores never stored | manual: written out, as a learner reads it
     attention: str = "sdpa"
+    # gpt2: learned positions, a GELU MLP | llama: rotary positions, a SwiGLU MLP, grouped-query attention
+    arch: str = "gpt2"
+    n_kv_head: int = 0  # llama: key/value heads, each shared by n_head / n_kv_head query heads; 0 = n_head
+    mlp_hidden: int = 0  # the MLP's hidden width; 0 = 4 C (gpt2), or 8 C / 3 up to a multiple of 64 (llama)
+    rope_theta: float = 10000.0  # llama: the base of the rotary frequencies
+    qkv_bias: bool = False  # llama: biases on q, k and v only (Qwen2.5 has them)
+    tie_embeddings: bool = True  # the output head is the token embedding (false: a matrix of its own)
 
     def __post_init__(self):
         if self.n_embd % self.n_head:
@@ -53,6 +65,26 @@ class GPTConfig:
             raise ValueError(f"naive_init_std {self.naive_init_std} must be 0 (width-scaled init) or positive")
         if self.attention not in ("sdpa", "manual"):
             raise ValueError(f"attention {self.attention!r} must be sdpa or manual")
+        if self.arch not in ("gpt2", "llama"):
+            raise ValueError(f"arch {self.arch!r} must be gpt2 or llama")
+        if self.arch == "gpt2" and (self.n_kv_head not in (0, self.n_head) or self.qkv_bias):
+            raise ValueError("n_kv_head and qkv_bias are the llama arch's: pass --arch llama")
+        if self.n_kv_head < 0 or self.n_head % self.kv_heads:
+            raise ValueError(f"n_kv_head {self.n_kv_head} must divide n_head {self.n_head} (0: one per query head)")
+        if (self.n_embd // self.n_head) % 2 and self.arch == "llama":
+            raise ValueError(f"the head size {self.n_embd // self.n_head} must be even: rotary positions turn pairs")
+
+    @property
+    def kv_heads(self):
+        return self.n_kv_head or self.n_head
+
+    @property
+    def hidden(self):
+        """The MLP's hidden width: 4 C for GELU; for SwiGLU, whose three matrices would otherwise hold 12 C^2, 8 C / 3
+        (the same 8 C^2 as GELU's two) rounded up to a multiple of 64, as Llama does (to 256 there)."""
+        if self.mlp_hidden:
+            return self.mlp_hidden
+        return 4 * self.n_embd if self.arch == "gpt2" else 64 * math.ceil(8 * self.n_embd / 3 / 64)
 
 
 def padded_vocab_size(vocab_size):
@@ -151,13 +183,34 @@ class KVCache:
         return self.k, self.v
 
 
+def rope_angles(head_dim, start, T, theta, device):
+    """(cos, sin), each (T, head_dim / 2), of positions start .. start + T - 1: position t turns the pair of
+    channels (i, i + head_dim / 2) by the angle t · theta^(-2i / head_dim), fast turns in the first pairs, slow
+    ones in the last (Su et al. 2021, "RoFormer")."""
+    inverse_frequencies = theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.arange(start, start + T, device=device, dtype=torch.float32)[:, None] * inverse_frequencies
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """x (B, H, T, D) with each channel pair (i, i + D/2) turned by its position's angle, in fp32. q k^T then
+    depends on the positions of q and k only through their distance: rotations compose, R(a)^T R(b) = R(b - a).
+    The pairs are a head's two halves, as Hugging Face's Llama lays them out, so its weights load as they are."""
+    x1, x2 = x.float().chunk(2, dim=-1)  # (B, H, T, D/2) each
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).type_as(x)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, gpt_config):
         super().__init__()
         self.head_dim = gpt_config.n_embd // gpt_config.n_head
         self.dropout = gpt_config.dropout
         self.attention = gpt_config.attention
-        self.c_attn = nn.Linear(gpt_config.n_embd, 3 * gpt_config.n_embd, bias=gpt_config.bias)  # q, k, v at once
+        self.n_head, self.n_kv_head = gpt_config.n_head, gpt_config.kv_heads
+        self.rope_theta = gpt_config.rope_theta if gpt_config.arch == "llama" else None  # None: learned positions
+        kv_width = self.n_kv_head * self.head_dim  # GQA: k and v narrower than q
+        qkv_bias = gpt_config.bias or gpt_config.qkv_bias
+        self.c_attn = nn.Linear(gpt_config.n_embd, gpt_config.n_embd + 2 * kv_width, bias=qkv_bias)  # q, k, v at once
         self.c_proj = nn.Linear(
             gpt_config.n_embd, gpt_config.n_embd, bias=gpt_config.bias
         )  # back into the residual stream
@@ -165,11 +218,20 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, cache=None):
         B, T, _ = x.shape
-        # each (B, T, C); under tensor parallelism c_attn yields this rank's heads only: (B, T, C/tp)
-        q, k, v = self.c_attn(x).chunk(3, dim=2)
-        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H, T, C/H)
+        # q (B, T, C), k and v (B, T, C kv_heads / H) each; under tensor parallelism c_attn yields this rank's heads
+        # only, in the same proportions
+        qkv = self.c_attn(x)
+        kv_width = qkv.size(-1) * self.n_kv_head // (self.n_head + 2 * self.n_kv_head)
+        q, k, v = qkv.split((qkv.size(-1) - 2 * kv_width, kv_width, kv_width), dim=2)
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H or kv_heads, T, C/H)
+        if self.rope_theta is not None:  # rotary positions: q and k turned by their positions, v left alone
+            start = 0 if cache is None else len(cache)  # a cache holds the positions before these T
+            cos, sin = rope_angles(self.head_dim, start, T, self.rope_theta, x.device)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:  # generating: these T positions' keys and values join those of the earlier ones
-            k, v = cache.extend(k, v)  # (B, H, S, C/H): every position so far, these T the last
+            k, v = cache.extend(k, v)  # (B, kv_heads, S, C/H): every position so far, these T the last
+        if k.size(1) != q.size(1):  # GQA: each key/value head serves a group of n_head / n_kv_head query heads
+            k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))  # (B, H, S, C/H)
         # softmax(q k^T / sqrt(C/H) + causal mask) v: position t attends to positions <= t only. A cached step's
         # one query is the newest position, which attends to all S: both kernels then mask nothing (the manual
         # one's (1, 1) mask above the diagonal is empty).
@@ -187,15 +249,32 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, gpt_config):
         super().__init__()
-        self.c_fc = nn.Linear(gpt_config.n_embd, 4 * gpt_config.n_embd, bias=gpt_config.bias)
+        self.c_fc = nn.Linear(gpt_config.n_embd, gpt_config.hidden, bias=gpt_config.bias)
         self.c_proj = nn.Linear(
-            4 * gpt_config.n_embd, gpt_config.n_embd, bias=gpt_config.bias
+            gpt_config.hidden, gpt_config.n_embd, bias=gpt_config.bias
         )  # back into the residual stream
         self.dropout = nn.Dropout(gpt_config.dropout)
         self.approximate = "tanh" if gpt_config.activation == "gelu_tanh" else "none"
 
     def forward(self, x):
         hidden = F.gelu(self.c_fc(x), approximate=self.approximate)  # (B, T, 4C)
+        return self.dropout(self.c_proj(hidden))  # (B, T, C)
+
+
+class SwiGLU(nn.Module):
+    """Llama's MLP (Shazeer 2020, "GLU Variants Improve Transformer"): down(silu(gate(x)) * up(x)). The gate,
+    a smooth switch per hidden unit, decides how much of the up-projection passes; three matrices of C x hidden,
+    hidden ~ 8 C / 3, hold what GELU's two of C x 4 C do."""
+
+    def __init__(self, gpt_config):
+        super().__init__()
+        self.c_gate = nn.Linear(gpt_config.n_embd, gpt_config.hidden, bias=gpt_config.bias)
+        self.c_fc = nn.Linear(gpt_config.n_embd, gpt_config.hidden, bias=gpt_config.bias)  # the up-projection
+        self.c_proj = nn.Linear(gpt_config.hidden, gpt_config.n_embd, bias=gpt_config.bias)  # the residual stream
+        self.dropout = nn.Dropout(gpt_config.dropout)
+
+    def forward(self, x):
+        hidden = F.silu(self.c_gate(x)) * self.c_fc(x)  # (B, T, hidden)
         return self.dropout(self.c_proj(hidden))  # (B, T, C)
 
 
@@ -214,7 +293,7 @@ class Block(nn.Module):
         self.norm_1 = make_norm(gpt_config)
         self.attn = CausalSelfAttention(gpt_config)
         self.norm_2 = make_norm(gpt_config)
-        self.mlp = MLP(gpt_config)
+        self.mlp = SwiGLU(gpt_config) if gpt_config.arch == "llama" else MLP(gpt_config)
 
     def forward(self, x, cache=None):  # (B, T, C) -> (B, T, C); cache: this layer's KVCache when generating
         if self.pre_norm:
@@ -284,13 +363,15 @@ class GPT(nn.Module):
         super().__init__()
         self.config = gpt_config
         self.wte = nn.Embedding(gpt_config.vocab_size, gpt_config.n_embd)  # token embedding, tied to the output head
-        self.wpe = nn.Embedding(gpt_config.block_size, gpt_config.n_embd)  # learned absolute positions
+        # learned absolute positions (gpt2); llama's rotary ones turn q and k inside attention instead
+        self.wpe = nn.Embedding(gpt_config.block_size, gpt_config.n_embd) if gpt_config.arch == "gpt2" else None
         self.drop = nn.Dropout(gpt_config.dropout)
         self.blocks = nn.ModuleList(Block(gpt_config) for _ in range(gpt_config.n_layer))
         # Pre-LN leaves the residual stream unnormalized, so it gets one last norm; Post-LN already ends on one.
         self.norm_f = make_norm(gpt_config) if gpt_config.norm_position == "pre" else nn.Identity()
         self.lm_head = nn.Linear(gpt_config.n_embd, gpt_config.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # tied: one (V, C) matrix reads tokens in and scores them out
+        if gpt_config.tie_embeddings:
+            self.lm_head.weight = self.wte.weight  # tied: one (V, C) matrix reads tokens in and scores them out
         self.clm_loss = CLMLoss()  # a layer without parameters, cut by vocabulary under tensor parallelism
         self.recompute = False  # activation recomputation (run_blocks): how to train, not what the model is
         self.apply(self._init_weights)
@@ -329,7 +410,7 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, std=self.embedding_std(C))
-        elif isinstance(module, (CausalSelfAttention, MLP)):
+        elif isinstance(module, (CausalSelfAttention, MLP, SwiGLU)):
             nn.init.normal_(module.c_proj.weight, std=self.init_std(C) / math.sqrt(2 * L))
         elif isinstance(module, nn.Linear) and module is not self.lm_head:
             nn.init.normal_(module.weight, std=self.init_std(C))
@@ -346,8 +427,10 @@ class GPT(nn.Module):
         start = 0 if cache is None else len(cache[0])  # idx's first position: the cache's positions come before
         if start + T > self.config.block_size:
             raise ValueError(f"sequence length {start + T} exceeds block_size {self.config.block_size}")
-        pos = torch.arange(start, start + T, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        x = self.wte(idx)  # (B, T, C)
+        if self.wpe is not None:  # learned positions join the tokens here; rotary ones turn q and k in attention
+            x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
+        x = self.drop(x)
         if cache is None:
             x = run_blocks(self.blocks, x, self.recompute)
         else:  # each block attends over its layer's kept keys and values, and appends idx's

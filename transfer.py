@@ -149,7 +149,9 @@ def safetensors_writer(tensors, metadata=None):
 # Hugging Face's GPT-2 layout <-> ours
 
 # GPT-2's architecture in our GPTConfig's terms. nn.LayerNorm's eps 1e-5 is GPT-2's layer_norm_epsilon.
-GPT2_ARCHITECTURE = dict(norm="layernorm", bias=True, norm_position="pre", activation="gelu_tanh")
+GPT2_ARCHITECTURE = dict(
+    arch="gpt2", norm="layernorm", bias=True, norm_position="pre", activation="gelu_tanh", tie_embeddings=True
+)
 
 # Every parameter of a block: our name, GPT2LMHeadModel's (under transformer.h.{i}.), and whether it is
 # transposed. HF's GPT-2 builds its matrices as Conv1D, which stores a weight (in, out) and computes x @ W;
@@ -475,7 +477,7 @@ def fit_to_run(source_gpt_config, state_dict, run_gpt_config, source_description
         source = _shape_of(state_dict)  # a bare file shows only its tensors' shapes
     else:
         source = asdict(source_gpt_config)
-    keys = ["n_layer", "n_head", "n_embd", *GPT2_ARCHITECTURE]
+    keys = ["n_layer", "n_head", "n_embd", *GPT2_ARCHITECTURE, "rope_theta", "qkv_bias"]
     differ = [key for key in keys if key in source and source[key] != getattr(run_gpt_config, key)]
     if source["block_size"] < run_gpt_config.block_size:
         differ.append("block_size")

@@ -14,7 +14,6 @@ made. It writes bands/<preset>.json unless --out names another file; an existing
 """
 
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -54,9 +53,10 @@ def train_seed(preset, seed, run_dir, train_flags):
     recorded = read_json(os.path.join(run_dir, "run.json"))
     max_iters = recorded["TrainConfig"]["max_iters"] if recorded else None
     if recorded and is_finished(os.path.join(run_dir, "metrics.jsonl"), max_iters, max_iters):
-        preset_name, _, configs = parse_args(argv)
-        wanted = json.loads(json.dumps(config_file_form(preset_name, configs)))  # as run.json holds it
-        if without_where_from(recorded["config"]) != without_where_from(wanted):
+        # the run's recorded configuration read back as --config reads it (fields added since: their defaults)
+        had = config_file_form(*parse_args(["--config", os.path.join(run_dir, "run.json")])[::2])
+        wanted = config_file_form(*parse_args(argv)[::2])
+        if without_where_from(had) != without_where_from(wanted):
             raise ValueError(f"{run_dir} holds a finished run of another configuration: remove it, or choose --runs")
         return seed, 0.0, "finished earlier"
     command = [sys.executable, "train.py", *argv]

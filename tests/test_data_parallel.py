@@ -148,6 +148,42 @@ IN_THE_DEFAULT_RUN = ("dp2xtp2xpp2-1f1b", "dp2-zero2", "recompute")
 )
 def test_layout_matches_single_process(corpus, single, world_size, extra):
     """Same seed, same global batch: every layout takes the single process's steps (fp32 tolerance)."""
+    check_layout_takes_the_steps_of(single, corpus, world_size, extra)
+
+
+# the llama arch (rotary positions, SwiGLU, grouped-query attention, q/k/v biases, an untied head) on the layouts
+# that take any module: data parallelism (ours, ZeRO, torch's DDP and FSDP2) and recomputation
+LLAMA = ["--arch", "llama", "--n_kv_head", 1, "--qkv_bias", "--tie_embeddings", "false"]
+LLAMA_LAYOUTS = {
+    "llama-dp2-zero2": (2, ["--batch_size", 4, "--zero", 2]),
+    "llama-dp2-zero1": (2, ["--batch_size", 4, "--zero", 1]),
+    "llama-dp2-ddp": (2, ["--batch_size", 4, "--dp_mode", "ddp"]),
+    "llama-dp2-fsdp": (2, ["--batch_size", 4, "--dp_mode", "fsdp"]),
+    "llama-recompute": (1, ["--batch_size", 8, "--recompute"]),
+}
+
+
+@pytest.fixture(scope="module")
+def single_llama(corpus):
+    out = corpus / "single-llama"
+    train.main(args(corpus, out, "--batch_size", 8, *LLAMA))
+    return out
+
+
+@pytest.mark.parametrize(
+    "world_size, extra",
+    [
+        pytest.param(*layout, id=name, marks=() if name == "llama-dp2-zero2" else pytest.mark.integration)
+        for name, layout in LLAMA_LAYOUTS.items()
+    ],
+)
+def test_llama_layout_matches_single_process(corpus, single_llama, world_size, extra):
+    check_layout_takes_the_steps_of(single_llama, corpus, world_size, [*LLAMA, *extra])
+
+
+def check_layout_takes_the_steps_of(single, corpus, world_size, extra):
+    """A run of `extra`'s layout logs the reference's losses and ends on its weights, and counts the bytes and the
+    state the closed forms say."""
     out = corpus / f"ranks{world_size}-{'-'.join(map(str, extra))}"
     argv = args(corpus, out, "--dp", world_size, "--bucket_mb", 0.01, *extra)
     if world_size == 1:  # in this process: a forked child of a process that trained before hangs in OpenMP
@@ -172,8 +208,9 @@ def test_layout_matches_single_process(corpus, single, world_size, extra):
     # the state at the first update, on the fullest rank, as the closed form says (ZeRO: up to its padding,
     # under dp elements per bucket)
     (state,) = [r["state_bytes"] for r in metrics(out) if "state_bytes" in r]
-    state_closed_form = cost.fullest_rank_state_bytes(configs.model, layout.dp, layout.tp, layout.pp, layout.zero)
-    padding = 16 * layout.dp * len(list(GPT(configs.model).parameters())) if layout.zero else 0
+    zero = 3 if layout.dp_mode == "fsdp" else layout.zero  # FSDP2 shards the weights too: ZeRO's stage 3
+    state_closed_form = cost.fullest_rank_state_bytes(configs.model, layout.dp, layout.tp, layout.pp, zero)
+    padding = 16 * layout.dp * len(list(GPT(configs.model).parameters())) if zero else 0
     assert state_closed_form <= state <= state_closed_form + padding
     for record in metrics(out)[:-1] if world_size > 1 else []:  # the last holds the final val loss only
         assert {d: record[f"comm_bytes_{d}"] for d in closed_form} == {d: b for d, (b, _) in closed_form.items()}
