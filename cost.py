@@ -177,7 +177,7 @@ def comm_bytes_per_step(
         )
     if pp > 1:
         neighbours = (not first) + (not last)
-        tied = (first or last) * -(-gpt_config.vocab_size // tp) * C * 4
+        tied = (first or last) * gpt_config.tie_embeddings * -(-gpt_config.vocab_size // tp) * C * 4  # its two copies
         pp_bytes = A * neighbours * act * 4 + tied
         sent = (
             "activations forward and gradients back"

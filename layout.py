@@ -30,11 +30,6 @@ def check_layout(layout, gpt_config, batch_size, world_size, dtype):
     micro-step, world_size processes and the compute dtype, before any process group exists. The engine
     first (it decides which other flags may combine), then the cuts, then the processes to launch."""
     dp, tp, pp = layout.dp, layout.tp, layout.pp
-    if gpt_config.arch != "gpt2" and (tp > 1 or pp > 1):  # data parallelism, ZeRO and FSDP2 take any module
-        raise ValueError(
-            f"--arch {gpt_config.arch} with --tp {tp} --pp {pp}: tensor and pipeline parallelism cut GPT-2's layers "
-            "only so far (learned positions, one head per key); pass --tp 1 --pp 1, or --arch gpt2"
-        )
     # data parallelism: ours, or torch's engines, which are pure data parallelism
     if layout.dp_mode not in (*HAND_WRITTEN, *TORCH_ENGINES):
         choices = f"{', '.join(HAND_WRITTEN)}, {' or '.join(TORCH_ENGINES)}"
@@ -72,6 +67,13 @@ def check_layout(layout, gpt_config, batch_size, world_size, dtype):
             f"n_head {gpt_config.n_head} is not divisible by tp {tp}: choose --tp among the divisors "
             f"of n_head, or --n_head a multiple of {tp} (with --n_embd a multiple of it)"
         )
+    if tp >= 1 and gpt_config.kv_heads % tp:  # GQA: each rank keeps the key/value heads its query heads read
+        raise ValueError(
+            f"n_kv_head {gpt_config.kv_heads} is not divisible by tp {tp}: each rank holds n_kv_head / tp key/value "
+            f"heads; choose --tp among the divisors of n_kv_head, or --n_kv_head a multiple of {tp}"
+        )
+    if tp >= 1 and gpt_config.hidden % tp:
+        raise ValueError(f"the MLP's hidden width {gpt_config.hidden} is not divisible by tp {tp}: set --mlp_hidden")
     # pipeline parallelism: every stage at least one block, every micro-batch the same size
     if gpt_config.n_layer < pp:
         raise ValueError(

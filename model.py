@@ -268,14 +268,14 @@ class SwiGLU(nn.Module):
 
     def __init__(self, gpt_config):
         super().__init__()
-        self.c_gate = nn.Linear(gpt_config.n_embd, gpt_config.hidden, bias=gpt_config.bias)
-        self.c_fc = nn.Linear(gpt_config.n_embd, gpt_config.hidden, bias=gpt_config.bias)  # the up-projection
+        # gate and up in one matrix, as q, k and v are: one input, so tensor parallelism needs one f for both
+        self.c_fc = nn.Linear(gpt_config.n_embd, 2 * gpt_config.hidden, bias=gpt_config.bias)
         self.c_proj = nn.Linear(gpt_config.hidden, gpt_config.n_embd, bias=gpt_config.bias)  # the residual stream
         self.dropout = nn.Dropout(gpt_config.dropout)
 
     def forward(self, x):
-        hidden = F.silu(self.c_gate(x)) * self.c_fc(x)  # (B, T, hidden)
-        return self.dropout(self.c_proj(hidden))  # (B, T, C)
+        gate, up = self.c_fc(x).chunk(2, dim=-1)  # (B, T, hidden) each (under TP: this rank's hidden / tp)
+        return self.dropout(self.c_proj(F.silu(gate) * up))  # (B, T, C)
 
 
 class Block(nn.Module):

@@ -132,21 +132,24 @@ class PipelineStage(nn.Module):
         self.is_first, self.is_last = stage == 0, stage == stages - 1
         self.first_block, last_block = stage_layers(model.config.n_layer, stages)[stage]
         self.blocks = nn.ModuleList(model.blocks[self.first_block : last_block])
-        self.embedding = (
-            nn.ModuleDict({"wte": model.wte, "wpe": model.wpe, "drop": model.drop}) if self.is_first else None
-        )
+        self.tied = model.config.tie_embeddings
+        embedding = {"wte": model.wte, "drop": model.drop} | ({"wpe": model.wpe} if model.wpe is not None else {})
+        self.embedding = nn.ModuleDict(embedding) if self.is_first else None  # no wpe: rotary positions (llama)
         if self.is_last:
-            # The head is tied to wte (under TP: to wte's vocabulary slice, scored by a vocab-parallel loss).
+            # The head is tied to wte (under TP: to wte's vocabulary slice, scored by a vocab-parallel loss), or
+            # (--tie_embeddings false) a matrix of its own that lives on this stage alone.
             self.norm_f, self.lm_head, self.clm_loss = model.norm_f, model.lm_head, model.clm_loss
-            if not self.is_first:  # a separate last stage holds its own copy of the matrix
+            if self.tied and not self.is_first:  # a separate last stage holds its own copy of the matrix
                 self.lm_head.weight = nn.Parameter(self.lm_head.weight.detach().clone())
 
     def forward(self, x, targets=None):
         """First stage: x is token ids (B, T); otherwise the activation (B, T, C) from the stage
         before. Last stage: returns the loss; otherwise the activation (B, T, C) for the next."""
         if self.is_first:
-            pos = torch.arange(x.shape[1], device=x.device)
-            x = self.embedding["drop"](self.embedding["wte"](x) + self.embedding["wpe"](pos))
+            tokens = self.embedding["wte"](x)
+            if "wpe" in self.embedding:
+                tokens = tokens + self.embedding["wpe"](torch.arange(x.shape[1], device=x.device))
+            x = self.embedding["drop"](tokens)
         x = run_blocks(self.blocks, x, self.recompute)
         if not self.is_last:
             return x
@@ -162,11 +165,13 @@ class PipelineStage(nn.Module):
             elif name.startswith("embedding."):
                 names[name] = name.removeprefix("embedding.")
             else:  # the head's copy of the tied matrix is the single-device model's wte
-                names[name] = "wte.weight" if name == "lm_head.weight" else name
+                names[name] = "wte.weight" if name == "lm_head.weight" and self.tied else name
         return names
 
     def tied_embedding(self):
         """The tied (V, C) matrix this stage holds, if any: wte on the first, the head on the last."""
+        if not self.tied:
+            return None
         if self.is_first:
             return self.embedding["wte"].weight
         return self.lm_head.weight if self.is_last else None
@@ -174,7 +179,7 @@ class PipelineStage(nn.Module):
     def tied_copy(self):
         """The last stage's copy of the tied matrix (None on the first stage, which holds the
         original): the grad norm counts the matrix once, on the first stage."""
-        return self.lm_head.weight if self.is_last and not self.is_first else None
+        return self.lm_head.weight if self.tied and self.is_last and not self.is_first else None
 
 
 def sync_tied_embedding(stage, grid):

@@ -72,12 +72,13 @@ class ReduceFromTensorParallel(torch.autograd.Function):
 @dataclass(frozen=True)
 class Cut:
     """How a tensor-parallel parameter is cut from its single-device tensor: into tp equal
-    slices along `dim`. With chunks > 1 that dim holds stacked blocks (q, k, v), each
-    block cut separately, so every rank gets matching heads of q, k and v. With rows set,
-    dim 0 (the vocabulary) is first padded with zero rows from `rows` up to a multiple of tp."""
+    slices along `dim`. With sections, that dim holds stacked blocks of those sizes (q, k, v;
+    under GQA k and v narrower than q; SwiGLU's gate and up), each block cut separately, so
+    every rank gets matching heads of q, k and v. With rows set, dim 0 (the vocabulary) is
+    first padded with zero rows from `rows` up to a multiple of tp."""
 
     dim: int
-    chunks: int = 1
+    sections: tuple = ()  # the stacked blocks' sizes along dim; (): one block
     rows: int | None = None
 
     def shard(self, full, grid):
@@ -85,7 +86,7 @@ class Cut:
         tp = grid.tp
         if self.rows is not None:
             full = F.pad(full, (0, 0, 0, -(-self.rows // tp) * tp - full.shape[0]))  # (V, C) -> (V padded, C)
-        blocks = full.chunk(self.chunks, dim=self.dim)
+        blocks = full.split(list(self.sections), dim=self.dim) if self.sections else [full]
         return torch.cat([b.chunk(tp, dim=self.dim)[grid.tp_rank] for b in blocks], dim=self.dim).contiguous()
 
     def unshard(self, local, grid):
@@ -96,8 +97,9 @@ class Cut:
 
     def join(self, shards):
         """The single-device tensor from the tp slices, in rank order."""
-        pieces = [s.chunk(self.chunks, dim=self.dim) for s in shards]
-        full = torch.cat([torch.cat([p[c] for p in pieces], dim=self.dim) for c in range(self.chunks)], dim=self.dim)
+        local = [size // len(shards) for size in self.sections] or [shards[0].shape[self.dim]]
+        pieces = [s.split(local, dim=self.dim) for s in shards]  # each shard's slice of each block
+        full = torch.cat([torch.cat([p[b] for p in pieces], dim=self.dim) for b in range(len(local))], dim=self.dim)
         return full[: self.rows]  # drop the padding rows, if any
 
 
@@ -120,8 +122,8 @@ class ColumnParallelLinear(nn.Module):
         self.weight, self.bias, self.group, self.cut = weight, bias, group, cut
 
     @classmethod
-    def from_linear(cls, linear, grid, chunks=1):
-        cut = Cut(dim=0, chunks=chunks)
+    def from_linear(cls, linear, grid, sections=()):
+        cut = Cut(dim=0, sections=sections)
         bias = None if linear.bias is None else _sharded_parameter(linear.bias, cut, grid)
         return cls(_sharded_parameter(linear.weight, cut, grid), bias, grid.tp_group, cut)
 
@@ -230,22 +232,30 @@ class VocabParallelLoss(nn.Module):
 def tensor_parallel(model, grid):
     """Cut a single-device GPT across the TP group, in place, from its own initialization
     (same seed, same math): attention by heads (q, k, v column parallel, output projection
-    row parallel), the MLP column then row, the tied embedding / head and the loss by
-    vocabulary. Norm weights and position embeddings stay whole on every rank.
+    row parallel; under GQA each rank takes n_kv_head / tp key/value heads, those its query
+    heads read), the MLP column then row (SwiGLU's gate and up cut alike), the embedding, the
+    head (the tied embedding's slice, or an untied head's) and the loss by vocabulary. Norm
+    weights and position embeddings stay whole on every rank.
 
     Returns {parameter name: Cut} for every parameter that is now a slice: what gathering
     a checkpoint and the global grad norm need to know. A group of one cuts nothing: {}."""
     if grid.tp == 1:
         return {}
+    C, kv = model.config.n_embd, model.config.kv_heads * (model.config.n_embd // model.config.n_head)
+    mlp_sections = (model.config.hidden,) * 2 if model.config.arch == "llama" else ()  # SwiGLU: gate, up
     for block in model.blocks:
-        block.attn.c_attn = ColumnParallelLinear.from_linear(block.attn.c_attn, grid, chunks=3)  # heads h*H/tp...
+        block.attn.c_attn = ColumnParallelLinear.from_linear(block.attn.c_attn, grid, (C, kv, kv))  # heads h*H/tp...
         block.attn.c_proj = RowParallelLinear.from_linear(block.attn.c_proj, grid)
-        block.mlp.c_fc = ColumnParallelLinear.from_linear(block.mlp.c_fc, grid)
+        block.mlp.c_fc = ColumnParallelLinear.from_linear(block.mlp.c_fc, grid, mlp_sections)
         block.mlp.c_proj = RowParallelLinear.from_linear(block.mlp.c_proj, grid)
+    head = model.lm_head.weight
     model.wte = VocabParallelEmbedding(model.wte, grid)
-    model.lm_head = ColumnParallelLinear(
-        model.wte.weight, None, grid.tp_group, model.wte.cut
-    )  # tied: the same slice scores
+    if model.config.tie_embeddings:  # tied: the same slice scores
+        model.lm_head = ColumnParallelLinear(model.wte.weight, None, grid.tp_group, model.wte.cut)
+    else:  # an untied head: its own matrix, cut by vocabulary as the loss reads it
+        model.lm_head = ColumnParallelLinear(
+            _sharded_parameter(head, model.wte.cut, grid), None, grid.tp_group, model.wte.cut
+        )
     model.clm_loss = VocabParallelLoss(model.wte.start, model.config.vocab_size, grid.tp_group)
     cut_of = {}  # parameter -> its cut (parameters hash by identity)
     for module in model.modules():

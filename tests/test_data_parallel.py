@@ -151,10 +151,18 @@ def test_layout_matches_single_process(corpus, single, world_size, extra):
     check_layout_takes_the_steps_of(single, corpus, world_size, extra)
 
 
-# the llama arch (rotary positions, SwiGLU, grouped-query attention, q/k/v biases, an untied head) on the layouts
-# that take any module: data parallelism (ours, ZeRO, torch's DDP and FSDP2) and recomputation
-LLAMA = ["--arch", "llama", "--n_kv_head", 1, "--qkv_bias", "--tie_embeddings", "false"]
+# the llama arch (rotary positions, SwiGLU, grouped-query attention, q/k/v biases, an untied head) on every kind of
+# layout: data parallelism (ours, ZeRO, torch's DDP and FSDP2), tensor parallelism with the key/value heads split
+# (n_head 4, n_kv_head 2 over tp 2), pipelines, 3D, and recomputation
+LLAMA = ["--arch", "llama", "--n_head", 4, "--n_kv_head", 2, "--qkv_bias", "--tie_embeddings", "false"]
 LLAMA_LAYOUTS = {
+    "llama-dp2xtp2": (4, ["--batch_size", 4, "--dp", 2, "--tp", 2]),
+    "llama-pp2": (2, ["--batch_size", 8, "--dp", 1, "--pp", 2, "--micro_batches", 2]),
+    "llama-dp2xtp2xpp2-1f1b": (
+        8,
+        ["--batch_size", 4, "--dp", 2, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--schedule", "1f1b"],
+    ),
+    "llama-tp2-recompute": (2, ["--batch_size", 8, "--dp", 1, "--tp", 2, "--recompute"]),
     "llama-dp2-zero2": (2, ["--batch_size", 4, "--zero", 2]),
     "llama-dp2-zero1": (2, ["--batch_size", 4, "--zero", 1]),
     "llama-dp2-ddp": (2, ["--batch_size", 4, "--dp_mode", "ddp"]),
@@ -173,7 +181,7 @@ def single_llama(corpus):
 @pytest.mark.parametrize(
     "world_size, extra",
     [
-        pytest.param(*layout, id=name, marks=() if name == "llama-dp2-zero2" else pytest.mark.integration)
+        pytest.param(*layout, id=name, marks=() if name == "llama-dp2xtp2" else pytest.mark.integration)
         for name, layout in LLAMA_LAYOUTS.items()
     ],
 )

@@ -83,8 +83,8 @@ def test_wrong_llama_settings_are_named():
         GPTConfig(**{**LLAMA, "n_kv_head": 3})
     with pytest.raises(ValueError, match="pass --arch llama"):
         GPTConfig(n_head=4, n_kv_head=2)
-    with pytest.raises(ValueError, match="--arch llama with --tp 2 --pp 1"):
-        check_layout(ParallelConfig(dp=1, tp=2), GPTConfig(**LLAMA), 8, 2, torch.float32)
+    with pytest.raises(ValueError, match="n_kv_head 2 is not divisible by tp 4"):
+        check_layout(ParallelConfig(dp=1, tp=4), GPTConfig(**LLAMA), 8, 4, torch.float32)
 
 
 def test_a_llama_run_learns_and_resumes_exactly(tmp_path):

@@ -6,6 +6,8 @@ import traceback
 from types import SimpleNamespace
 from unittest import mock
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -375,11 +377,12 @@ def test_bad_layouts_are_named_before_any_process_group(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "cut",
-    [Cut(dim=0), Cut(dim=1), Cut(dim=0, chunks=3), Cut(dim=0, rows=10)],
-    ids=["rows", "columns", "qkv-blocks", "padded-vocab"],
+    [Cut(dim=0), Cut(dim=1), Cut(dim=0, sections=(6, 3, 3)), Cut(dim=0, rows=10)],
+    ids=["rows", "columns", "qkv-blocks-gqa", "padded-vocab"],
 )
 @pytest.mark.parametrize("tp", [2, 3, 4])
 def test_cut_shard_then_unshard_is_the_identity(cut, tp):
+    cut = replace(cut, sections=tuple(size * tp for size in cut.sections))  # each block's rows divisible by tp
     full = torch.randn(10 if cut.rows else 12 * tp, 6 * tp)
     shards = [cut.shard(full, SimpleNamespace(tp=tp, tp_rank=rank)) for rank in range(tp)]
     assert len({s.shape for s in shards}) == 1  # equal slices: what all_gather needs
