@@ -26,6 +26,7 @@ except ModuleNotFoundError:  # Python 3.10: JSON config files only
 from data import DataConfig
 from model import GPTConfig
 from parallel import ParallelConfig
+from transfer import hf_folder_config
 
 # ----------------------------------------------------------------------------
 # The run's settings; defaults are the `tiny` preset
@@ -334,6 +335,23 @@ def config_file_form(preset, configs):
     return {"preset": preset, **{section: table for section, table in tables.items() if table}}
 
 
+def take_architecture_from(values, given):
+    """values with every model field of --init_from's Hugging Face folder (its config.json): a run from a folder
+    needs no model flags. A model flag (or config file value) in `given` that contradicts the folder is refused,
+    naming both values; block_size may be smaller (the positions are cropped); the attention kernel is this run's."""
+    source = hf_folder_config(values["init_from"])
+    if source is None:  # a run of ours, a named download, a bare file: transfer.fit_to_run checks the run's model
+        return values
+    theirs = {k: v for k, v in asdict(source).items() if k not in ("vocab_size", "attention")}
+    for key, value in theirs.items():
+        if key in given and given[key] != value and not (key == "block_size" and given[key] < value):
+            raise ValueError(
+                f"--{key} {given[key]} contradicts --init_from {values['init_from']}, whose config.json says {key} "
+                f"{value}: leave --{key} out, and the run takes the folder's"
+            )
+    return {**values, **{k: v for k, v in theirs.items() if k not in given}}
+
+
 def parse_args(argv):
     """--preset NAME, --config FILE, --sample, --eval_only or --export_hf DIR, and --field value for every field of
     the config dataclasses.
@@ -391,6 +409,8 @@ def parse_args(argv):
         parser.error(f"--{modes[0]} reads the run in --out_dir, and --overwrite would delete it: drop --overwrite")
     flags = {k: v for k, v in vars(args).items() if v is not None and k in FLAGS}
     values = {**PRESETS[preset], **file_values, **flags}
+    if values.get("init_from"):
+        values = take_architecture_from(values, {**file_values, **flags})
     configs = Configs(
         **{
             concern: kind(**{k: v for k, v in values.items() if FLAGS[k][0] == concern})

@@ -46,6 +46,7 @@ class GPTConfig:
     rope_theta: float = 10000.0  # llama: the base of the rotary frequencies
     qkv_bias: bool = False  # llama: biases on q, k and v only (Qwen2.5 has them)
     tie_embeddings: bool = True  # the output head is the token embedding (false: a matrix of its own)
+    rms_norm_eps: float = 1e-6  # RMSNorm's epsilon (Llama's bases use 1e-5; their weights expect theirs)
 
     def __post_init__(self):
         if self.n_embd % self.n_head:
@@ -109,7 +110,7 @@ class RMSNorm(nn.Module):
 
 def make_norm(gpt_config):
     if gpt_config.norm == "rmsnorm":
-        return RMSNorm(gpt_config.n_embd)
+        return RMSNorm(gpt_config.n_embd, gpt_config.rms_norm_eps)
     elif gpt_config.norm == "layernorm":
         return nn.LayerNorm(gpt_config.n_embd, bias=gpt_config.bias)
     elif gpt_config.norm == "none":

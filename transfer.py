@@ -149,6 +149,8 @@ def safetensors_writer(tensors, metadata=None):
 # Hugging Face's GPT-2 layout <-> ours
 
 # GPT-2's architecture in our GPTConfig's terms. nn.LayerNorm's eps 1e-5 is GPT-2's layer_norm_epsilon.
+# what a Llama export needs: Llama's norm without biases (q/k/v biases are Qwen2's, which LlamaConfig cannot say)
+LLAMA_ARCHITECTURE = dict(norm="rmsnorm", bias=False, norm_position="pre", qkv_bias=False)
 GPT2_ARCHITECTURE = dict(
     arch="gpt2", norm="layernorm", bias=True, norm_position="pre", activation="gelu_tanh", tie_embeddings=True
 )
@@ -186,13 +188,36 @@ def _parameter_names(n_layer):
     return names
 
 
+def hf_folder_config(init_from):
+    """The GPTConfig that the config.json of a Hugging Face folder describes (--init_from the folder, or a
+    .safetensors file beside it), or None for any other --init_from (a run of ours, a named download, a bare file):
+    the architecture a run from it takes (config.parse_args)."""
+    if (
+        init_from in GPT2_MODELS
+        and not os.path.exists(init_from)
+        or os.path.isfile(os.path.join(init_from, "run.json"))
+    ):
+        return None
+    path = os.path.join(init_from if os.path.isdir(init_from) else os.path.dirname(init_from), "config.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            return gpt_config_from_hf(json.load(f))
+    except ValueError as e:  # not JSON, or neither GPT-2's nor Llama's
+        raise ValueError(f"{path}: {e}") from None
+
+
 def _count_blocks(names, prefix):
     return len({name.split(".")[1] for name in names if name.startswith(prefix)})
 
 
 def state_dict_from_hf(tensors):
-    """Our state dict, in fp32 (our master weights), from a GPT2LMHeadModel's tensors: keys with or without
-    "transformer.", the causal-mask buffers of old checkpoints ignored, the tied head filled from wte."""
+    """Our state dict, in fp32 (our master weights), from a GPT2LMHeadModel's tensors (keys with or without
+    "transformer.", the causal-mask buffers of old checkpoints ignored, the tied head filled from wte), or from a
+    LlamaForCausalLM's (llama_state_dict_from_hf)."""
+    if any(name.startswith("model.layers.") for name in tensors):
+        return llama_state_dict_from_hf(tensors)
     hf = {
         name.removeprefix("transformer."): tensor
         for name, tensor in tensors.items()
@@ -231,10 +256,138 @@ def state_dict_to_hf(state_dict, vocab_size):
     return hf
 
 
+# Llama's layout (LlamaForCausalLM as save_pretrained names it): nn.Linear on both sides, so nothing is transposed;
+# our one q|k|v matrix is its q_proj, k_proj and v_proj stacked along the output features (k and v narrower under
+# GQA), our one gate|up matrix its gate_proj and up_proj. Each entry: our name, theirs under model.layers.{i}.
+LLAMA_BLOCK_PARAMETERS = [
+    ("norm_1.weight", ["input_layernorm.weight"]),
+    ("attn.c_attn.weight", ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"]),
+    ("attn.c_attn.bias", ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"]),  # Qwen2.5's
+    ("attn.c_proj.weight", ["self_attn.o_proj.weight"]),
+    ("norm_2.weight", ["post_attention_layernorm.weight"]),
+    ("mlp.c_fc.weight", ["mlp.gate_proj.weight", "mlp.up_proj.weight"]),
+    ("mlp.c_proj.weight", ["mlp.down_proj.weight"]),
+]
+LLAMA_OUTER_PARAMETERS = [
+    ("wte.weight", ["model.embed_tokens.weight"]),
+    ("norm_f.weight", ["model.norm.weight"]),
+    ("lm_head.weight", ["lm_head.weight"]),  # absent where tied to the embedding
+]
+
+
+def _llama_parameter_names(n_layer):
+    """(our name, [HF's names, stacked in this order]) for every parameter of an n_layer Llama."""
+    names = list(LLAMA_OUTER_PARAMETERS)
+    for i in range(n_layer):
+        names += [
+            (f"blocks.{i}.{ours}", [f"model.layers.{i}.{t}" for t in theirs]) for ours, theirs in LLAMA_BLOCK_PARAMETERS
+        ]
+    return names
+
+
+def llama_state_dict_from_hf(tensors):
+    """Our state dict, in fp32, from a LlamaForCausalLM's tensors: the separate projections stacked into ours, the
+    q/k/v biases where it has them, a tied head (no lm_head.weight) filled from the embedding."""
+    hf = {name: t for name, t in tensors.items() if not name.endswith("rotary_emb.inv_freq")}  # a buffer, not a weight
+    state = {}
+    n_layer = len({name.split(".")[2] for name in hf if name.startswith("model.layers.")})
+    for ours, theirs in _llama_parameter_names(n_layer):
+        present = [name in hf for name in theirs]
+        if not any(present) and (ours.endswith("bias") or ours == "lm_head.weight"):
+            continue  # optional: biases (Qwen2.5's), an untied head
+        if not all(present):
+            raise ValueError(f"no tensor {theirs[present.index(False)]}: not a LlamaForCausalLM's weights")
+        state[ours] = torch.cat([hf.pop(name) for name in theirs]).float()
+    if hf:
+        raise ValueError(f"tensors that Llama's layout has none of: {', '.join(sorted(hf)[:5])}")
+    state.setdefault("lm_head.weight", state["wte.weight"])  # tied: the same tensor, as GPT's state_dict() lists it
+    return state
+
+
+def llama_state_dict_to_hf(state_dict, gpt_config, vocab_size):
+    """A LlamaForCausalLM's tensors from our state dict: our stacked matrices cut back into its projections, the
+    vocabulary trimmed to the tokenizer's vocab_size rows, lm_head.weight only for an untied head."""
+    C, hidden = gpt_config.n_embd, gpt_config.hidden
+    kv = gpt_config.kv_heads * (C // gpt_config.n_head)
+    sizes = {"attn.c_attn": [C, kv, kv], "mlp.c_fc": [hidden, hidden]}
+    hf = {}
+    for ours, theirs in _llama_parameter_names(gpt_config.n_layer):
+        if ours not in state_dict or (ours == "lm_head.weight" and gpt_config.tie_embeddings):
+            continue
+        tensor = state_dict[ours][:vocab_size] if ours in ("wte.weight", "lm_head.weight") else state_dict[ours]
+        module = ours.split(".", 2)[-1].rsplit(".", 1)[0]  # blocks.0.attn.c_attn.weight -> attn.c_attn
+        pieces = tensor.split(sizes[module]) if len(theirs) > 1 else [tensor]
+        hf.update({name: piece.float().contiguous() for name, piece in zip(theirs, pieces)})
+    return hf
+
+
+def llama_config_from_hf(hf_config):
+    """Our GPTConfig (arch llama) of a Llama config.json (a dict); refuses what our GPT computes differently. RoPE's
+    settings are read in both spellings: rope_theta, and rope_parameters as transformers 5 writes them."""
+    rope = hf_config.get("rope_parameters") or {}
+    scaling = hf_config.get("rope_scaling") or ({} if rope.get("rope_type", "default") == "default" else rope)
+    computed_otherwise = {  # each: config.json's value, and what our GPT computes
+        "hidden_act": (hf_config.get("hidden_act", "silu"), ("silu",)),
+        "attention_bias": (hf_config.get("attention_bias", False), (False,)),  # Llama's puts one on o_proj too
+        "mlp_bias": (hf_config.get("mlp_bias", False), (False,)),
+        "rope_scaling": (scaling or None, (None,)),  # Llama 3.1's long-context scaling: not built
+        "head_dim": (hf_config.get("head_dim"), (None, hf_config["hidden_size"] // hf_config["num_attention_heads"])),
+    }
+    for key, (value, ours) in computed_otherwise.items():
+        if value not in ours:
+            raise ValueError(f"config.json has {key} {value!r}; our GPT computes {' or '.join(map(repr, ours))}")
+    return GPTConfig(
+        arch="llama",
+        block_size=hf_config["max_position_embeddings"],
+        vocab_size=hf_config["vocab_size"],
+        n_layer=hf_config["num_hidden_layers"],
+        n_head=hf_config["num_attention_heads"],
+        n_kv_head=hf_config.get("num_key_value_heads") or hf_config["num_attention_heads"],
+        n_embd=hf_config["hidden_size"],
+        mlp_hidden=hf_config["intermediate_size"],
+        rope_theta=float(hf_config.get("rope_theta", rope.get("rope_theta", 10000.0))),
+        rms_norm_eps=hf_config.get("rms_norm_eps", 1e-6),
+        tie_embeddings=hf_config.get("tie_word_embeddings", False),  # LlamaConfig's default: untied
+    )
+
+
+def llama_hf_config(gpt_config, vocab_size, eot_id):
+    """config.json of a LlamaForCausalLM with our model's shape, as transformers loads it."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": vocab_size,
+        "max_position_embeddings": gpt_config.block_size,
+        "hidden_size": gpt_config.n_embd,
+        "intermediate_size": gpt_config.hidden,
+        "num_hidden_layers": gpt_config.n_layer,
+        "num_attention_heads": gpt_config.n_head,
+        "num_key_value_heads": gpt_config.kv_heads,
+        "head_dim": gpt_config.n_embd // gpt_config.n_head,
+        "hidden_act": "silu",
+        "rms_norm_eps": gpt_config.rms_norm_eps,
+        "rope_theta": gpt_config.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": gpt_config.rope_theta},
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "mlp_bias": False,
+        "initializer_range": 0.02,
+        "bos_token_id": eot_id,
+        "eos_token_id": eot_id,
+        "tie_word_embeddings": gpt_config.tie_embeddings,
+        "use_cache": True,
+        "dtype": "float32",
+        "exported_by": EXPORTED_BY,
+    }
+
+
 def gpt_config_from_hf(hf_config):
-    """Our GPTConfig of a GPT-2 config.json (a dict); refuses what our GPT computes differently."""
+    """Our GPTConfig of a GPT-2 (or a Llama: llama_config_from_hf) config.json (a dict); refuses what our GPT
+    computes differently."""
+    if hf_config.get("model_type") == "llama":
+        return llama_config_from_hf(hf_config)
     if hf_config.get("model_type") != "gpt2":
-        raise ValueError(f"config.json has model_type {hf_config.get('model_type')!r}: only GPT-2 (gpt2) loads")
+        raise ValueError(f"config.json has model_type {hf_config.get('model_type')!r}: GPT-2 (gpt2) and Llama load")
     activations = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
     activation = hf_config.get("activation_function", "gelu_new")
     if activation not in activations:
@@ -296,15 +449,6 @@ def hf_config(gpt_config, vocab_size, eot_id):
         "dtype": "float32",
         "exported_by": EXPORTED_BY,
     }
-
-
-def architecture_mismatch(gpt_config):
-    """Where gpt_config's architecture differs from GPT-2's, e.g. ["norm: 'rmsnorm' (GPT-2: 'layernorm')"]."""
-    return [
-        f"{key}: {getattr(gpt_config, key)!r} (GPT-2: {value!r})"
-        for key, value in GPT2_ARCHITECTURE.items()
-        if getattr(gpt_config, key) != value
-    ]
 
 
 def _flag(key, value):
@@ -431,13 +575,16 @@ def initial_weights(init_from, init_url="", say=print):
     state_dict = _read_hf_weights(path)
     config_path = os.path.join(os.path.dirname(path), "config.json")
     if not os.path.isfile(config_path):
+        if "wpe.weight" not in state_dict:  # rotary positions: the heads, key/value heads and theta are not in it
+            raise ValueError(f"--init_from {init_from}: a Llama's weights need the config.json beside them")
         return Source(None, state_dict, None, init_from)
     try:
         with open(config_path) as f:
             gpt_config = gpt_config_from_hf(json.load(f))
-    except ValueError as e:  # not JSON, or not GPT-2's
+    except ValueError as e:  # not JSON, or neither GPT-2's nor Llama's
         raise ValueError(f"{config_path}: {e}") from None
-    return Source(gpt_config, state_dict, "gpt2", init_from)
+    # GPT-2's tokenizer is tiktoken's gpt2; a Llama's own tokenizer.json is not read yet: its tokens taken on trust
+    return Source(gpt_config, state_dict, "gpt2" if gpt_config.arch == "gpt2" else None, init_from)
 
 
 def _read_hf_weights(path):
@@ -477,7 +624,8 @@ def fit_to_run(source_gpt_config, state_dict, run_gpt_config, source_description
         source = _shape_of(state_dict)  # a bare file shows only its tensors' shapes
     else:
         source = asdict(source_gpt_config)
-    keys = ["n_layer", "n_head", "n_embd", *GPT2_ARCHITECTURE, "rope_theta", "qkv_bias"]
+    keys = ["n_layer", "n_head", "n_embd", *GPT2_ARCHITECTURE, "n_kv_head", "mlp_hidden", "rope_theta", "qkv_bias"]
+    keys += ["rms_norm_eps"]
     differ = [key for key in keys if key in source and source[key] != getattr(run_gpt_config, key)]
     if source["block_size"] < run_gpt_config.block_size:
         differ.append("block_size")
@@ -558,20 +706,27 @@ def _is_our_export(folder):
             config = json.load(f)
     except (OSError, ValueError):
         return False
-    return isinstance(config, dict) and config.get("model_type") == "gpt2" and config.get("exported_by") == EXPORTED_BY
+    ours = config.get("exported_by") == EXPORTED_BY if isinstance(config, dict) else False
+    return ours and config.get("model_type") in ("gpt2", "llama")
 
 
 def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print):
-    """Write our weights to dest_dir as a transformers GPT2LMHeadModel with GPT-2's tokenizer: config.json,
-    model.safetensors (fp32, the vocabulary trimmed to the tokenizer's), vocab.json, merges.txt,
-    tokenizer_config.json, special_tokens_map.json (_write_into: each under a temporary name of its own, then
-    renamed over its name). dest_dir is new, empty or an earlier export of ours; anything else is refused. Over an
+    """Write our weights to dest_dir as a transformers GPT2LMHeadModel (a llama run: LlamaForCausalLM) with GPT-2's
+    tokenizer: config.json, model.safetensors (fp32, the vocabulary trimmed to the tokenizer's), vocab.json,
+    merges.txt, tokenizer_config.json, special_tokens_map.json (_write_into: each under a temporary name of its own,
+    then renamed over its name). dest_dir is new, empty or an earlier export of ours; anything else is refused. Over an
     earlier export, only those six files are replaced: a file a user added there (lm-eval's results) is kept."""
-    differ = [key for key, value in GPT2_ARCHITECTURE.items() if getattr(gpt_config, key) != value]
+    llama = gpt_config.arch == "llama"
+    wanted = LLAMA_ARCHITECTURE if llama else GPT2_ARCHITECTURE
+    differ = [key for key, value in wanted.items() if getattr(gpt_config, key) != value]
     if differ:
+        has = ", ".join(
+            f"{k}: {getattr(gpt_config, k)!r} ({'Llama' if llama else 'GPT-2'}: {wanted[k]!r})" for k in differ
+        )
         raise ValueError(
-            f"--export_hf writes GPT-2's architecture; this run has {', '.join(architecture_mismatch(gpt_config))}: "
-            f"train with --preset gpt2-small or {' '.join(_flag(k, GPT2_ARCHITECTURE[k]) for k in differ)}"
+            f"--export_hf writes {'Llama' if llama else 'GPT-2'}'s architecture; this run has {has}: train with "
+            + ("" if llama else "--preset gpt2-small or ")
+            + " ".join(_flag(k, wanted[k]) for k in differ)
         )
     if tokenizer_name != "gpt2":
         raise ValueError(
@@ -585,11 +740,16 @@ def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print):
             f"--export_hf {dest_dir} exists and is not an earlier export of ours: name a new or empty folder"
         )
     tokenizer = get_tokenizer("gpt2")
-    tensors = state_dict_to_hf(state_dict, tokenizer.vocab_size)
+    if llama:
+        tensors = llama_state_dict_to_hf(state_dict, gpt_config, tokenizer.vocab_size)
+        config = llama_hf_config(gpt_config, tokenizer.vocab_size, tokenizer.eot)
+    else:
+        tensors = state_dict_to_hf(state_dict, tokenizer.vocab_size)
+        config = hf_config(gpt_config, tokenizer.vocab_size, tokenizer.eot)
     end_of_text = tokenizer.decode([tokenizer.eot])
     special_tokens = {"bos_token": end_of_text, "eos_token": end_of_text, "unk_token": end_of_text}
     contents = {  # config.json first: the mark a later export knows its folder by
-        "config.json": json.dumps(hf_config(gpt_config, tokenizer.vocab_size, tokenizer.eot), indent=2).encode(),
+        "config.json": json.dumps(config, indent=2).encode(),
         **{name: _gpt2_tokenizer_file(url, sha256) for name, (url, sha256) in GPT2_TOKENIZER_FILES.items()},
         "tokenizer_config.json": json.dumps(
             {
@@ -616,8 +776,8 @@ def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print):
     kept = sorted(name for name in os.listdir(dest_dir) if name not in writers)
     n_params = sum(t.numel() for t in tensors.values())
     say(
-        f"wrote {dest_dir}: a transformers GPT-2 of {n_params:,} parameters (fp32, the vocabulary trimmed to gpt2's "
-        f"{tokenizer.vocab_size}), with GPT-2's tokenizer files"
+        f"wrote {dest_dir}: a transformers {'Llama' if llama else 'GPT-2'} of {n_params:,} parameters (fp32, the "
+        f"vocabulary trimmed to gpt2's {tokenizer.vocab_size}), with GPT-2's tokenizer files"
         + (f"; the folder's other files left as they were: {', '.join(kept)}" if kept else "")
     )
 

@@ -2,6 +2,8 @@
 untied head beside GPT-2's path; its parameter count in closed form; a run of it trained and resumed exactly. Its
 data-parallel layouts against one process: tests/test_data_parallel.py."""
 
+import contextlib
+import io
 import json
 
 import pytest
@@ -10,7 +12,8 @@ import torch
 import checkpoint
 import cost
 import train
-from conftest import write_word_corpus
+import transfer
+from conftest import needs_gpt2, write_word_corpus
 from layout import check_layout
 from model import GPT, GPTConfig, KVCache, apply_rope, rope_angles
 from parallel import ParallelConfig, ProcessGrid, ShardedModel
@@ -107,3 +110,73 @@ def test_a_llama_run_learns_and_resumes_exactly(tmp_path):
     whole, halves = losses(tmp_path / "whole"), losses(tmp_path / "halves")
     assert whole == halves  # bit for bit, the second half resumed from the checkpoint of step 20
     assert whole[39] < 0.6 * whole[0]  # a word corpus the model learns within tens of steps
+
+
+# ----------------------------------------------------------------------------
+# Llama's weights in and out of transformers (tests only: the project reads and writes them with its own code)
+
+
+@pytest.fixture(scope="module")
+def hf_llama(tmp_path_factory):
+    """A random LlamaForCausalLM (2 layers, 4 heads, 2 key/value heads, width 64, bytes' 256 ids, an untied head)
+    saved by transformers, and the model itself."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=5e5,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).eval()
+    folder = tmp_path_factory.mktemp("hf-llama")
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def test_a_hf_llama_folder_needs_no_model_flags_and_samples_its_greedy_tokens(hf_llama, tmp_path):
+    folder, hf = hf_llama
+    out = tmp_path / "from-llama"
+    # fmt: off
+    common = ["--out_dir", out, "--dtype", "float32", "--batch_size", 4, "--eval_iters", 2, "--num_samples", 0]
+    train.main([str(a) for a in ["--init_from", folder, "--max_iters", 0, *common]])
+    # fmt: on
+    run = json.loads((out / "run.json").read_text())["GPTConfig"]
+    assert (run["arch"], run["n_kv_head"], run["mlp_hidden"], run["rope_theta"]) == ("llama", 2, 160, 5e5)
+    assert (run["rms_norm_eps"], run["tie_embeddings"], run["block_size"]) == (1e-5, False, 64)
+    prompt = "def "
+    expected = hf.generate(torch.tensor([list(prompt.encode())]), max_new_tokens=16, do_sample=False)
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        train.main(["--sample", "--out_dir", str(out), "--prompt", prompt, "--top_k", "1", "--max_new_tokens", "16",
+                    "--num_samples", "1"])  # fmt: skip
+    text = bytes(expected[0].tolist()).decode("utf-8", errors="replace")
+    assert text in printed.getvalue()
+
+
+def test_a_model_flag_that_contradicts_the_folder_is_refused(hf_llama, tmp_path):
+    folder, _ = hf_llama
+    with pytest.raises(SystemExit, match="--n_kv_head 4 contradicts --init_from .*n_kv_head 2"):
+        train.main(["--init_from", str(folder), "--n_kv_head", "4", "--out_dir", str(tmp_path / "o")])
+
+
+def test_the_weights_read_give_transformers_logits(hf_llama):
+    folder, hf = hf_llama
+    source = transfer.initial_weights(str(folder))
+    ours = GPT(source.gpt_config).eval()
+    ours.load_state_dict(source.state_dict)
+    tokens = torch.randint(0, 256, (2, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens)[0], hf(tokens).logits, rtol=0, atol=1e-4)
+
+
+@needs_gpt2
+@pytest.mark.parametrize("tied", [True, False])
+def test_export_hf_of_a_llama_run_loads_in_transformers(tmp_path, tied):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    gpt_config = GPTConfig(**{**LLAMA, "vocab_size": 50304, "tie_embeddings": tied, "rms_norm_eps": 1e-5})
+    ours = GPT(gpt_config).eval()
+    transfer.export_hf(ours.state_dict(), gpt_config, "gpt2", str(tmp_path / "hf"), say=lambda line: None)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(theirs).__name__ == "LlamaForCausalLM"
+    tokens = torch.randint(0, 50257, (2, 24))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(tokens).logits, ours(tokens)[0][..., :50257], rtol=0, atol=1e-4)
