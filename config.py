@@ -26,7 +26,7 @@ except ModuleNotFoundError:  # Python 3.10: JSON config files only
 from data import DataConfig
 from model import GPTConfig
 from parallel import ParallelConfig
-from transfer import hf_folder_config
+from transfer import hf_folder_config, hf_tokenizer_of
 
 # ----------------------------------------------------------------------------
 # The run's settings; defaults are the `tiny` preset
@@ -338,7 +338,8 @@ def config_file_form(preset, configs):
 def take_architecture_from(values, given):
     """values with every model field of --init_from's Hugging Face folder (its config.json): a run from a folder
     needs no model flags. A model flag (or config file value) in `given` that contradicts the folder is refused,
-    naming both values; block_size may be smaller (the positions are cropped); the attention kernel is this run's."""
+    naming both values; block_size may be smaller (the positions are cropped); the attention kernel is this run's.
+    A tokenizer.json in the folder is the run's --tokenizer unless one is given: the base's vocabulary."""
     source = hf_folder_config(values["init_from"])
     if source is None:  # a run of ours, a named download, a bare file: transfer.fit_to_run checks the run's model
         return values
@@ -349,7 +350,13 @@ def take_architecture_from(values, given):
                 f"--{key} {given[key]} contradicts --init_from {values['init_from']}, whose config.json says {key} "
                 f"{value}: leave --{key} out, and the run takes the folder's"
             )
-    return {**values, **{k: v for k, v in theirs.items() if k not in given}}
+    # a Llama base's own tokenizer.json: its vocabulary, its ids (GPT-2's is tiktoken's gpt2)
+    tokenizer = hf_tokenizer_of(values["init_from"]) if source.arch == "llama" else None
+    return {
+        **values,
+        **{k: v for k, v in theirs.items() if k not in given},
+        **({"tokenizer": tokenizer} if tokenizer and "tokenizer" not in given else {}),
+    }
 
 
 def parse_args(argv):

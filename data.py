@@ -66,8 +66,9 @@ class TiktokenTokenizer:
 
         if name not in tiktoken.list_encoding_names():
             raise ValueError(
-                f"unknown tokenizer {name!r}: use 'byte' or a tiktoken encoding: "
+                f"unknown tokenizer {name!r}: use 'byte', a tiktoken encoding ("
                 + ", ".join(tiktoken.list_encoding_names())
+                + "), or the path of a tokenizer.json (or of a folder holding one)"
             )
         try:
             self.encoding = tiktoken.get_encoding(name)
@@ -90,8 +91,44 @@ class TiktokenTokenizer:
         return self.encoding.decode(list(ids))
 
 
+class HFTokenizer:
+    """A Hugging Face tokenizer.json (the file, or a folder holding one: a base model's own tokenizer), read by the
+    `tokenizers` package, imported only here. Special tokens written in the text (`<|endoftext|>`) become their ids,
+    as Hugging Face encodes them (tiktoken's `encode_ordinary` above reads them as plain text). Its end-of-text id:
+    the first of END_OF_TEXT it holds."""
+
+    END_OF_TEXT = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<|im_end|>", "<eos>")
+
+    def __init__(self, path):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise ValueError(f"--tokenizer {path}: a tokenizer.json is read with tokenizers: pip install tokenizers")
+        file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+        if not os.path.isfile(file):
+            raise ValueError(f"--tokenizer {path}: no tokenizer.json there (a file, or a folder holding one)")
+        self.tokenizer = Tokenizer.from_file(file)
+        self.name = path
+        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        ids = [self.tokenizer.token_to_id(token) for token in self.END_OF_TEXT]
+        if all(i is None for i in ids):
+            raise ValueError(f"--tokenizer {path}: none of {', '.join(self.END_OF_TEXT)} in its vocabulary")
+        self.eot = next(i for i in ids if i is not None)
+
+    def encode(self, text):
+        return self.tokenizer.encode(text, add_special_tokens=False).ids  # no BOS: documents end with eot instead
+
+    def decode(self, ids):
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
 def get_tokenizer(name):
-    return ByteTokenizer() if name == "byte" else TiktokenTokenizer(name)
+    """byte, a tiktoken encoding's name, or the path of a tokenizer.json (or of a folder holding one)."""
+    if name == "byte":
+        return ByteTokenizer()
+    if os.path.exists(name) or name.endswith(".json"):
+        return HFTokenizer(name)
+    return TiktokenTokenizer(name)
 
 
 # ----------------------------------------------------------------------------
@@ -160,7 +197,7 @@ def corpus_sha256(files):
 @dataclass
 class DataConfig:
     source: str = "stdlib"  # stdlib | shakespeare | a text or JSON Lines file, folder or glob
-    tokenizer: str = "byte"  # byte | a tiktoken encoding name (gpt2, ...)
+    tokenizer: str = "byte"  # byte | a tiktoken encoding name (gpt2, ...) | a tokenizer.json, or a folder holding one
     val_fraction: float = 0.1  # the last tenth of the token stream is held out for validation
     url: str = ""  # download mirror for a named source (a file:// URL works); empty = the usual one
     text_field: str = "text"  # JSON Lines sources: the field of each line that holds its document's text
@@ -411,10 +448,12 @@ def read_json(path):
 def default_data_dir(dcfg):
     """data/<source>-<tokenizer>, the source reduced to a folder-safe name: 'texts/*.txt' -> texts_txt. A long one
     (an absolute path) keeps its last 40 characters and a hash of the whole, so two sources never share a folder."""
-    name = re.sub(r"[^A-Za-z0-9]+", "_", dcfg.source).strip("_") or "corpus"
-    if len(name) > 48:
-        name = f"{name[-40:].strip('_')}_{hashlib.sha256(dcfg.source.encode()).hexdigest()[:8]}"
-    return os.path.join("data", f"{name}-{dcfg.tokenizer}")
+
+    def folder_safe(text):
+        name = re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_") or "corpus"
+        return f"{name[-40:].strip('_')}_{hashlib.sha256(text.encode()).hexdigest()[:8]}" if len(name) > 48 else name
+
+    return os.path.join("data", f"{folder_safe(dcfg.source)}-{folder_safe(dcfg.tokenizer)}")  # a tokenizer's path too
 
 
 def load_or_prepare(dcfg, data_dir):
@@ -567,7 +606,9 @@ def main(argv=None):
         default=defaults.source,
         help="stdlib | shakespeare | a text or JSON Lines (.jsonl, .jsonl.gz) file, folder or glob",
     )
-    parser.add_argument("--tokenizer", default=defaults.tokenizer, help="byte | a tiktoken encoding (gpt2, ...)")
+    parser.add_argument(
+        "--tokenizer", default=defaults.tokenizer, help="byte | a tiktoken encoding (gpt2, ...) | a tokenizer.json"
+    )
     parser.add_argument("--out_dir", required=True, help="where train.bin, val.bin and meta.json go")
     parser.add_argument("--val_fraction", type=float, default=defaults.val_fraction)
     parser.add_argument("--url", default=defaults.url, help="mirror for a named download (file:// works)")

@@ -208,6 +208,12 @@ def hf_folder_config(init_from):
         raise ValueError(f"{path}: {e}") from None
 
 
+def hf_tokenizer_of(init_from):
+    """The folder of --init_from as a --tokenizer, where it holds a tokenizer.json (a base's own); else None."""
+    folder = os.path.normpath(init_from if os.path.isdir(init_from) else os.path.dirname(init_from))
+    return folder if os.path.isfile(os.path.join(folder, "tokenizer.json")) else None
+
+
 def _count_blocks(names, prefix):
     return len({name.split(".")[1] for name in names if name.startswith(prefix)})
 
@@ -583,8 +589,10 @@ def initial_weights(init_from, init_url="", say=print):
             gpt_config = gpt_config_from_hf(json.load(f))
     except ValueError as e:  # not JSON, or neither GPT-2's nor Llama's
         raise ValueError(f"{config_path}: {e}") from None
-    # GPT-2's tokenizer is tiktoken's gpt2; a Llama's own tokenizer.json is not read yet: its tokens taken on trust
-    return Source(gpt_config, state_dict, "gpt2" if gpt_config.arch == "gpt2" else None, init_from)
+    # GPT-2's tokenizer is tiktoken's gpt2; a Llama's is its folder's own tokenizer.json (None: taken on trust)
+    return Source(
+        gpt_config, state_dict, "gpt2" if gpt_config.arch == "gpt2" else hf_tokenizer_of(init_from), init_from
+    )
 
 
 def _read_hf_weights(path):
@@ -700,6 +708,28 @@ def _gpt2_tokenizer_file(url, sha256):
         ) from None
 
 
+def gpt2_tokenizer_contents(tokenizer, block_size):
+    """{file name: bytes} of GPT-2's tokenizer as transformers reads it: tiktoken's cached vocab.json and merges.txt,
+    and the two small files that name its class and its end-of-text token."""
+    end_of_text = tokenizer.decode([tokenizer.eot])
+    special_tokens = {"bos_token": end_of_text, "eos_token": end_of_text, "unk_token": end_of_text}
+    tokenizer_config = {
+        "tokenizer_class": "GPT2Tokenizer",
+        "model_max_length": block_size,
+        "add_prefix_space": False,
+        **special_tokens,
+    }
+    return {
+        **{name: _gpt2_tokenizer_file(url, sha256) for name, (url, sha256) in GPT2_TOKENIZER_FILES.items()},
+        "tokenizer_config.json": json.dumps(tokenizer_config, indent=2).encode(),
+        "special_tokens_map.json": json.dumps(special_tokens, indent=2).encode(),
+    }
+
+
+# a base's own tokenizer, as save_pretrained writes it: an export carries those its run's tokenizer folder holds
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
 def _is_our_export(folder):
     try:
         with open(os.path.join(folder, "config.json")) as f:
@@ -728,10 +758,11 @@ def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print):
             + ("" if llama else "--preset gpt2-small or ")
             + " ".join(_flag(k, wanted[k]) for k in differ)
         )
-    if tokenizer_name != "gpt2":
+    hf_tokenizer_files = [n for n in HF_TOKENIZER_FILES if os.path.isfile(os.path.join(tokenizer_name, n))]
+    if tokenizer_name != "gpt2" and "tokenizer.json" not in hf_tokenizer_files:
         raise ValueError(
-            f"--export_hf needs GPT-2's tokenizer (transformers and lm-eval read its vocab.json and merges.txt); "
-            f"this run's tokenizer is {tokenizer_name!r}: train with --tokenizer gpt2"
+            f"--export_hf needs GPT-2's tokenizer or a tokenizer.json (transformers and lm-eval read its files); "
+            f"this run's tokenizer is {tokenizer_name!r}: train with --tokenizer gpt2, or a base's tokenizer.json"
         )
     dest_dir = os.path.normpath(dest_dir)
     replaceable = os.path.isdir(dest_dir) and (not os.listdir(dest_dir) or _is_our_export(dest_dir))
@@ -739,29 +770,20 @@ def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print):
         raise ValueError(
             f"--export_hf {dest_dir} exists and is not an earlier export of ours: name a new or empty folder"
         )
-    tokenizer = get_tokenizer("gpt2")
+    tokenizer = get_tokenizer(tokenizer_name)
     if llama:
         tensors = llama_state_dict_to_hf(state_dict, gpt_config, tokenizer.vocab_size)
         config = llama_hf_config(gpt_config, tokenizer.vocab_size, tokenizer.eot)
     else:
         tensors = state_dict_to_hf(state_dict, tokenizer.vocab_size)
         config = hf_config(gpt_config, tokenizer.vocab_size, tokenizer.eot)
-    end_of_text = tokenizer.decode([tokenizer.eot])
-    special_tokens = {"bos_token": end_of_text, "eos_token": end_of_text, "unk_token": end_of_text}
-    contents = {  # config.json first: the mark a later export knows its folder by
-        "config.json": json.dumps(config, indent=2).encode(),
-        **{name: _gpt2_tokenizer_file(url, sha256) for name, (url, sha256) in GPT2_TOKENIZER_FILES.items()},
-        "tokenizer_config.json": json.dumps(
-            {
-                "tokenizer_class": "GPT2Tokenizer",
-                "model_max_length": gpt_config.block_size,
-                "add_prefix_space": False,
-                **special_tokens,
-            },
-            indent=2,
-        ).encode(),
-        "special_tokens_map.json": json.dumps(special_tokens, indent=2).encode(),
-    }
+    contents = {"config.json": json.dumps(config, indent=2).encode()}  # first: the mark a later export knows
+    if hf_tokenizer_files:  # a base's own tokenizer files, carried along as they are
+        for name in hf_tokenizer_files:
+            with open(os.path.join(tokenizer_name, name), "rb") as f:
+                contents[name] = f.read()
+    else:
+        contents |= gpt2_tokenizer_contents(tokenizer, gpt_config.block_size)
     writers = {name: lambda f, content=content: f.write(content) for name, content in contents.items()}
     writers["model.safetensors"] = safetensors_writer(tensors, metadata={"format": "pt"})
     made = not os.path.exists(dest_dir)
@@ -777,7 +799,8 @@ def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print):
     n_params = sum(t.numel() for t in tensors.values())
     say(
         f"wrote {dest_dir}: a transformers {'Llama' if llama else 'GPT-2'} of {n_params:,} parameters (fp32, the "
-        f"vocabulary trimmed to gpt2's {tokenizer.vocab_size}), with GPT-2's tokenizer files"
+        f"vocabulary trimmed to the tokenizer's {tokenizer.vocab_size}), with "
+        + (f"its tokenizer's {', '.join(hf_tokenizer_files)}" if hf_tokenizer_files else "GPT-2's tokenizer files")
         + (f"; the folder's other files left as they were: {', '.join(kept)}" if kept else "")
     )
 

@@ -63,3 +63,23 @@ def small_corpus(tmp_path):
     for i in range(3):
         (folder / f"doc{i}.txt").write_text("".join(line.format(i * 1000 + j) for j in range(400)))
     return folder
+
+
+def save_bpe_tokenizer(folder, texts, vocab_size=400):
+    """A byte-level BPE trained on texts, with <|endoftext|> as its special token, saved into folder as a base model
+    ships it: tokenizer.json, and the tokenizer_config.json AutoTokenizer reads its class from."""
+    import json
+
+    tokenizers = pytest.importorskip("tokenizers")
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    alphabet = tokenizers.pre_tokenizers.ByteLevel.alphabet()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=alphabet
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    return folder

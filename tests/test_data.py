@@ -10,7 +10,7 @@ import torch
 
 import data
 from data import DOWNLOADS, DataConfig, TokenStream, get_tokenizer, prepare
-from conftest import ROOT, SHAKESPEARE, needs_gpt2, needs_shakespeare, run_script
+from conftest import ROOT, SHAKESPEARE, needs_gpt2, needs_shakespeare, run_script, save_bpe_tokenizer
 from files import download, file_sha256
 
 TEXT = "Hello, world!\n\tunicode: naïve café 日本語 🙂 <|endoftext|> done"
@@ -408,3 +408,45 @@ def test_a_killed_prepare_resumes_without_redoing_finished_shards(tmp_path, caps
     for name in ("train.bin", "val.bin"):
         assert (killed / name).read_bytes() == (whole / name).read_bytes()
     assert sorted(os.listdir(killed)) == ["meta.json", "train.bin", "val.bin"]
+
+
+# ----------------------------------------------------------------------------
+# A Hugging Face tokenizer.json (--tokenizer PATH), against transformers' own reading of it
+
+MULTILINGUAL = "Hello, world! Grüße aus Köln. 你好，世界。 Привет, мир! naïve café <|endoftext|> the end\n"
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer_folder(tmp_path_factory):
+    texts = [MULTILINGUAL * 3, "the quick brown fox jumps over the lazy dog"] * 5
+    return save_bpe_tokenizer(tmp_path_factory.mktemp("hf-tokenizer"), texts)
+
+
+def test_a_tokenizer_json_gives_transformers_ids(hf_tokenizer_folder):
+    transformers = pytest.importorskip("transformers")
+    ours = get_tokenizer(str(hf_tokenizer_folder))
+    theirs = transformers.AutoTokenizer.from_pretrained(hf_tokenizer_folder)
+    ids = ours.encode(MULTILINGUAL)
+    assert ids == theirs.encode(MULTILINGUAL, add_special_tokens=False)
+    assert ours.eot == theirs.convert_tokens_to_ids("<|endoftext|>") and ours.eot in ids  # the literal is special
+    assert ours.decode(ids) == MULTILINGUAL
+    assert get_tokenizer(str(hf_tokenizer_folder / "tokenizer.json")).encode(MULTILINGUAL) == ids
+
+
+def test_data_py_prepares_a_corpus_with_a_tokenizer_json(hf_tokenizer_folder, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    (tmp_path / "doc.txt").write_text(MULTILINGUAL * 20)
+    out = tmp_path / "prepared"
+    command = ["data.py", "--source", tmp_path / "doc.txt", "--tokenizer", hf_tokenizer_folder, "--out_dir", out]
+    done = run_script(command, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    tokens = np.concatenate([np.fromfile(out / f"{split}.bin", dtype=meta["dtype"]) for split in ("train", "val")])
+    theirs = transformers.AutoTokenizer.from_pretrained(hf_tokenizer_folder)
+    expected = theirs.encode(MULTILINGUAL * 20, add_special_tokens=False) + [meta["eot_token"]]
+    assert tokens.tolist() == expected
+
+
+def test_a_missing_tokenizer_json_is_named(tmp_path):
+    with pytest.raises(ValueError, match=f"--tokenizer {tmp_path}: no tokenizer.json there"):
+        get_tokenizer(str(tmp_path))

@@ -11,9 +11,10 @@ import torch
 
 import checkpoint
 import cost
+from data import get_tokenizer
 import train
 import transfer
-from conftest import needs_gpt2, write_word_corpus
+from conftest import needs_gpt2, save_bpe_tokenizer, write_word_corpus
 from layout import check_layout
 from model import GPT, GPTConfig, KVCache, apply_rope, rope_angles
 from parallel import ParallelConfig, ProcessGrid, ShardedModel
@@ -180,3 +181,28 @@ def test_export_hf_of_a_llama_run_loads_in_transformers(tmp_path, tied):
     tokens = torch.randint(0, 50257, (2, 24))
     with torch.no_grad():
         torch.testing.assert_close(theirs(tokens).logits, ours(tokens)[0][..., :50257], rtol=0, atol=1e-4)
+
+
+def test_a_base_brings_its_tokenizer_and_the_export_carries_it(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    corpus = write_word_corpus(tmp_path / "corpus.txt", 400)
+    base = save_bpe_tokenizer(tmp_path / "base", [corpus.read_text()] * 3)
+    vocab_size = get_tokenizer(str(base)).vocab_size
+    config = transformers.LlamaConfig(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=32, tie_word_embeddings=True,
+    )  # fmt: skip
+    transformers.LlamaForCausalLM(config).save_pretrained(base)
+    out = tmp_path / "continued"
+    # fmt: off
+    train.main([str(a) for a in [
+        "--init_from", base, "--source", corpus, "--data_dir", tmp_path / "data", "--out_dir", out, "--max_iters", 2,
+        "--batch_size", 4, "--eval_iters", 1, "--dtype", "float32", "--num_samples", 0,
+    ]])
+    # fmt: on
+    assert json.loads((tmp_path / "data" / "meta.json").read_text())["tokenizer"] == str(base)  # the base's ids
+    transfer.export_run(str(out), str(tmp_path / "hf"), say=lambda line: None)
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (base / "tokenizer.json").read_bytes()
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = "alpha beta gamma."
+    assert exported.encode(text, add_special_tokens=False) == get_tokenizer(str(base)).encode(text)
