@@ -144,6 +144,7 @@ class SampleConfig:
 class ExportConfig:
     # a mode: write the newest checkpoint in --out_dir (or --ckpt_step's) to this folder as a transformers GPT-2
     export_hf: str = ""
+    max_shard_mb: float = 5000.0  # --export_hf: model.safetensors up to this size, else numbered shards and an index
 
 
 @dataclass
@@ -193,7 +194,7 @@ FLAGS = {
     f.name: (name, f) for name, kind in CONCERNS.items() for f in dataclasses.fields(kind) if f.name not in NOT_FLAGS
 }
 # what one command does to a run, not what the run is: never recorded
-ACTIONS = ("overwrite", "resume", "ckpt_step", "export_hf")
+ACTIONS = ("overwrite", "resume", "ckpt_step", "export_hf", "max_shard_mb")
 SETTINGS = [name for name in FLAGS if name not in ACTIONS]  # what a run.json's recorded configuration sets: all of them
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
 DEFAULT_PRESET = "tiny"

@@ -694,7 +694,12 @@ def main(argv=None):
         elif mode == "eval_only":
             evaluate_only(preset, configs)
         elif mode == "export_hf":
-            export_run(out_dir_of(preset, configs.train), configs.export.export_hf, configs.recovery.ckpt_step)
+            export_run(
+                out_dir_of(preset, configs.train),
+                configs.export.export_hf,
+                configs.recovery.ckpt_step,
+                max_shard_mb=configs.export.max_shard_mb,
+            )
         else:
             train(preset, configs)
     except ValueError as e:

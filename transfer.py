@@ -21,6 +21,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import struct
 import uuid
 from dataclasses import asdict, replace
@@ -145,15 +146,57 @@ def safetensors_writer(tensors, metadata=None):
     return write
 
 
+# A large model's weights in several files: model-00001-of-0000N.safetensors, and model.safetensors.index.json
+# whose "weight_map" names each tensor's file (Hugging Face's layout)
+SHARD_INDEX = "model.safetensors.index.json"
+
+
+def read_safetensors_folder(folder):
+    """{name: tensor} of a folder's model.safetensors, or of every shard its model.safetensors.index.json names."""
+    index = os.path.join(folder, SHARD_INDEX)
+    if not os.path.isfile(index):
+        return read_safetensors(os.path.join(folder, "model.safetensors"))
+    try:
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]  # {tensor name: its shard's file name}
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{index} is not a shard index (a JSON object with a weight_map): {e}") from None
+    tensors = {}
+    for shard in sorted(set(weight_map.values())):
+        tensors.update(read_safetensors(os.path.join(folder, shard)))
+    if missing := sorted(set(weight_map) - set(tensors)):
+        raise ValueError(f"{index} names tensors its shards do not hold: {', '.join(missing[:5])}")
+    return tensors
+
+
+def shard_writers(tensors, max_bytes, metadata=None):
+    """{file name: write(f)} of tensors in as few files as hold at most max_bytes each (a larger tensor alone):
+    model.safetensors when one file does, else the numbered shards and their index."""
+    shards, size = [{}], 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name], size = tensor, size + nbytes
+    if len(shards) == 1:
+        return {"model.safetensors": safetensors_writer(tensors, metadata)}
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": {t: n for n, s in zip(names, shards) for t in s}}
+    writers = {name: safetensors_writer(shard, metadata) for name, shard in zip(names, shards)}
+    return writers | {SHARD_INDEX: lambda f: f.write(json.dumps(index, indent=2).encode())}
+
+
 # ----------------------------------------------------------------------------
 # Hugging Face's GPT-2 layout <-> ours
 
 # GPT-2's architecture in our GPTConfig's terms. nn.LayerNorm's eps 1e-5 is GPT-2's layer_norm_epsilon.
-# what a Llama export needs: Llama's norm without biases (q/k/v biases are Qwen2's, which LlamaConfig cannot say)
-LLAMA_ARCHITECTURE = dict(norm="rmsnorm", bias=False, norm_position="pre", qkv_bias=False)
 GPT2_ARCHITECTURE = dict(
     arch="gpt2", norm="layernorm", bias=True, norm_position="pre", activation="gelu_tanh", tie_embeddings=True
 )
+# what a Llama export needs: Llama's norm without biases (q/k/v biases are Qwen2's, which LlamaConfig cannot say)
+LLAMA_ARCHITECTURE = dict(norm="rmsnorm", bias=False, norm_position="pre", qkv_bias=False)
 
 # Every parameter of a block: our name, GPT2LMHeadModel's (under transformer.h.{i}.), and whether it is
 # transposed. HF's GPT-2 builds its matrices as Conv1D, which stores a weight (in, out) and computes x @ W;
@@ -566,14 +609,17 @@ def initial_weights(init_from, init_url="", say=print):
         identity = state["config"]  # the run's identity record: its GPTConfig as a dict
         gpt_config = recorded_gpt_config(identity)
         return Source(gpt_config, state["model"], state["meta"]["tokenizer"], description, identity.get("data"))
-    path = os.path.join(init_from, "model.safetensors") if os.path.isdir(init_from) else init_from
+    path = init_from
+    if os.path.isdir(init_from):  # one file, or the shards an index names
+        sharded = os.path.isfile(os.path.join(init_from, SHARD_INDEX))
+        path = os.path.join(init_from, SHARD_INDEX if sharded else "model.safetensors")
     if not os.path.isfile(path) and os.path.isfile(os.path.join(init_from, "pytorch_model.bin")):
         raise ValueError(
             f"--init_from {init_from} holds pytorch_model.bin only: a pickle, which can run code when loaded, so "
             "we do not read it. Re-save the model as safetensors: model.save_pretrained(folder) "
             "(safe_serialization, transformers' default)"
         )
-    if not (os.path.isfile(path) and path.endswith(".safetensors")):
+    if not (os.path.isfile(path) and path.endswith((".safetensors", SHARD_INDEX))):
         raise ValueError(
             f"--init_from {init_from!r} is none of: a run's out_dir (holding run.json and ckpt/), a Hugging Face GPT-2 "
             f"folder (model.safetensors and config.json), a .safetensors file, or one of {', '.join(GPT2_MODELS)}"
@@ -596,7 +642,8 @@ def initial_weights(init_from, init_url="", say=print):
 
 
 def _read_hf_weights(path):
-    tensors = read_safetensors(path)  # its errors name the file
+    # its errors name the file
+    tensors = read_safetensors_folder(os.path.dirname(path)) if path.endswith(SHARD_INDEX) else read_safetensors(path)
     try:
         return state_dict_from_hf(tensors)
     except ValueError as e:
@@ -740,7 +787,7 @@ def _is_our_export(folder):
     return ours and config.get("model_type") in ("gpt2", "llama")
 
 
-def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print):
+def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print, max_shard_bytes=5 * 10**9):
     """Write our weights to dest_dir as a transformers GPT2LMHeadModel (a llama run: LlamaForCausalLM) with GPT-2's
     tokenizer: config.json, model.safetensors (fp32, the vocabulary trimmed to the tokenizer's), vocab.json,
     merges.txt, tokenizer_config.json, special_tokens_map.json (_write_into: each under a temporary name of its own,
@@ -785,7 +832,7 @@ def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print):
     else:
         contents |= gpt2_tokenizer_contents(tokenizer, gpt_config.block_size)
     writers = {name: lambda f, content=content: f.write(content) for name, content in contents.items()}
-    writers["model.safetensors"] = safetensors_writer(tensors, metadata={"format": "pt"})
+    writers |= shard_writers(tensors, max_shard_bytes, metadata={"format": "pt"})
     made = not os.path.exists(dest_dir)
     os.makedirs(dest_dir, exist_ok=True)
     try:
@@ -795,6 +842,9 @@ def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print):
             with contextlib.suppress(OSError):
                 os.rmdir(dest_dir)
         raise
+    for name in os.listdir(dest_dir):  # an earlier export's weights in another number of files: ours, and stale
+        if name not in writers and (name == SHARD_INDEX or re.fullmatch(r"model(-\d{5}-of-\d{5})?\.safetensors", name)):
+            os.remove(os.path.join(dest_dir, name))
     kept = sorted(name for name in os.listdir(dest_dir) if name not in writers)
     n_params = sum(t.numel() for t in tensors.values())
     say(
@@ -828,7 +878,7 @@ def _write_into(folder, writers):
     files.fsync_dir(folder)
 
 
-def export_run(out_dir, dest_dir, ckpt_step=-1, say=print):
+def export_run(out_dir, dest_dir, ckpt_step=-1, say=print, max_shard_mb=5000):
     """--export_hf: the run's checkpoint of ckpt_step (--ckpt_step; -1: its newest) exported to dest_dir (export_hf).
     The newest, not the newest that verifies as --sample and --eval_only read: an export leaves the run as its
     model, and a warning that it holds older weights would be read by no one. So when the newest checkpoint does
@@ -843,5 +893,6 @@ def export_run(out_dir, dest_dir, ckpt_step=-1, say=print):
         which = " exports the run's newest checkpoint, and" if ckpt_step == -1 else ":"
         raise ValueError(f"--export_hf{which} {e}") from None
     say(f"exporting {out_dir}, its checkpoint of step {step}")
-    export_hf(state["model"], recorded_gpt_config(state["config"]), state["meta"]["tokenizer"], dest_dir, say)
+    gpt_config, tokenizer = recorded_gpt_config(state["config"]), state["meta"]["tokenizer"]
+    export_hf(state["model"], gpt_config, tokenizer, dest_dir, say, max_shard_bytes=int(max_shard_mb * 10**6))
     say(f"score it on HellaSwag: lm_eval --model hf --model_args pretrained={dest_dir} --tasks hellaswag --device cpu")

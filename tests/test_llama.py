@@ -16,7 +16,7 @@ import train
 import transfer
 from conftest import needs_gpt2, save_bpe_tokenizer, write_word_corpus
 from layout import check_layout
-from model import GPT, GPTConfig, KVCache, apply_rope, rope_angles
+from model import GPT, GPTConfig, KVCache, apply_rope, padded_vocab_size, rope_angles
 from parallel import ParallelConfig, ProcessGrid, ShardedModel
 
 LLAMA = dict(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=64, block_size=32)
@@ -206,3 +206,33 @@ def test_a_base_brings_its_tokenizer_and_the_export_carries_it(tmp_path):
     exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     text = "alpha beta gamma."
     assert exported.encode(text, add_special_tokens=False) == get_tokenizer(str(base)).encode(text)
+
+
+def test_sharded_safetensors_are_read_and_written(hf_llama, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    _, hf = hf_llama
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")  # its index and several files
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    source = transfer.initial_weights(str(tmp_path / "sharded"))
+    ours = GPT(source.gpt_config).eval()
+    ours.load_state_dict(source.state_dict)
+    tokens = torch.randint(0, 256, (1, 30))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens)[0], hf(tokens).logits, rtol=0, atol=1e-4)
+    # our export past the size limit: numbered shards and an index, which transformers loads
+    tokenizer = save_bpe_tokenizer(tmp_path / "tokenizer", ["the quick brown fox jumps over the lazy dog"] * 5)
+    vocab_size = get_tokenizer(str(tokenizer)).vocab_size
+    gpt_config = GPTConfig(**{**LLAMA, "vocab_size": padded_vocab_size(vocab_size)})
+    ours = GPT(gpt_config).eval()
+    export = tmp_path / "export"
+    transfer.export_hf(ours.state_dict(), gpt_config, str(tokenizer), str(export), lambda line: None, 50_000)
+    assert len(list(export.glob("model-*.safetensors"))) > 1 and (export / "model.safetensors.index.json").is_file()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(export).eval()
+    tokens = torch.randint(0, vocab_size, (1, 30))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(tokens).logits, ours(tokens)[0][..., :vocab_size], rtol=0, atol=1e-4)
+    # exported again in one file: the shards of the first export go, a file of the user's stays
+    (export / "notes.txt").write_text("mine")
+    transfer.export_hf(ours.state_dict(), gpt_config, str(tokenizer), str(export), say=lambda line: None)
+    assert not list(export.glob("model-*.safetensors")) and not (export / "model.safetensors.index.json").exists()
+    assert (export / "model.safetensors").is_file() and (export / "notes.txt").read_text() == "mine"
