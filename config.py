@@ -339,12 +339,18 @@ def config_file_form(preset, configs):
 def take_architecture_from(values, given):
     """values with every model field of --init_from's Hugging Face folder (its config.json): a run from a folder
     needs no model flags. A model flag (or config file value) in `given` that contradicts the folder is refused,
-    naming both values; block_size may be smaller (the positions are cropped); the attention kernel is this run's.
+    naming both values; block_size is the run's up to the folder's (a smaller one crops the positions); the attention
+    kernel, dropout and the init are this run's.
     A tokenizer.json in the folder is the run's --tokenizer unless one is given: the base's vocabulary."""
     source = hf_folder_config(values["init_from"])
     if source is None:  # a run of ours, a named download, a bare file: transfer.fit_to_run checks the run's model
         return values
-    theirs = {k: v for k, v in asdict(source).items() if k not in ("vocab_size", "attention")}
+    # the architecture: not the vocabulary (the data's), the kernel, or how this run trains and initializes
+    theirs = {
+        k: v for k, v in asdict(source).items() if k not in ("vocab_size", "attention", "dropout", "naive_init_std")
+    }
+    if "block_size" not in given:  # the run's context (its preset's), up to the base's: a longer one costs memory
+        theirs["block_size"] = min(values.get("block_size", GPTConfig().block_size), source.block_size)
     for key, value in theirs.items():
         if key in given and given[key] != value and not (key == "block_size" and given[key] < value):
             raise ValueError(

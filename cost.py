@@ -107,16 +107,18 @@ def parameters_on_rank(gpt_config, tp=1, pp=1, stage=0):
     embedding = -(-V // tp) * C
     n = (end_block - first_block) * block
     if stage == 0:
-        n += embedding + position_parameters(gpt_config)
+        n += embedding + (gpt_config.block_size * C if gpt_config.arch == "gpt2" else 0)  # learned positions
     if stage == pp - 1:
         head = embedding if pp > 1 or not gpt_config.tie_embeddings else 0
         n += (norm if gpt_config.norm_position == "pre" else 0) + head
     return n
 
 
-def position_parameters(gpt_config):
-    """The learned positions' parameters (gpt2: T x C; rotary ones have none): a lookup, no matmul."""
-    return gpt_config.block_size * gpt_config.n_embd if gpt_config.arch == "gpt2" else 0
+def lookup_parameters(gpt_config):
+    """The parameters only looked up, never multiplied: the learned positions (gpt2: T x C; rotary ones have none),
+    and the token embedding where the head is a matrix of its own (tied, the same matrix is the head's matmul)."""
+    positions = gpt_config.block_size * gpt_config.n_embd if gpt_config.arch == "gpt2" else 0
+    return positions + (0 if gpt_config.tie_embeddings else gpt_config.vocab_size * gpt_config.n_embd)
 
 
 def fullest_rank_parameters(gpt_config, tp, pp):
@@ -130,7 +132,7 @@ def flops_per_token(gpt_config):
     backward), counted over the full T x T square as the PaLM paper does. A position lookup does no matmul."""
     # exercise flops_per_token: begin
     L, C, T = gpt_config.n_layer, gpt_config.n_embd, gpt_config.block_size
-    return 6 * (parameters_on_rank(gpt_config) - position_parameters(gpt_config)) + 12 * L * C * T
+    return 6 * (parameters_on_rank(gpt_config) - lookup_parameters(gpt_config)) + 12 * L * C * T
     # exercise flops_per_token: end
 
 

@@ -126,7 +126,10 @@ def get_tokenizer(name):
     """byte, a tiktoken encoding's name, or the path of a tokenizer.json (or of a folder holding one)."""
     if name == "byte":
         return ByteTokenizer()
-    if os.path.exists(name) or name.endswith(".json"):
+    import tiktoken
+
+    # a tiktoken name first: a folder that happens to be called gpt2 does not change what --tokenizer gpt2 means
+    if name not in tiktoken.list_encoding_names() and (os.path.exists(name) or name.endswith(".json")):
         return HFTokenizer(name)
     return TiktokenTokenizer(name)
 

@@ -405,12 +405,14 @@ class GPT(nn.Module):
         # exercise init: begin
         C, L, naive = self.config.n_embd, self.config.n_layer, self.config.naive_init_std
         if naive:
-            if isinstance(module, (nn.Embedding, nn.Linear)) and module is not self.lm_head:
+            if isinstance(module, (nn.Embedding, nn.Linear)) and (
+                module is not self.lm_head or not self.config.tie_embeddings
+            ):
                 nn.init.normal_(module.weight, std=naive)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=self.embedding_std(C))
+        elif isinstance(module, nn.Embedding) or module is self.lm_head and not self.config.tie_embeddings:
+            nn.init.normal_(module.weight, std=self.embedding_std(C))  # an untied head scores as the tied one
         elif isinstance(module, (CausalSelfAttention, MLP, SwiGLU)):
             nn.init.normal_(module.c_proj.weight, std=self.init_std(C) / math.sqrt(2 * L))
         elif isinstance(module, nn.Linear) and module is not self.lm_head:

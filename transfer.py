@@ -253,7 +253,7 @@ def hf_folder_config(init_from):
 
 def hf_tokenizer_of(init_from):
     """The folder of --init_from as a --tokenizer, where it holds a tokenizer.json (a base's own); else None."""
-    folder = os.path.normpath(init_from if os.path.isdir(init_from) else os.path.dirname(init_from))
+    folder = os.path.abspath(init_from if os.path.isdir(init_from) else os.path.dirname(init_from))  # from any cwd
     return folder if os.path.isfile(os.path.join(folder, "tokenizer.json")) else None
 
 
@@ -805,7 +805,11 @@ def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print, max_s
             + ("" if llama else "--preset gpt2-small or ")
             + " ".join(_flag(k, wanted[k]) for k in differ)
         )
-    hf_tokenizer_files = [n for n in HF_TOKENIZER_FILES if os.path.isfile(os.path.join(tokenizer_name, n))]
+    # a tokenizer.json's folder (--tokenizer names the file or the folder); GPT-2's files come from tiktoken's cache
+    folder = tokenizer_name if os.path.isdir(tokenizer_name) else os.path.dirname(tokenizer_name)
+    hf_tokenizer_files = (
+        [] if tokenizer_name == "gpt2" else [n for n in HF_TOKENIZER_FILES if os.path.isfile(os.path.join(folder, n))]
+    )
     if tokenizer_name != "gpt2" and "tokenizer.json" not in hf_tokenizer_files:
         raise ValueError(
             f"--export_hf needs GPT-2's tokenizer or a tokenizer.json (transformers and lm-eval read its files); "
@@ -827,7 +831,7 @@ def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print, max_s
     contents = {"config.json": json.dumps(config, indent=2).encode()}  # first: the mark a later export knows
     if hf_tokenizer_files:  # a base's own tokenizer files, carried along as they are
         for name in hf_tokenizer_files:
-            with open(os.path.join(tokenizer_name, name), "rb") as f:
+            with open(os.path.join(folder, name), "rb") as f:
                 contents[name] = f.read()
     else:
         contents |= gpt2_tokenizer_contents(tokenizer, gpt_config.block_size)
@@ -842,8 +846,9 @@ def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print, max_s
             with contextlib.suppress(OSError):
                 os.rmdir(dest_dir)
         raise
-    for name in os.listdir(dest_dir):  # an earlier export's weights in another number of files: ours, and stale
-        if name not in writers and (name == SHARD_INDEX or re.fullmatch(r"model(-\d{5}-of-\d{5})?\.safetensors", name)):
+    ours = (SHARD_INDEX, "vocab.json", "merges.txt", *HF_TOKENIZER_FILES)  # what an earlier export of ours wrote
+    for name in os.listdir(dest_dir):  # its weights in another number of files, another tokenizer's files: stale
+        if name not in writers and (name in ours or re.fullmatch(r"model(-\d{5}-of-\d{5})?\.safetensors", name)):
             os.remove(os.path.join(dest_dir, name))
     kept = sorted(name for name in os.listdir(dest_dir) if name not in writers)
     n_params = sum(t.numel() for t in tensors.values())
