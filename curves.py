@@ -424,8 +424,8 @@ def late_grad_norm(grad_norms, steps):
 
 
 def likely_causes(run, band, shape, jumped=()):
-    """The chapter's causes of an abnormal curve, most frequent first (bad data; an LR too high where the loss is
-    high; numeric precision; a hardware bit flip), each with the evidence this run's files hold for it."""
+    """The chapter's causes of an abnormal curve under a heading, most frequent first (bad data; an LR too high where
+    the loss is high; numeric precision; a hardware bit flip), each with the evidence this run's files hold for it."""
     incidents = run.incidents
     responses = [i.get("response") for i in incidents]
     if incidents:
@@ -457,6 +457,7 @@ def likely_causes(run, band, shape, jumped=()):
     else:
         data = "no incident or jump in this run's files points at a batch"
     return [
+        "what the chapter says it most likely is, most frequent first:",
         f"1. bad data: {data}",
         f"2. an LR too high where the loss is high: {lr_evidence(run, band)}",
         f"3. numeric precision: {precision_evidence(run)}",
@@ -527,11 +528,9 @@ def read_curve(run, band=None, why_no_band=""):
     if shape in ("early plateau", "rising"):
         problems.append(f"its shape: {shape}")
     if band is None:
-        causes = ["what the chapter says it most likely is, most frequent first:", *likely_causes(run, None, shape)]
         found = f"; not normal by its own files: {'; '.join(problems)}" if problems else f"; its shape: {shape}"
-        return Reading(
-            lines + (causes if problems else []), f"verdict: no band for this run: {why_no_band}{found}", None
-        )
+        causes = likely_causes(run, None, shape) if problems else []
+        return Reading(lines + causes, f"verdict: no band for this run: {why_no_band}{found}", None)
     judged, problems_in_band, stretches, jumped = band_lines(run, band)
     lines += judged
     problems = problems_in_band + problems
@@ -540,8 +539,7 @@ def read_curve(run, band=None, why_no_band=""):
             "a plateau above the band: the data or the LR"
         ]
     if problems:
-        causes = likely_causes(run, band, shape, jumped)
-        lines += ["what the chapter says it most likely is, most frequent first:", *causes]
+        lines += likely_causes(run, band, shape, jumped)
         return Reading(lines, f"verdict: not normal: {'; '.join(problems)}", False, stretches)
     p = val_p(run, band)
     return Reading(lines, f"verdict: normal ({f'p = {p[2]:.2f}' if p else 'no val step shared'})", True, stretches)
