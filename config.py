@@ -343,7 +343,7 @@ def take_architecture_from(values, given):
     kernel, dropout and the init are this run's.
     A tokenizer.json in the folder is the run's --tokenizer unless one is given: the base's vocabulary."""
     source = hf_folder_config(values["init_from"])
-    if source is None:  # a run of ours, a named download, a bare file: transfer.fit_to_run checks the run's model
+    if source is None:  # a run of ours, a bare file: transfer.fit_to_run checks the run's model
         return values
     # the architecture: not the vocabulary (the data's), the kernel, or how this run trains and initializes
     theirs = {

@@ -44,9 +44,16 @@ class NamedModel:
     source: str
 
 
-# Our GPT (4C MLP, tied embeddings, full multi-head attention) at published shapes. For the Llama
-# shapes (SwiGLU MLP, untied embeddings, grouped-query attention at 70B) its count lands within ~7%
-# of the published one.
+# Published shapes, in our GPT's two families: GPT-2/GPT-3's (4C GELU MLP, tied embeddings, learned positions),
+# and Llama's (SwiGLU MLP of its own hidden size, an untied head, rotary positions, grouped-query attention from
+# 70B on), whose counts equal the published ones (6.74B, 13.0B, 69.0B, 405.9B).
+def _llama(n_layer, n_head, n_kv_head, n_embd, mlp_hidden, block_size, vocab_size):
+    return GPTConfig(
+        arch="llama", n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head, n_embd=n_embd, mlp_hidden=mlp_hidden,
+        block_size=block_size, vocab_size=vocab_size, tie_embeddings=False,
+    )  # fmt: skip
+
+
 MODELS = {
     "tiny": NamedModel(
         GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=128, vocab_size=256),
@@ -64,23 +71,13 @@ MODELS = {
     "1.3B": NamedModel(
         GPTConfig(n_layer=24, n_head=16, n_embd=2048, block_size=2048, vocab_size=50257), 2**20, "GPT-3 XL"
     ),
-    "7B": NamedModel(
-        GPTConfig(n_layer=32, n_head=32, n_embd=4096, block_size=4096, vocab_size=32000), 2**22, "Llama 2 7B"
-    ),
-    "13B": NamedModel(
-        GPTConfig(n_layer=40, n_head=40, n_embd=5120, block_size=4096, vocab_size=32000), 2**22, "Llama 2 13B"
-    ),
-    "70B": NamedModel(
-        GPTConfig(n_layer=80, n_head=64, n_embd=8192, block_size=4096, vocab_size=32000), 2**22, "Llama 2 70B"
-    ),
+    "7B": NamedModel(_llama(32, 32, 32, 4096, 11008, 4096, 32000), 2**22, "Llama 2 7B"),
+    "13B": NamedModel(_llama(40, 40, 40, 5120, 13824, 4096, 32000), 2**22, "Llama 2 13B"),
+    "70B": NamedModel(_llama(80, 64, 8, 8192, 28672, 4096, 32000), 2**22, "Llama 2 70B"),
     "175B": NamedModel(
         GPTConfig(n_layer=96, n_head=96, n_embd=12288, block_size=2048, vocab_size=50257), 1536 * 2048, "GPT-3"
     ),
-    "405B": NamedModel(
-        GPTConfig(n_layer=126, n_head=128, n_embd=16384, block_size=8192, vocab_size=128256),
-        2048 * 8192,
-        "Llama 3.1 405B",
-    ),
+    "405B": NamedModel(_llama(126, 128, 8, 16384, 53248, 8192, 128256), 2048 * 8192, "Llama 3.1 405B"),
 }
 
 
@@ -385,11 +382,19 @@ def memory_per_gpu(gpt_config, tp, pp, micro_batch_rows, in_flight, recompute=Fa
     activations: per layer and micro-batch of b rows, s b h (10 + 24/t) bytes at 16 bits under TP
     of t without sequence parallelism (Korthikanti et al. 2022, whose 5 a s / h more for the
     (s, s) attention scores a fused attention kernel never stores: model.py calls SDPA), or only
-    the layer's input, 2 s b h, with full recomputation; times the stage's layers, times the
-    micro-batches in flight (1F1B: p on the first stage, at most m; GPipe: all m), plus the logits of one."""
+    the layer's input, 2 s b h, with full recomputation. Their 24 h is what TP cuts: q, k, v and
+    attention's output (2 h each; k and v 2 kv each under GQA), and the MLP's hidden activations,
+    GELU's input and output (2 x 2 H, H = 4 h) or SwiGLU's gate, up, SiLU(gate) and product (4 x 2 H),
+    and under RoPE the rotated copies of q and k (2 h + 2 kv);
+    times the stage's layers, times the micro-batches in flight (1F1B: p on the first stage, at most m;
+    GPipe: all m), plus the logits of one."""
     state = fullest_rank_state_bytes(gpt_config, dp, tp, pp, zero)
     s, b, h = gpt_config.block_size, micro_batch_rows, gpt_config.n_embd
-    per_layer = 2 * s * b * h if recompute else s * b * h * (10 + 24 / tp)
+    kv = gpt_config.kv_heads * (h // gpt_config.n_head)
+    llama = gpt_config.arch == "llama"
+    mlp = (8 if llama else 4) * gpt_config.hidden
+    rope = 2 * h + 2 * kv if llama else 0  # the rotated q and k: copies attention keeps beside q, k, v's own
+    per_layer = 2 * s * b * h if recompute else s * b * (10 * h + (4 * h + 4 * kv + mlp + rope) / tp)
     layers = max(end - first for first, end in stage_layers(gpt_config.n_layer, pp))
     # in the compute dtype, and the loss's fp32 copy
     logits = b * s * -(-gpt_config.vocab_size // tp) * (activation_bytes + 4)
@@ -612,6 +617,7 @@ def parse_count(text, flag):
 
 
 SHAPE = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
+LLAMA_SHAPE = ("arch", "n_kv_head", "mlp_hidden", "tie_embeddings")  # what a Llama shape adds, as printed
 
 
 def model_config(args):
@@ -767,7 +773,7 @@ def account(args):
     best = fitting[0] if fitting else None
     return Account(
         model=args.model if args.model and not any(getattr(args, k) for k in SHAPE) else "custom",
-        shape={k: getattr(gpt_config, k) for k in SHAPE},
+        shape={k: getattr(gpt_config, k) for k in SHAPE + (LLAMA_SHAPE if gpt_config.arch == "llama" else ())},
         params=N,
         tokens=tokens,
         tokens_per_param=tokens / N,

@@ -50,7 +50,7 @@ from run_folder import (
 )
 from runbook import Recovery
 from tracking import Tracker, hyperparameters, trackers_asked
-from transfer import fit_to_run, initial_weights
+from transfer import fetch_named_base, fit_to_run, initial_weights, is_named_base
 
 # ----------------------------------------------------------------------------
 # Device, precision, optimizer
@@ -213,6 +213,8 @@ def set_up(preset, configs):
     watch = Watch(out_dir, grid, say)  # the folder's lock first: one job per run folder (cluster.py)
     with contextlib.ExitStack() as on_failure:  # a set-up that fails releases the lock
         on_failure.callback(watch.close)
+        if is_named_base(cfg.init_from):  # before the data: a Llama base's tokenizer.json comes with it
+            run_on_rank0(lambda: fetch_named_base(cfg.init_from, cfg.init_url, say), grid.rank == 0)
         mix, meta, data_dirs = prepare_data(preset, configs, grid.rank == 0)
         benchmark_examples = run_on_rank0(lambda: read_benchmark(configs.benchmark), grid.rank == 0)
         run_on_rank0(lambda: check_tokenizer_at_hand(configs, meta), grid.rank == 0)

@@ -23,6 +23,7 @@ import math
 import os
 import re
 import struct
+import urllib.request
 import uuid
 from dataclasses import asdict, replace
 from typing import NamedTuple
@@ -233,13 +234,11 @@ def _parameter_names(n_layer):
 
 def hf_folder_config(init_from):
     """The GPTConfig that the config.json of a Hugging Face folder describes (--init_from the folder, or a
-    .safetensors file beside it), or None for any other --init_from (a run of ours, a named download, a bare file):
+    .safetensors file beside it), or a named base's, or None for any other --init_from (a run of ours, a bare file):
     the architecture a run from it takes (config.parse_args)."""
-    if (
-        init_from in GPT2_MODELS
-        and not os.path.exists(init_from)
-        or os.path.isfile(os.path.join(init_from, "run.json"))
-    ):
+    if is_named_base(init_from):
+        return NAMED_BASES[init_from].gpt_config
+    if os.path.isfile(os.path.join(init_from, "run.json")):
         return None
     path = os.path.join(init_from if os.path.isdir(init_from) else os.path.dirname(init_from), "config.json")
     if not os.path.isfile(path):
@@ -252,7 +251,10 @@ def hf_folder_config(init_from):
 
 
 def hf_tokenizer_of(init_from):
-    """The folder of --init_from as a --tokenizer, where it holds a tokenizer.json (a base's own); else None."""
+    """The folder of --init_from as a --tokenizer, where it holds a tokenizer.json (a base's own), or will once a
+    named base is fetched; else None."""
+    if is_named_base(init_from):
+        return named_base_folder(init_from) if "tokenizer.json" in NAMED_BASES[init_from].files else None
     folder = os.path.abspath(init_from if os.path.isdir(init_from) else os.path.dirname(init_from))  # from any cwd
     return folder if os.path.isfile(os.path.join(folder, "tokenizer.json")) else None
 
@@ -509,57 +511,138 @@ def _flag(key, value):
 # Where a run's first weights come from
 
 
-def _gpt2_model(repo, revision, sha256, n_layer, n_head, n_embd):
-    return dict(
-        url=f"https://huggingface.co/openai-community/{repo}/resolve/{revision}/model.safetensors",
-        sha256=sha256,
-        filename="model.safetensors",
-        offline_flags=("--init_from", "--init_url"),  # how a user without network hands over a local copy
-        gpt_config=GPTConfig(
-            block_size=1024, vocab_size=50257, n_layer=n_layer, n_head=n_head, n_embd=n_embd, **GPT2_ARCHITECTURE
-        ),
+HUB = "https://huggingface.co"  # where a named base comes from
+NAMED_WEIGHTS_DIR = os.path.join("data", "weights")  # a named base lands in data/weights/<name>/
+
+
+class NamedBase(NamedTuple):
+    """A published base --init_from takes by name: its files fetched once from the hub into a folder of ours."""
+
+    repo: str  # on the hub: "openai-community/gpt2"
+    revision: str  # a commit of the repository, so the bytes cannot change under the hashes
+    files: dict  # {file name: its published sha256, or None where none was found (the hub's is asked instead)}
+    gpt_config: GPTConfig  # what its config.json says: the run's architecture before anything is downloaded
+
+
+def _gpt2(name, revision, sha256, n_layer, n_head, n_embd):
+    # GPT-2's architecture is ours (GPT2_ARCHITECTURE) and its tokenizer is tiktoken's: the weights are all we fetch
+    architecture = dict(block_size=1024, vocab_size=50257, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
+    return NamedBase(
+        f"openai-community/{name}",
+        revision,
+        {"model.safetensors": sha256},
+        GPTConfig(**architecture, **GPT2_ARCHITECTURE),
     )
 
 
-# OpenAI's four GPT-2s as Hugging Face serves them, each at a pinned revision (a commit of its repository), so the
-# bytes cannot change under the hash. sha256: the Git LFS oid of that revision's model.safetensors, as projects
-# that pin these revisions publish it. None where no published hash was found: that name is refused, and a copy
-# downloaded by hand loads as a folder instead.
-GPT2_MODELS = {
-    "gpt2": _gpt2_model(
+# sha256: the Git LFS oid of that revision's file (the file's own hash for a small one), as projects that pin these
+# revisions publish it. gpt2-large's was found nowhere: its download is checked against the hash the hub gives.
+NAMED_BASES = {
+    "gpt2": _gpt2(
         "gpt2",
-        revision="607a30d783dfa663caf39e06633721c8d4cfcd7e",
-        sha256="248dfc3911869ec493c76e65bf2fcf7f615828b0254c12b473182f0f81d3a707",
+        "607a30d783dfa663caf39e06633721c8d4cfcd7e",
+        "248dfc3911869ec493c76e65bf2fcf7f615828b0254c12b473182f0f81d3a707",
         n_layer=12,
         n_head=12,
         n_embd=768,
     ),
-    "gpt2-medium": _gpt2_model(
+    "gpt2-medium": _gpt2(
         "gpt2-medium",
-        revision="6dcaa7a952f72f9298047fd5137cd6e4f05f41da",
-        sha256="fc5a354a19255ad494f3d71549390baca1ccf61d1d822b9408971705c687c9cd",
+        "6dcaa7a952f72f9298047fd5137cd6e4f05f41da",
+        "fc5a354a19255ad494f3d71549390baca1ccf61d1d822b9408971705c687c9cd",
         n_layer=24,
         n_head=16,
         n_embd=1024,
     ),
-    "gpt2-large": _gpt2_model(
-        "gpt2-large",
-        revision="32b71b12589c2f8d625668d2335a01cac3249519",
-        sha256=None,
-        n_layer=36,
-        n_head=20,
-        n_embd=1280,
+    "gpt2-large": _gpt2(
+        "gpt2-large", "32b71b12589c2f8d625668d2335a01cac3249519", None, n_layer=36, n_head=20, n_embd=1280
     ),
-    "gpt2-xl": _gpt2_model(
+    "gpt2-xl": _gpt2(
         "gpt2-xl",
-        revision="15ea56dee5df4983c59b2538573817e1667135e2",
-        sha256="0f8b28eb05a8075f48b61b6f35332978c74fc7763fa9fb4051a1c30511736a6a",
+        "15ea56dee5df4983c59b2538573817e1667135e2",
+        "0f8b28eb05a8075f48b61b6f35332978c74fc7763fa9fb4051a1c30511736a6a",
         n_layer=48,
         n_head=25,
         n_embd=1600,
     ),
+    # a Llama-family base: 30 blocks of width 576, 9 query heads sharing 3 key/value heads, its own BPE of 49,152
+    "SmolLM2-135M": NamedBase(
+        "HuggingFaceTB/SmolLM2-135M",
+        "93efa2f097d58c2a74874c7e644dbc9b0cee75a2",
+        {
+            "config.json": "1d556eab73b69c7f11f64c557a2f9c6f440bd4c6b89bb2584a6b498c92603843",
+            "tokenizer.json": "9ca9acddb6525a194ec8ac7a87f24fbba7232a9a15ffa1af0c1224fcd888e47c",
+            "model.safetensors": "80521b40281d6ce74e35c9282c22539e75aa0ac8578892b2a59955ef78d55da1",
+        },
+        llama_config_from_hf(  # the fields of that revision's config.json our GPT reads
+            dict(
+                max_position_embeddings=8192,
+                vocab_size=49152,
+                num_hidden_layers=30,
+                num_attention_heads=9,
+                num_key_value_heads=3,
+                hidden_size=576,
+                intermediate_size=1536,
+                rope_theta=100000.0,
+                rms_norm_eps=1e-5,
+                tie_word_embeddings=True,
+            )
+        ),
+    ),
 }
-GPT2_WEIGHTS_DIR = os.path.join("data", "gpt2-weights")  # a named model lands in data/gpt2-weights/<name>/
+
+
+def is_named_base(init_from):
+    """A path that exists wins over a name: `git clone .../gpt2` makes a folder called gpt2."""
+    return init_from in NAMED_BASES and not os.path.exists(init_from)
+
+
+def named_base_folder(name):
+    return os.path.abspath(os.path.join(NAMED_WEIGHTS_DIR, name))  # absolute: a --tokenizer read from any cwd
+
+
+def fetch_named_base(name, init_url="", say=print):
+    """The folder holding a named base's files, fetched once (from --init_url, a folder's URL, if given) and each
+    checked against its sha256: the pinned one, or where none was published, the one the hub gives for that
+    revision's file (said so). A file that is there took its name only after its check (files.download)."""
+    base = NAMED_BASES[name]
+    if init_url.endswith(tuple(base.files)):
+        raise ValueError(
+            f"--init_url {init_url} names a file: give the folder that holds {name}'s "
+            f"{', '.join(base.files)}, e.g. {init_url.rsplit('/', 1)[0]}"
+        )
+    folder = named_base_folder(name)
+    for filename, sha256 in base.files.items():
+        if sha256 is None and os.path.isfile(os.path.join(folder, filename)):
+            continue
+        if sha256 is None:
+            sha256 = hub_sha256(base, filename)
+            say(f"{name}: no sha256 of its {filename} was published to pin, so it is checked against the hub's")
+        spec = dict(
+            url=f"{init_url.rstrip('/')}/{filename}"
+            if init_url
+            else f"{HUB}/{base.repo}/resolve/{base.revision}/{filename}",
+            sha256=sha256,
+            filename=filename,
+            offline_flags=("--init_from", "--init_url"),  # how a user without network hands over a local copy
+        )
+        files.download(f"{name}'s {filename}", folder, spec)
+    return folder
+
+
+def hub_sha256(base, filename):
+    """The sha256 the hub lists for a file of a pinned revision (its Git LFS oid): the check where none is pinned."""
+    url = f"{HUB}/api/models/{base.repo}/tree/{base.revision}"
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            listing = json.load(response)
+        return next(entry["lfs"]["oid"] for entry in listing if entry["path"] == filename and entry.get("lfs"))
+    except (OSError, ValueError, KeyError, TypeError, StopIteration) as e:
+        raise ValueError(
+            f"{base.repo} has no sha256 pinned here for its {filename}, and the hub's could not be read from {url} "
+            f"({type(e).__name__}: {e}). Download the folder yourself from "
+            f"{HUB}/{base.repo}/tree/{base.revision} and pass --init_from path/to/folder"
+        ) from None
 
 
 class Source(NamedTuple):
@@ -575,20 +658,17 @@ class Source(NamedTuple):
 def initial_weights(init_from, init_url="", say=print):
     """The Source of --init_from, which is one of:
     - a run's out_dir: its newest healthy checkpoint;
-    - a Hugging Face GPT-2 folder: its model.safetensors, and the config.json beside it;
+    - a Hugging Face GPT-2 or Llama folder: its model.safetensors (or shards), and the config.json beside it;
     - a .safetensors file in GPT-2's layout (its config.json, if one lies beside it);
-    - a name in GPT2_MODELS: downloaded once into data/gpt2-weights/<name>/ (from --init_url if given).
-    A path that exists wins over a name: `git clone .../gpt2` makes a folder called gpt2."""
-    if init_from in GPT2_MODELS and not os.path.exists(init_from):
-        spec = GPT2_MODELS[init_from]
-        if spec["sha256"] is None:
-            raise ValueError(
-                f"no pinned sha256 for {init_from}: download its model.safetensors (and config.json) from "
-                f"{spec['url'].replace('/resolve/', '/tree/').removesuffix('/model.safetensors')} yourself and pass "
-                "--init_from path/to/folder"
-            )
-        path = files.download(init_from, os.path.join(GPT2_WEIGHTS_DIR, init_from), spec, init_url or None)
-        return Source(spec["gpt_config"], _read_hf_weights(path), "gpt2", f"{init_from} ({spec['sha256'][:12]})")
+    - a name in NAMED_BASES: fetched once into data/weights/<name>/ (from --init_url if given), then read as a
+      folder, where GPT-2's holds the weights only (its architecture is GPT2_ARCHITECTURE, its tokenizer tiktoken's)."""
+    if is_named_base(init_from):
+        base = NAMED_BASES[init_from]
+        folder = fetch_named_base(init_from, init_url, say)
+        weights = _read_hf_weights(os.path.join(folder, "model.safetensors"))
+        gpt2 = base.gpt_config.arch == "gpt2"
+        gpt_config, tokenizer = (base.gpt_config, "gpt2") if gpt2 else (hf_folder_config(folder), folder)
+        return Source(gpt_config, weights, tokenizer, f"{init_from} (at {base.revision[:12]})")
     if os.path.isfile(os.path.join(init_from, "run.json")):  # a run of ours
         ckpt_dir = os.path.join(init_from, "ckpt")
         latest = checkpoint.load_latest(ckpt_dir, healthy_only=True, warn=say)
@@ -622,7 +702,7 @@ def initial_weights(init_from, init_url="", say=print):
     if not (os.path.isfile(path) and path.endswith((".safetensors", SHARD_INDEX))):
         raise ValueError(
             f"--init_from {init_from!r} is none of: a run's out_dir (holding run.json and ckpt/), a Hugging Face GPT-2 "
-            f"folder (model.safetensors and config.json), a .safetensors file, or one of {', '.join(GPT2_MODELS)}"
+            f"folder (model.safetensors and config.json), a .safetensors file, or one of {', '.join(NAMED_BASES)}"
         )
     state_dict = _read_hf_weights(path)
     config_path = os.path.join(os.path.dirname(path), "config.json")

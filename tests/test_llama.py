@@ -15,6 +15,7 @@ from data import get_tokenizer
 import train
 import transfer
 from conftest import needs_gpt2, save_bpe_tokenizer, write_word_corpus
+from files import file_sha256
 from layout import check_layout
 from model import GPT, GPTConfig, KVCache, apply_rope, padded_vocab_size, rope_angles
 from parallel import ParallelConfig, ProcessGrid, ShardedModel
@@ -69,6 +70,27 @@ def test_the_closed_form_counts_the_llama_parameters(extra):
     assert GPTConfig(**LLAMA).hidden == 192  # 8 C / 3 = 170.7, up to a multiple of 64
 
 
+@pytest.mark.parametrize(
+    "fields", [{}, {"arch": "llama"}, {"arch": "llama", "n_kv_head": 1, "mlp_hidden": 512}], ids=["gpt", "llama", "gqa"]
+)
+def test_the_planners_activations_per_block_match_what_autograd_keeps(fields):
+    """cost.memory_per_gpu's bytes per block (SwiGLU's four hidden tensors, RoPE's rotated q and k, GQA's smaller
+    k and v) against the saved tensors of one more block, within the 25% notebook 09 allows GPT's."""
+    from monitor import SavedActivations
+
+    def kept(n_layer):
+        gpt_config = GPTConfig(n_layer=n_layer, n_head=4, n_embd=128, block_size=64, vocab_size=256, **fields)
+        torch.manual_seed(0)
+        model, tokens = GPT(gpt_config), torch.randint(256, (8, 64))
+        with SavedActivations(model) as saved:
+            model(tokens, tokens)[1].backward()
+        planned = cost.memory_per_gpu(gpt_config, 1, 1, 8, 1, activation_bytes=4).activations  # fp32, as measured
+        return saved.peak, planned
+
+    (measured_2, planned_2), (measured_3, planned_3) = kept(2), kept(3)
+    assert (measured_3 - measured_2) / (planned_3 - planned_2) == pytest.approx(1, abs=0.25)
+
+
 def test_an_untied_head_is_a_matrix_of_its_own_in_checkpoints_too():
     tied = GPT(GPTConfig(**LLAMA))
     assert tied.lm_head.weight is tied.wte.weight
@@ -91,11 +113,19 @@ def test_wrong_llama_settings_are_named():
         check_layout(ParallelConfig(dp=1, tp=4), GPTConfig(**LLAMA), 8, 4, torch.float32)
 
 
-def test_a_llama_run_learns_and_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("data", ["source", "mix"])
+def test_a_llama_run_learns_and_resumes_exactly(tmp_path, data):
     write_word_corpus(tmp_path / "corpus.txt", 2000)
+    if data == "mix":  # two sources, their weights turned around mid-run, across the resume
+        (tmp_path / "numbers.txt").write_text("".join(f"{i} {i + 1} {i + 2}.\n" for i in range(3000)))
+        sources = {"words": str(tmp_path / "corpus.txt"), "numbers": str(tmp_path / "numbers.txt")}
+        schedule = [{"step": 15, "weights": {"words": 1, "numbers": 3}, "ramp": 10}]
+        mix = {"sources": sources, "weights": {"words": 3, "numbers": 1}, "schedule": schedule}
+        (tmp_path / "mix.json").write_text(json.dumps(mix))
+    reads = ["--source", tmp_path / "corpus.txt"] if data == "source" else ["--mix", tmp_path / "mix.json"]
     # fmt: off
     common = [
-        "--source", tmp_path / "corpus.txt", "--data_dir", tmp_path / "data", "--arch", "llama", "--n_kv_head", 1,
+        *reads, "--data_dir", tmp_path / "data", "--arch", "llama", "--n_kv_head", 1,
         "--n_layer", 2, "--n_head", 2, "--n_embd", 32, "--block_size", 32, "--batch_size", 8, "--dtype", "float32",
         "--warmup_iters", 5, "--lr_decay_iters", 40, "--log_interval", 1, "--eval_interval", 20, "--eval_iters", 2,
         "--ckpt_interval", 20, "--num_samples", 0,
@@ -110,7 +140,8 @@ def test_a_llama_run_learns_and_resumes_exactly(tmp_path):
 
     whole, halves = losses(tmp_path / "whole"), losses(tmp_path / "halves")
     assert whole == halves  # bit for bit, the second half resumed from the checkpoint of step 20
-    assert whole[39] < 0.6 * whole[0]  # a word corpus the model learns within tens of steps
+    # a word corpus the model learns within tens of steps; the numbers' digits it learns slower
+    assert whole[39] < (0.6 if data == "source" else 0.75) * whole[0]
 
 
 # ----------------------------------------------------------------------------
@@ -206,6 +237,47 @@ def test_a_base_brings_its_tokenizer_and_the_export_carries_it(tmp_path):
     exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     text = "alpha beta gamma."
     assert exported.encode(text, add_special_tokens=False) == get_tokenizer(str(base)).encode(text)
+
+
+def test_a_named_llama_base_brings_its_config_and_tokenizer(tmp_path, monkeypatch):
+    """--init_from NAME of a Llama base (as SmolLM2-135M): its three files fetched from the hub before the data, the
+    architecture from the code's record of its config.json, the corpus tokenized with its tokenizer.json, and the
+    step-0 evaluation showing the loss its weights bring."""
+    from test_transfer import serve_from_a_local_hub
+
+    transformers = pytest.importorskip("transformers")
+    corpus = write_word_corpus(tmp_path / "corpus.txt", 400)
+    made = save_bpe_tokenizer(tmp_path / "made", [corpus.read_text()] * 3)
+    fields = dict(
+        vocab_size=get_tokenizer(str(made)).vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**fields)).save_pretrained(made)
+    names = ("config.json", "tokenizer.json", "model.safetensors")
+    served = serve_from_a_local_hub(monkeypatch, tmp_path, "someone/llama", "abc123",
+                                    {name: (made / name).read_bytes() for name in names})  # fmt: skip
+    pinned = {name: file_sha256(served / name) for name in names}
+    base = transfer.NamedBase("someone/llama", "abc123", pinned, transfer.llama_config_from_hf(fields))
+    monkeypatch.setitem(transfer.NAMED_BASES, "tiny-llama", base)
+    out = tmp_path / "continued"
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        # fmt: off
+        train.main([str(a) for a in [
+            "--init_from", "tiny-llama", "--source", corpus, "--data_dir", tmp_path / "data", "--out_dir", out,
+            "--max_iters", 2, "--batch_size", 4, "--eval_iters", 1, "--dtype", "float32", "--num_samples", 0,
+        ]])
+        # fmt: on
+    folder = tmp_path / "weights" / "tiny-llama"
+    assert json.loads((tmp_path / "data" / "meta.json").read_text())["tokenizer"] == str(folder)  # the base's ids
+    run = json.loads((out / "run.json").read_text())["GPTConfig"]
+    assert (run["arch"], run["n_kv_head"], run["mlp_hidden"], run["block_size"]) == ("llama", 1, 64, 32)
+    assert "starting from the weights of tiny-llama (at abc123)" in printed.getvalue()
+    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 0 and "val_loss" in first
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert transfer.fetch_named_base("tiny-llama") == str(folder)
+    assert printed.getvalue() == ""  # fetched once: the next start reads the folder
 
 
 def test_sharded_safetensors_are_read_and_written(hf_llama, tmp_path):

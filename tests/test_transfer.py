@@ -10,6 +10,7 @@ import tiktoken
 import torch
 
 import checkpoint
+import config
 import train
 import transfer
 from conftest import needs_gpt2
@@ -387,7 +388,7 @@ def test_initial_weights_refuses_what_it_cannot_read(tmp_path, monkeypatch):
     with pytest.raises(
         ValueError,
         match=r"--init_from 'nowhere' is none of: a run's out_dir .*a Hugging Face GPT-2 folder .*a \.safetensors "
-        r"file, or one of gpt2, gpt2-medium, gpt2-large, gpt2-xl",
+        r"file, or one of gpt2, gpt2-medium, gpt2-large, gpt2-xl, SmolLM2-135M",
     ):
         transfer.initial_weights("nowhere")
     pickled = tmp_path / "old_hf"
@@ -395,32 +396,83 @@ def test_initial_weights_refuses_what_it_cannot_read(tmp_path, monkeypatch):
     (pickled / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(ValueError, match=r"pytorch_model\.bin only.*save_pretrained"):
         transfer.initial_weights(str(pickled))
-    with pytest.raises(
-        ValueError,
-        match=r"no pinned sha256 for gpt2-large: download .* from https://huggingface\.co/openai-community/gpt2-large/"
-        r"tree/32b71b12589c2f8d625668d2335a01cac3249519 yourself and pass --init_from path/to/folder",
-    ):
-        transfer.initial_weights("gpt2-large")
 
 
-def test_a_named_download_is_checked_against_its_sha256(tmp_path, monkeypatch):
+def serve_from_a_local_hub(monkeypatch, tmp_path, repo, revision, contents, lfs=()):
+    """A hub in a folder, as file:// URLs: the files of repo at revision, and the API's listing of them, which
+    gives the sha256 (the Git LFS oid) of those named in lfs."""
+    hub = tmp_path / "hub"
+    served = hub / repo / "resolve" / revision
+    served.mkdir(parents=True)
+    for name, data in contents.items():
+        (served / name).write_bytes(data)
+    listing = [
+        {"path": name, "type": "file", **({"lfs": {"oid": file_sha256(served / name)}} if name in lfs else {})}
+        for name in contents
+    ]
+    api = hub / "api" / "models" / repo / "tree"
+    api.mkdir(parents=True)
+    (api / revision).write_text(json.dumps(listing))
+    monkeypatch.setattr(transfer, "HUB", hub.as_uri())
+    monkeypatch.setattr(transfer, "NAMED_WEIGHTS_DIR", str(tmp_path / "weights"))
+    return served
+
+
+def test_a_named_base_is_fetched_once_and_checked_against_its_sha256(tmp_path, monkeypatch):
     model, gpt_config = small_model(**GPT2_SHAPED)
-    served = tmp_path / "served.safetensors"
-    transfer.write_safetensors(str(served), transfer.state_dict_to_hf(model.state_dict(), 256))
-    spec = dict(
-        url=served.as_uri(),
-        sha256="0" * 64,
-        filename="model.safetensors",
-        offline_flags=("--init_from", "--init_url"),
-        gpt_config=gpt_config,
+    weights = tmp_path / "weights.safetensors"
+    transfer.write_safetensors(str(weights), transfer.state_dict_to_hf(model.state_dict(), 256))
+    served = serve_from_a_local_hub(
+        monkeypatch, tmp_path, "someone/tiny", "abc123", {"model.safetensors": weights.read_bytes()}
     )
-    monkeypatch.setattr(transfer, "GPT2_WEIGHTS_DIR", str(tmp_path / "weights"))
-    monkeypatch.setitem(transfer.GPT2_MODELS, "tiny", spec)
-    with pytest.raises(ValueError, match=rf"has sha256 {file_sha256(served)}, expected 0000"):
+    base = transfer.NamedBase("someone/tiny", "abc123", {"model.safetensors": "0" * 64}, gpt_config)
+    monkeypatch.setitem(transfer.NAMED_BASES, "tiny", base)
+    with pytest.raises(ValueError, match=rf"has sha256 {file_sha256(weights)}, expected 0000"):
         transfer.initial_weights("tiny")
     assert not (tmp_path / "weights" / "tiny" / "model.safetensors").exists()
-    monkeypatch.setitem(transfer.GPT2_MODELS, "tiny", {**spec, "sha256": file_sha256(served)})
+    monkeypatch.setitem(transfer.NAMED_BASES, "tiny", base._replace(files={"model.safetensors": file_sha256(weights)}))
     read_gpt_config, state_dict, tokenizer, description, data = transfer.initial_weights("tiny")
-    assert (read_gpt_config, tokenizer) == (gpt_config, "gpt2") and description.startswith("tiny (")
+    assert (read_gpt_config, tokenizer, description) == (gpt_config, "gpt2", "tiny (at abc123)")
     assert all(torch.equal(state_dict[k], v) for k, v in model.state_dict().items())
     assert (tmp_path / "weights" / "tiny" / "model.safetensors").exists()  # kept: the next start reads it
+    # offline: --init_url names a folder holding the files (a file's URL is refused, naming the folder to give)
+    (tmp_path / "weights" / "tiny" / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match=r"--init_url .*/model\.safetensors names a file: give the folder"):
+        transfer.initial_weights("tiny", (served / "model.safetensors").as_uri())
+    assert transfer.initial_weights("tiny", served.as_uri()).description == "tiny (at abc123)"
+
+
+def test_a_named_base_without_a_published_hash_is_checked_against_the_hubs(tmp_path, monkeypatch):
+    model, gpt_config = small_model(**GPT2_SHAPED)
+    weights = tmp_path / "weights.safetensors"
+    transfer.write_safetensors(str(weights), transfer.state_dict_to_hf(model.state_dict(), 256))
+    contents = {"model.safetensors": weights.read_bytes()}
+    serve_from_a_local_hub(monkeypatch, tmp_path, "someone/tiny", "abc123", contents, lfs=["model.safetensors"])
+    base = transfer.NamedBase("someone/tiny", "abc123", {"model.safetensors": None}, gpt_config)
+    monkeypatch.setitem(transfer.NAMED_BASES, "tiny", base)
+    said = []
+    transfer.initial_weights("tiny", say=said.append)
+    assert said == ["tiny: no sha256 of its model.safetensors was published to pin, so it is checked against the hub's"]
+    # a hub whose listing holds no hash for the file: refused, pointing at a folder downloaded by hand
+    serve_from_a_local_hub(monkeypatch, tmp_path / "other", "someone/tiny", "abc123", contents)
+    with pytest.raises(ValueError, match=r"no sha256 pinned here for its model\.safetensors, and the hub's could not "
+                       r"be read .*Download the folder yourself from .*someone/tiny/tree/abc123"):  # fmt: skip
+        transfer.initial_weights("tiny")
+
+
+def test_a_named_base_gives_the_run_its_architecture_before_any_download(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing is fetched by reading the flags
+    _, _, configs = config.parse_args(["--init_from", "SmolLM2-135M"])
+    model = configs.model
+    assert (model.arch, model.n_layer, model.n_head, model.n_kv_head, model.n_embd) == ("llama", 30, 9, 3, 576)
+    assert (model.hidden, model.rope_theta, model.tie_embeddings, model.block_size) == (
+        1536,
+        1e5,
+        True,
+        128,
+    )  # the preset's
+    assert configs.data.tokenizer == str(tmp_path / "data" / "weights" / "SmolLM2-135M")  # its tokenizer.json
+    assert config.parse_args(["--init_from", "gpt2", "--preset", "shakespeare"])[2].model.n_embd == 768
+    with pytest.raises(ValueError, match="--n_layer 4 contradicts --init_from gpt2, whose config.json says n_layer 12"):
+        config.parse_args(["--init_from", "gpt2", "--n_layer", "4"])
+    assert not (tmp_path / "data").exists()
