@@ -1,6 +1,7 @@
 """Tokens/s and MFU of GPT-2 small (124M) training steps on a GPU: bf16, torch.compile, fused AdamW, flash attention.
 
     python bench/gpu_speed.py                      # every visible GPU: one alone, then all of them data-parallel
+    python bench/gpu_speed.py --arch llama         # its Llama-family twin: RoPE, SwiGLU, grouped-query attention
     python bench/gpu_speed.py --batch_sizes 8,16   # other per-GPU batch sizes (sequences of 1024 tokens)
     python bench/gpu_speed.py --attention cudnn --profile    # cuDNN's attention kernel; where a step's time goes
     python bench/gpu_speed.py --device cpu --compile false   # a tiny shape on the CPU: what the tests run
@@ -38,7 +39,13 @@ from parallel import ProcessGrid, ShardedModel, destroy_distributed, init_distri
 GPT2 = GPTConfig(
     vocab_size=50304, **{k: v for k, v in config.PRESETS["gpt2-small"].items() if k in GPTConfig.__dataclass_fields__}
 )
+# its Llama-family twin at the same depth, width and context: RoPE, a SwiGLU MLP of hidden 2048 (3 x 768 x 2048, the
+# parameters of GPT-2's 2 x 768 x 3072), 4 key/value heads for the 12 query heads, RMSNorm without biases
+LLAMA = GPTConfig(
+    arch="llama", block_size=1024, vocab_size=50304, n_layer=12, n_head=12, n_kv_head=4, n_embd=768, mlp_hidden=2048
+)
 TINY = GPTConfig(block_size=64, vocab_size=50304, n_layer=2, n_head=2, n_embd=64)  # GPT-2's vocabulary, little else
+TINY_LLAMA = GPTConfig(arch="llama", block_size=64, vocab_size=50304, n_layer=2, n_head=2, n_kv_head=1, n_embd=64)
 
 
 def measure(gpt_config, batch_size, steps, warmup, device_name, compile, attention="flash", profile=False):
@@ -119,6 +126,12 @@ def main():
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first: compilation happens here")
     parser.add_argument("--compile", type=config.parse_bool, default=True)
     parser.add_argument(
+        "--arch",
+        default="gpt2",
+        choices=("gpt2", "llama"),
+        help="GPT-2 small, or its Llama-family twin of the same depth, width and MLP parameters",
+    )
+    parser.add_argument(
         "--dp",
         type=int,
         default=0,
@@ -144,7 +157,9 @@ def main():
     cuda = device.type == "cuda"
     if cuda and not torch.cuda.is_available():
         sys.exit("error: --device cuda, but PyTorch sees no GPU here; pass --device cpu for the tiny CPU shape")
-    gpt_config = GPT2 if cuda else TINY
+    gpt_config = {(True, "gpt2"): GPT2, (True, "llama"): LLAMA, (False, "gpt2"): TINY, (False, "llama"): TINY_LLAMA}[
+        cuda, args.arch
+    ]
     batch_sizes = [int(b) for b in (args.batch_sizes or ("16,32,64" if cuda else "4")).split(",")]
     dp = args.dp or (torch.cuda.device_count() if cuda else 1)
     peak = cost.device_peak_flops(device, args.peak_tflops)

@@ -37,13 +37,17 @@ def test_gpt2_small_preset_runs_two_steps_on_cpu(tmp_path):
 
 
 @pytest.mark.integration
-def test_gpu_speed_script_runs_on_cpu():
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_gpu_speed_script_runs_on_cpu(arch):
     """bench/gpu_speed.py's CPU mode: a tiny shape with GPT-2's vocabulary, one rank and 2 gloo ranks."""
+    # fmt: off
     result = run_script(
-        ["bench/gpu_speed.py", "--device", "cpu", "--compile", "false", "--steps", "2", "--warmup", "1", "--dp", "2"],
+        ["bench/gpu_speed.py", "--device", "cpu", "--compile", "false", "--steps", "2", "--warmup", "1", "--dp", "2",
+         "--arch", arch],
         cwd=ROOT,
         timeout=300,
     )
+    # fmt: on
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line.split() for line in result.stdout.splitlines() if re.match(r"\s+[12]\s+4\s", line)]
     assert [row[0] for row in rows] == ["1", "2"] and all(float(row[2].replace(",", "")) > 0 for row in rows)
