@@ -1,7 +1,7 @@
 """Configuration: one dataclass per concern, named presets, and the command line that sets them.
 
 Every field of GPTConfig (model.py), DataConfig (data.py), ParallelConfig
-(parallel.py) and the dataclasses below is a flag, `--name value`, type-checked;
+(parallel/grid.py) and the dataclasses below is a flag, `--name value`, type-checked;
 defaults < preset < --config file < command line. nanoGPT's names mean the same here.
 A config file (JSON, or TOML on Python 3.11+) holds the same settings, one table
 per concern; a preset is such a file in presets/, and a run's run.json is one too.
@@ -25,7 +25,7 @@ except ModuleNotFoundError:  # Python 3.10: JSON config files only
 
 from data import DataConfig
 from model import GPTConfig
-from parallel import ParallelConfig
+from parallel.grid import ParallelConfig
 from transfer import hf_folder_config, hf_tokenizer_of
 
 # ----------------------------------------------------------------------------

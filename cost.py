@@ -289,7 +289,7 @@ def _all_reduce_under_load(sizes, gpt_config, rows, repeats=30):
     that also multiplies (rows, C) @ (C, 4C), as a training step interleaves them."""
     import torch.distributed as dist  # only the measurement needs it
 
-    from parallel import destroy_distributed, init_distributed
+    from parallel.grid import destroy_distributed, init_distributed
 
     init_distributed(60)
     try:

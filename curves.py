@@ -45,7 +45,8 @@ import checkpoint
 from config import BenchmarkConfig, DataConfig, RecoveryConfig, TrainConfig
 from data import default_data_dir, get_tokenizer, load_meta, read_json
 from evaluation import benchmark_scores, evaluate, read_benchmark
-from parallel import ProcessGrid, ShardedModel
+from parallel.grid import ProcessGrid
+from parallel.layout import ShardedModel
 from model import GPTConfig
 from run_folder import fill_new_fields, identity_defaults, read_jsonl, recorded_gpt_config
 from run_setup import open_token_streams, pick_device

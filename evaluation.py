@@ -37,7 +37,7 @@ import torch.nn.functional as F
 import checkpoint
 from data import get_tokenizer
 from files import download
-from parallel import all_reduce_mean
+from parallel.grid import all_reduce_mean
 from sample import single_device_model
 
 # ----------------------------------------------------------------------------

@@ -28,17 +28,16 @@ from faults import FaultInjector
 from mixture import Mix, MixedStream, mix_meta, prepare_sources, read_mix, weights_at
 from model import GPT, padded_vocab_size
 from monitor import HealthMonitor
-from layout import check_layout, model_for_rank
-from parallel import (
+from parallel.data_parallel import adamw
+from parallel.grid import (
     ProcessGrid,
-    RankModel,
-    adamw,
     check_visible_everywhere,
     init_distributed,
     launch_from_environment,
     raise_on_every_rank,
     run_on_rank0,
 )
+from parallel.layout import RankModel, check_layout, model_for_rank
 from run_folder import (
     check_out_dir_is_ours,
     config_changes,

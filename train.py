@@ -21,8 +21,8 @@ grad-norm clipping (`clip_gradients`), mixed precision with fp32 master weights
 and fp32 loss / norm sums (`--dtype`: run_setup.pick_dtype, the autocast the model
 runs under, the GradScaler here), and Pre-LN + RMSNorm + scaled init (model.py).
 The loop never asks how the model is laid out across ranks: it talks to the
-model as this rank holds it (parallel.ShardedModel, or pipeline.PipelineModel)
-through the small interface parallel.py describes.
+model as this rank holds it (layout.ShardedModel, or pipeline.PipelineModel)
+through the small interface parallel/layout.py describes (RankModel).
 
 A run writes into its out_dir: run.json, metrics.jsonl, incidents.jsonl,
 metrics.png, samples.txt and ckpt/.
@@ -40,19 +40,14 @@ import torch.distributed as dist
 import checkpoint
 import cost
 from cluster import PREEMPTED
-from comm_count import take_busiest_comm_bytes, take_comm_bytes
+from parallel.comm_count import take_busiest_comm_bytes, take_comm_bytes
 from config import config_file_form, parse_args
 from curves import find_band
 from data import get_tokenizer
 from evaluation import evaluate, final_check
 from mixture import weights_at
 from monitor import SavedActivations, Throughput, peak_memory_bytes, plot_metrics, state_bytes
-from parallel import (
-    all_reduce_mean,
-    destroy_distributed,
-    raise_on_every_rank,
-    run_on_rank0,
-)
+from parallel.grid import all_reduce_mean, destroy_distributed, raise_on_every_rank, run_on_rank0
 from sample import sample, sample_texts
 from run_setup import check_epochs, load_initial_weights, pick_device, set_up
 from runbook import RUNGS, Recovery, runbook_response
@@ -126,7 +121,7 @@ def optimizer_step(model, optimizer, scaler, next_batch, lr, cfg):
     cfg.gradient_accumulation_steps micro-batches from next_batch(), averaged over the
     data-parallel ranks, clipped to cfg.grad_clip, then AdamW.
 
-    model is the model as this rank holds it (parallel.ShardedModel, pipeline.PipelineModel).
+    model is the model as this rank holds it (layout.ShardedModel, pipeline.PipelineModel).
     Returns (this rank's mean loss, global grad norm before clipping), both 0-dim tensors."""
     for group in optimizer.param_groups:
         group["lr"] = lr

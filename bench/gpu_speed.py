@@ -15,7 +15,7 @@ SDPA kernels are switched off, so a shape flash cannot take is an error, not a
 silent fallback), or --attention cudnn (cuDNN's fused kernel only), or auto
 (PyTorch's own choice, which is what train.py gets). A batch size that does not fit in memory says so, and larger
 ones are skipped. With several GPUs the same steps run again over NCCL on all of
-them, with our bucketed data parallelism (parallel.BucketedDataParallel): per-GPU tokens/s
+them, with our bucketed data parallelism (data_parallel.BucketedDataParallel): per-GPU tokens/s
 against the single GPU's is the scaling efficiency.
 """
 
@@ -33,7 +33,8 @@ import run_setup  # noqa: E402
 import train  # noqa: E402
 from local_ranks import results_of, run_ranks  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from parallel import ProcessGrid, ShardedModel, destroy_distributed, init_distributed  # noqa: E402
+from parallel.grid import ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
+from parallel.layout import ShardedModel  # noqa: E402
 
 # the gpt2-small preset: its model fields, the vocabulary padded as train.py pads it
 GPT2 = GPTConfig(

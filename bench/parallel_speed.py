@@ -25,15 +25,10 @@ import run_setup  # noqa: E402
 import train  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from cost import comm_bytes_per_step  # noqa: E402
-import parallel  # noqa: E402
-from comm_count import take_comm_bytes  # noqa: E402
-from parallel import (  # noqa: E402
-    BucketedDataParallel,
-    NaiveDataParallel,
-    ProcessGrid,
-    ShardedModel,
-    data_parallel,
-)
+from parallel.comm_count import take_comm_bytes  # noqa: E402
+from parallel.data_parallel import BucketedDataParallel, NaiveDataParallel, data_parallel  # noqa: E402
+from parallel.grid import ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
+from parallel.layout import ShardedModel  # noqa: E402
 from local_ranks import results_of, run_ranks  # noqa: E402
 
 GLOBAL_BATCH, BLOCK = 16, 128
@@ -76,11 +71,11 @@ def timed_steps(mode, rank, world_size, steps, warmup, bucket_mb):
 
 def ranked_steps(mode, world_size, steps, warmup, bucket_mb):
     """One rank of a multi-rank mode: join the group torchrun's environment describes, time its steps."""
-    launch = parallel.init_distributed(120)
+    launch = init_distributed(120)
     try:
         return timed_steps(mode, launch.rank, world_size, steps, warmup, bucket_mb)
     finally:
-        parallel.destroy_distributed()
+        destroy_distributed()
 
 
 def measure(mode, world_size, steps, warmup, bucket_mb):

@@ -26,8 +26,8 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import GPT, GPTConfig  # noqa: E402
 from local_ranks import results_of, run_ranks  # noqa: E402
-from parallel import ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
-from pipeline import SCHEDULES, PipelineStage, bubble_fraction, plot_gantt, run_schedule  # noqa: E402
+from parallel.grid import ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
+from parallel.pipeline import SCHEDULES, PipelineStage, bubble_fraction, plot_gantt, run_schedule  # noqa: E402
 
 BATCH, BLOCK, N_EMBD, BLOCKS_PER_STAGE = 32, 128, 256, 4  # >= 4 rows per micro-batch up to m = 8
 

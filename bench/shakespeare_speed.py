@@ -22,7 +22,8 @@ import run_setup  # noqa: E402
 import train  # noqa: E402
 from data import TokenStream  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from parallel import ProcessGrid, ShardedModel  # noqa: E402
+from parallel.grid import ProcessGrid  # noqa: E402
+from parallel.layout import ShardedModel  # noqa: E402
 
 
 def measure(compiled, steps, warmup, device, dtype, token_file):

@@ -126,7 +126,7 @@ EXERCISES = [
     ),
     Exercise(
         "dp_average",
-        "parallel.py",
+        "parallel/data_parallel.py",
         ("NaiveDataParallel.finish", "BucketedDataParallel.finish"),
         "wait for the all-reduces and write back the average",
         ("init", "clm_loss"),
@@ -137,7 +137,7 @@ EXERCISES = [
     ),
     Exercise(
         "tp_layers",
-        "tensor_parallel.py",
+        "parallel/tensor_parallel.py",
         (
             "CopyToTensorParallel.forward",
             "CopyToTensorParallel.backward",
@@ -159,7 +159,7 @@ EXERCISES = [
     ),
     Exercise(
         "one_f_one_b",
-        "pipeline.py",
+        "parallel/pipeline.py",
         ("one_f_one_b",),
         "one stage's operations under 1F1B",
         ("init", "clm_loss"),

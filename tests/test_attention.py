@@ -14,8 +14,9 @@ import train
 from config import parse_args
 from local_ranks import run_ranks
 from model import GPT, GPTConfig, manual_causal_attention
-from parallel import ProcessGrid, ShardedModel, destroy_distributed, init_distributed
-from pipeline import PipelineModel, run_schedule
+from parallel.grid import ProcessGrid, destroy_distributed, init_distributed
+from parallel.layout import ShardedModel
+from parallel.pipeline import PipelineModel, run_schedule
 
 
 def random_qkv(B, H, T, head_size, seed=0):

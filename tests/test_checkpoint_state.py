@@ -14,7 +14,7 @@ import run_setup
 import train
 from config import parse_args
 from local_ranks import run_ranks
-from parallel import destroy_distributed
+from parallel.grid import destroy_distributed
 from runbook import Recovery
 from train import checkpoint_state, restore_checkpoint
 from conftest import write_word_corpus

@@ -14,9 +14,9 @@ import train
 from conftest import ROOT, write_word_corpus, run_script
 from local_ranks import run_ranks
 from config import parse_args
-from layout import check_layout
+from parallel.layout import check_layout
 from model import GPT, GPTConfig
-from parallel import ParallelConfig, ProcessGrid
+from parallel.grid import ParallelConfig, ProcessGrid
 
 # fp32 pinned: the layouts agree to rounding in fp32; under bf16 (the default on CPUs that have it) they
 # would differ by bf16's rounding of differently split matmuls
@@ -260,7 +260,8 @@ def test_bucketed_and_naive_average_to_the_same_gradients():
 
 def _one_backward_both_modes():
     from model import GPT, GPTConfig
-    from parallel import BucketedDataParallel, NaiveDataParallel, destroy_distributed, init_distributed
+    from parallel.data_parallel import BucketedDataParallel, NaiveDataParallel
+    from parallel.grid import destroy_distributed, init_distributed
 
     launch = init_distributed(30)
     grid = ProcessGrid(2, 1, 1, launch.rank, launch.world_size)
@@ -321,8 +322,9 @@ def _dp_average_over_steps(steps):
     sent during backward and in the whole step."""
     import copy
 
-    from comm_count import take_comm_bytes
-    from parallel import BucketedDataParallel, NaiveDataParallel, clear_gradients, destroy_distributed, init_distributed
+    from parallel.comm_count import take_comm_bytes
+    from parallel.data_parallel import BucketedDataParallel, NaiveDataParallel, clear_gradients
+    from parallel.grid import destroy_distributed, init_distributed
 
     launch = init_distributed(20)
     grid = ProcessGrid(2, 1, 2, launch.rank, launch.world_size)
@@ -412,7 +414,7 @@ def test_finish_leaves_the_group_average_on_every_step():
 
 
 def _grid_coordinates():
-    from parallel import destroy_distributed, init_distributed
+    from parallel.grid import destroy_distributed, init_distributed
 
     launch = init_distributed(30)
     grid = ProcessGrid(2, 2, 2, launch.rank, launch.world_size)
@@ -532,7 +534,7 @@ def test_mfu_counts_the_whole_model_under_tensor_parallelism(corpus):
 
 
 def _check_visibility(paths_by_rank):
-    from parallel import check_visible_everywhere, destroy_distributed, init_distributed
+    from parallel.grid import check_visible_everywhere, destroy_distributed, init_distributed
 
     launch = init_distributed(30)
     try:

@@ -1,4 +1,4 @@
-"""The layout's seams: the model as a rank holds it (parallel.RankModel), answered by all four implementations."""
+"""The layout's seams: the model as a rank holds it (layout.RankModel), answered by all four implementations."""
 
 import inspect
 import re
@@ -9,10 +9,11 @@ import torch
 from checkpoint import ParameterCut
 from conftest import ROOT
 from model import GPT, GPTConfig
-from parallel import ProcessGrid, RankModel, ShardedModel
-from pipeline import PipelineModel
-from tensor_parallel import Cut
-from torch_engines import DDPModel, DTensorCut, FSDPModel
+from parallel.grid import ProcessGrid
+from parallel.layout import RankModel, ShardedModel
+from parallel.pipeline import PipelineModel
+from parallel.tensor_parallel import Cut
+from parallel.torch_engines import DDPModel, DTensorCut, FSDPModel
 
 IMPLEMENTATIONS = {
     "ShardedModel": lambda gpt, grid: ShardedModel(gpt, grid),

@@ -16,9 +16,10 @@ import train
 import transfer
 from conftest import needs_gpt2, save_bpe_tokenizer, write_word_corpus
 from files import file_sha256
-from layout import check_layout
+from parallel.layout import check_layout
 from model import GPT, GPTConfig, KVCache, apply_rope, padded_vocab_size, rope_angles
-from parallel import ParallelConfig, ProcessGrid, ShardedModel
+from parallel.grid import ParallelConfig, ProcessGrid
+from parallel.layout import ShardedModel
 
 LLAMA = dict(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=64, block_size=32)
 

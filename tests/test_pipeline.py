@@ -5,9 +5,10 @@ import torch
 
 from local_ranks import run_ranks
 from model import GPT, GPTConfig
-from layout import check_layout
-from parallel import ParallelConfig, ProcessGrid, destroy_distributed, global_grad_norm, init_distributed
-from pipeline import (
+from parallel.layout import check_layout
+from parallel.data_parallel import global_grad_norm
+from parallel.grid import ParallelConfig, ProcessGrid, destroy_distributed, init_distributed
+from parallel.pipeline import (
     SCHEDULES,
     PipelineModel,
     bubble_fraction,

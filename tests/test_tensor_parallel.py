@@ -17,10 +17,12 @@ import checkpoint
 import train
 from local_ranks import run_ranks
 from model import GPT, GPTConfig
-from comm_count import take_comm_bytes
-from layout import check_layout
-from parallel import ParallelConfig, ProcessGrid, ShardedModel, destroy_distributed, global_grad_norm, init_distributed
-from tensor_parallel import (
+from parallel.comm_count import take_comm_bytes
+from parallel.layout import check_layout
+from parallel.data_parallel import global_grad_norm
+from parallel.grid import ParallelConfig, ProcessGrid, destroy_distributed, init_distributed
+from parallel.layout import ShardedModel
+from parallel.tensor_parallel import (
     ColumnParallelLinear,
     CopyToTensorParallel,
     Cut,

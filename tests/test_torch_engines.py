@@ -139,8 +139,8 @@ def test_torch_engines_refuse_tensor_and_pipeline_parallelism(corpus, dp_mode, f
 def _replicas_after_wrapping(dp_mode):
     """Each rank builds its GPT from its own seed, then wraps it: the weights every rank then holds, whole."""
     from model import GPT, GPTConfig
-    from parallel import ProcessGrid, destroy_distributed, init_distributed
-    from torch_engines import DDPModel, FSDPModel
+    from parallel.grid import ProcessGrid, destroy_distributed, init_distributed
+    from parallel.torch_engines import DDPModel, FSDPModel
 
     launch = init_distributed(30)
     grid = ProcessGrid(2, 1, 1, launch.rank, launch.world_size)

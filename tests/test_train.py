@@ -13,7 +13,8 @@ from data import TokenStream
 from model import GPT, GPTConfig
 from conftest import ROOT, run_script
 from config import TrainConfig, parse_args
-from parallel import ProcessGrid, ShardedModel
+from parallel.grid import ProcessGrid
+from parallel.layout import ShardedModel
 from train import clip_gradients, lr_at, optimizer_step
 
 # a run small enough for a unit test: 2 layers of width 32 on the small corpus

@@ -5,7 +5,7 @@ engine of DeepSpeed).
     torchrun --standalone --nproc_per_node=2 train.py --dp 2 --zero 1 --batch_size 8   # AdamW's moments shared out
     torchrun --standalone --nproc_per_node=2 train.py --dp 2 --zero 2 --batch_size 8   # the gradients too
 
-Plain data parallelism (parallel.BucketedDataParallel) keeps all 16 bytes per parameter on each of the dp ranks:
+Plain data parallelism (data_parallel.BucketedDataParallel) keeps all 16 bytes per parameter on each of the dp ranks:
 fp32 weights (4), gradients (4) and AdamW's two moments (8). Yet a rank needs the moments only of the
 parameters it updates, and the averaged gradient only where it updates. ZeRO cuts every gradient bucket
 (BucketedDataParallel's buckets, in backward order) into dp equal shards, and rank r owns shard r:
@@ -43,8 +43,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from comm_count import counted
-from parallel import AdamW, BucketedDataParallel, flat_views
+from parallel.comm_count import counted
+from parallel.data_parallel import AdamW, BucketedDataParallel, flat_views
 
 
 class Piece(NamedTuple):

@@ -3,10 +3,10 @@
     torchrun --standalone --nproc_per_node=2 train.py --dp 2 --dp_mode ddp    # torch's DDP
     torchrun --standalone --nproc_per_node=2 train.py --dp 2 --dp_mode fsdp   # FSDP2: ZeRO-3, by torch
 
-The road past the course. parallel.BucketedDataParallel is written to be read:
+The road past the course. data_parallel.BucketedDataParallel is written to be read:
 every line of the gradient average is on the page, and it composes with our
 tensor and pipeline parallelism into the 3D layouts. The two engines here do the
-same job the way production runs do it, behind the same interface (parallel.RankModel,
+same job the way production runs do it, behind the same interface (layout.RankModel,
 the model as a rank holds it), so the same loop trains with them and takes the
 same steps (tests/test_torch_engines.py).
 
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from comm_count import counted
-from parallel import forward_and_backward, sharded_grad_norm
+from parallel.comm_count import counted
+from parallel.data_parallel import forward_and_backward, sharded_grad_norm
 
 # torch's engines are imported where they are used: torch.distributed.tensor, on which FSDP2 and DDP's hooks
 # build, takes ~0.7 s to import, which every run of train.py (every rank) would pay for an engine it does not use.

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from comm_count import counted
+from parallel.comm_count import counted
 
 # ----------------------------------------------------------------------------
 # Cutting a Linear layer, and the two communications it needs (f and g)

@@ -12,17 +12,123 @@ after talks to the RankModel interface.
 """
 
 import contextlib
+from typing import Protocol, runtime_checkable
 
 import torch
+import torch.nn as nn
 
-from parallel import BucketedDataParallel, NaiveDataParallel, ShardedModel, check_grid, data_parallel
-from pipeline import SCHEDULES, PipelineModel
-from torch_engines import DDPModel, FSDPModel
-from zero import Zero1DataParallel, Zero2DataParallel
+from parallel.data_parallel import (
+    BucketedDataParallel,
+    DataParallel,
+    NaiveDataParallel,
+    clear_gradients,
+    data_parallel,
+    forward_and_backward,
+    sharded_grad_norm,
+    zero_stage_of,
+)
+from parallel.grid import ProcessGrid, check_grid
+from parallel.pipeline import SCHEDULES, PipelineModel
+from parallel.tensor_parallel import tensor_parallel
+from parallel.torch_engines import DDPModel, FSDPModel
+from parallel.zero import Zero1DataParallel, Zero2DataParallel
 
-HAND_WRITTEN = ("bucketed", "naive")  # --dp_mode: parallel.py's engines
+HAND_WRITTEN = ("bucketed", "naive")  # --dp_mode: data_parallel.py's engines
 TORCH_ENGINES = ("ddp", "fsdp")  # --dp_mode: torch's own (torch_engines.py), pure data parallelism
 ZERO_STAGES = {1: Zero1DataParallel, 2: Zero2DataParallel}  # --zero: zero.py (stage 3 is --dp_mode fsdp)
+
+
+# ----------------------------------------------------------------------------
+# The model as a rank holds it: what the training loop needs from a layout
+
+
+@runtime_checkable
+class RankModel(Protocol):
+    """The model as a rank holds it: everything the loop, evaluation and checkpoints ask of a layout.
+
+    The loop never asks which layout it runs on. A rank that runs every layer is a ShardedModel
+    (below: the whole GPT, or its tensor-parallel slices), a rank that runs one stage of the layers a
+    PipelineModel (pipeline.py), and torch's own data parallelism a DDPModel or FSDPModel
+    (torch_engines.py). layout.model_for_rank builds the one this rank needs; tests/test_layout.py
+    checks that each of the four has every member below.
+    """
+
+    module: nn.Module  # the parameters this rank holds and updates (its stage, its slices, its shards)
+    device: torch.device  # where they live
+    autocast: contextlib.AbstractContextManager  # the compute dtype its forwards run under (nullcontext: fp32)
+    grid: ProcessGrid  # this rank's place among the others
+    dp: "DataParallel | None"  # the hand-written DP engine (its optimizer() updates what this rank holds); else None
+    micro_batches: int  # the pieces forward_backward cuts a batch into: a pipeline's m, else 1
+    in_flight: int  # micro-batches whose activations a rank keeps at once: 1F1B's peak, else 1
+    zero_stage: int  # the training state shared out over dp: 0 none, 1 moments, 2 and gradients, 3 and weights
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_weight: float, sync: bool = True):
+        """One micro-batch: its loss times loss_weight backpropagated; sync: the last before the update. -> loss"""
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Forward only, for evaluation: the mean loss of (x, y), on every rank."""
+
+    def reduce_gradients(self) -> None:
+        """After the last micro-batch: the DP average (and a pipeline's tied copies summed)."""
+
+    def clear_gradients(self) -> None:
+        """After the update: the gradients cleared for the next step."""
+
+    def grad_norm(self) -> torch.Tensor:
+        """The global L2 norm of the gradient, over every rank's share, the same on every rank."""
+
+    def local_parameters(self) -> list:
+        """[(single-device name, parameter, its Cut or None)], each parameter once: how it was cut."""
+
+    def report(self, out_dir: str, say, is_rank0: bool) -> None:
+        """The layout's own account at the end of the run (a pipeline's bubble and Gantt chart)."""
+
+
+class ShardedModel:
+    """A rank that runs every layer of the GPT: all of each matrix (tp = 1), or its
+    tensor-parallel slices (tp > 1); gradients averaged over the dp replicas by the engine
+    make_dp builds (data_parallel: NaiveDataParallel, BucketedDataParallel, or ZeRO's)."""
+
+    def __init__(
+        self,
+        model,
+        grid,
+        autocast=contextlib.nullcontext(),
+        compile=False,
+        make_dp=data_parallel(BucketedDataParallel),
+    ):
+        self.cuts = tensor_parallel(model, grid)  # each rank keeps its slices; {} when tp = 1
+        self.module, self.grid, self.autocast = model, grid, autocast
+        self.micro_batches = self.in_flight = 1  # one forward per micro-step (a pipeline cuts it into more)
+        self.device = next(model.parameters()).device
+        self.forward = torch.compile(model) if compile else model
+        self.dp = make_dp(model, grid)
+        self.zero_stage = zero_stage_of(self.dp)
+
+    def forward_backward(self, x, y, loss_weight, sync=True):
+        if self.dp is not None:
+            self.dp.sync = sync  # under accumulation only the last micro-batch starts the all-reduces
+        return forward_and_backward(self.forward, self.autocast, x, y, loss_weight)
+
+    def loss(self, x, y):
+        with self.autocast:
+            return self.forward(x, y)[1]
+
+    def reduce_gradients(self):
+        if self.dp is not None:
+            self.dp.finish()
+
+    def clear_gradients(self):
+        clear_gradients(self.module, self.dp)
+
+    def grad_norm(self):
+        return sharded_grad_norm(self.local_parameters(), self.grid, self.dp)
+
+    def local_parameters(self):
+        return [(name, p, self.cuts.get(name)) for name, p in self.module.named_parameters()]
+
+    def report(self, out_dir, say, is_rank0):
+        pass  # every rank ran every layer: nothing beyond the run's own account
 
 
 def check_layout(layout, gpt_config, batch_size, world_size, dtype):
@@ -103,7 +209,7 @@ def check_layout(layout, gpt_config, batch_size, world_size, dtype):
 def model_for_rank(
     whole, grid, layout, batch_size, dtype=torch.float32, autocast=contextlib.nullcontext(), compile=False
 ):
-    """The model as this rank holds it (a parallel.RankModel), cut from the whole single-device GPT by the layout
+    """The model as this rank holds it (a layout.RankModel), cut from the whole single-device GPT by the layout
     (a ParallelConfig, checked first): under --dp_mode ddp or fsdp, torch's own engine; else a pipeline stage when
     pp > 1, or every layer (whole, or TP slices), with the DP engine of --dp_mode, or ZeRO's of --zero. dtype: the
     compute dtype that autocast runs (fp16 is refused where its loss scaling cannot work)."""

@@ -15,7 +15,7 @@ A schedule here is a plain function that lists one stage's operations in order,
 ("F", i) or ("B", i) for micro-batch i; `run_schedule` executes such a list with
 point-to-point sends and receives, and records when each stage computes and waits.
 
-    python pipeline.py --stages 4 --micro_batches 8    # runs nothing distributed: prints the logical bubbles
+    python -m parallel.pipeline --stages 4 --micro_batches 8   # runs nothing distributed: prints the logical bubbles
 """
 
 import argparse
@@ -28,10 +28,16 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from comm_count import counted
 from model import run_blocks, stage_layers
-from parallel import BucketedDataParallel, clear_gradients, data_parallel, sharded_grad_norm, zero_stage_of
-from tensor_parallel import tensor_parallel
+from parallel.comm_count import counted
+from parallel.data_parallel import (
+    BucketedDataParallel,
+    clear_gradients,
+    data_parallel,
+    sharded_grad_norm,
+    zero_stage_of,
+)
+from parallel.tensor_parallel import tensor_parallel
 
 # ----------------------------------------------------------------------------
 # Schedules: the order of one stage's operations
@@ -328,7 +334,7 @@ class PipelineModel:
     """The model as a pipeline rank holds it: one stage (its matrices cut across the TP group
     when tp > 1), run under a schedule over micro_batches micro-batches; gradients averaged
     over the dp replicas of the stage.
-    It answers the training loop's interface, parallel.RankModel."""
+    It answers the training loop's interface, layout.RankModel."""
 
     def __init__(
         self,
