@@ -111,6 +111,18 @@ def parameters_on_rank(gpt_config, tp=1, pp=1, stage=0):
     return n
 
 
+def whole_parameters_on_stage(gpt_config, pp=1, stage=0):
+    """The parameters every TP rank holds whole on a pipeline stage: its blocks' norms and row-parallel biases, the
+    learned positions on the first stage, the final norm on the last (parameters_on_rank's uncut part). Under
+    sequence parallelism each TP rank's gradient of them comes from its T/tp positions, so they are summed."""
+    C = gpt_config.n_embd
+    norm = 0 if gpt_config.norm == "none" else C * (2 if gpt_config.norm == "layernorm" and gpt_config.bias else 1)
+    first_block, end_block = stage_layers(gpt_config.n_layer, pp)[stage]
+    n = (end_block - first_block) * (2 * norm + (2 * C if gpt_config.bias else 0))
+    n += gpt_config.block_size * C if stage == 0 and gpt_config.arch == "gpt2" else 0
+    return n + (norm if stage == pp - 1 and gpt_config.norm_position == "pre" else 0)
+
+
 def lookup_parameters(gpt_config):
     """The parameters only looked up, never multiplied: the learned positions (gpt2: T x C; rotary ones have none),
     and the token embedding where the head is a matrix of its own (tied, the same matrix is the head's matmul)."""
@@ -134,7 +146,19 @@ def flops_per_token(gpt_config):
 
 
 def comm_bytes_per_step(
-    gpt_config, *, dp, tp, pp, stage, batch_size, accumulation, compute_bytes, zero=0, recompute=False
+    gpt_config,
+    *,
+    dp,
+    tp,
+    pp,
+    stage,
+    batch_size,
+    accumulation,
+    compute_bytes,
+    zero=0,
+    recompute=False,
+    sequence_parallel=False,
+    micro_batches=1,
 ):
     """Closed form of the bytes a rank of pipeline stage `stage` hands to each dimension's
     communication in one optimizer step (what comm_count.counted counts), with the step's
@@ -149,10 +173,16 @@ def comm_bytes_per_step(
           again in backward (the MLP's output feeds no tensor backward keeps, and torch's checkpoint
           stops rebuilding once backward has what it needs). Plus the embedding's forward on the
           first stage, the head's backward and the loss's 3 (B, T) reductions (a max, two sums) on
-          the last.
+          the last. Under sequence parallelism each all-reduce becomes an all-gather and a reduce-scatter of the
+          same (B, T, C) buffer, each counted whole (a ring moves half an all-reduce's bytes for each): per block,
+          forward an all-gather (fp32) before each column-parallel layer and a reduce-scatter (compute dtype) after
+          each row-parallel one, backward the reverse; recomputation gathers attention's and the MLP's inputs and
+          scatters attention's output again. The embedding's reduce-scatter and the head's all-gather (fp32) go both
+          ways, and the whole parameters' gradients (norms, positions, row-parallel biases) are summed, fp32, as
+          each backward makes them: once per micro-batch of a pipeline (micro_batches), once per micro-step else.
       pp: per micro-step, the activation (B, T, C) to the next stage and its gradient back to
-          the one before: between stages only. Plus, once per step, the tied embedding's
-          gradient between the first and last stages.
+          the one before ((B, T/tp, C) under sequence parallelism): between stages only. Plus, once per
+          step, the tied embedding's gradient between the first and last stages.
       dp: once per step, the gradient of every parameter the rank holds, fp32; under ZeRO (zero 1, 2) a
           reduce-scatter of it (ZeRO-2: every micro-step) and an all-gather of the updated weights; under
           FSDP2 (zero 3) its reduce-scatter alone is counted (its all-gathers carry weights, not gradients).
@@ -163,7 +193,7 @@ def comm_bytes_per_step(
     act = B * T * C  # elements of one (B, T, C) activation
     tp_bytes = pp_bytes = dp_bytes = 0
     tp_how = pp_how = dp_how = "none: a group of 1"
-    if tp > 1:
+    if tp > 1 and not sequence_parallel:
         per_micro_step = (
             L * act * ((2 + recompute) * compute_bytes + 2 * 4) + first * act * 4 + last * (act * 4 + 3 * B * T * 4)
         )
@@ -174,10 +204,23 @@ def comm_bytes_per_step(
             + (" + B T C x 4 (head) + 3 B T x 4 (loss)" if last else "")
             + f"], A={A} L={L} B={B} T={T} C={C}"
         )
+    if tp > 1 and sequence_parallel:
+        whole = whole_parameters_on_stage(gpt_config, pp, stage)
+        per_layer = (4 + recompute) * compute_bytes + (4 + 2 * recompute) * 4
+        per_micro_step = (
+            L * act * per_layer + (first + last) * act * 8 + last * 3 * B * T * 4 + micro_batches * whole * 4
+        )
+        tp_bytes = A * per_micro_step
+        tp_how = (
+            f"A x [L B T C x ({4 + recompute} x {compute_bytes} + {4 + 2 * recompute} x 4) at every layer"
+            + (" + B T C x 8 (embedding)" if first else "")
+            + (" + B T C x 8 (head) + 3 B T x 4 (loss)" if last else "")
+            + f" + {micro_batches} x {whole:,} x 4 (whole parameters' gradients)], A={A} L={L} B={B} T={T} C={C}"
+        )
     if pp > 1:
         neighbours = (not first) + (not last)
         tied = (first or last) * gpt_config.tie_embeddings * -(-gpt_config.vocab_size // tp) * C * 4  # its two copies
-        pp_bytes = A * neighbours * act * 4 + tied
+        pp_bytes = A * neighbours * act // (tp if sequence_parallel else 1) * 4 + tied
         sent = (
             "activations forward and gradients back"
             if neighbours == 2
@@ -186,7 +229,7 @@ def comm_bytes_per_step(
             else "gradients to the stage before"
         )
         pp_how = (
-            f"A x {neighbours} x B T C x 4 ({sent})"
+            f"A x {neighbours} x B T C{' / tp' if sequence_parallel else ''} x 4 ({sent})"
             + (f" + V/tp x C x 4 (tied embedding's gradient), V={gpt_config.vocab_size}" if tied else "")
             + f", A={A} B={B} T={T} C={C}"
         )
@@ -206,7 +249,18 @@ def comm_bytes_per_step(
 
 
 def busiest_stage_comm_bytes(
-    gpt_config, *, dp, tp, pp, batch_size, accumulation, compute_bytes, zero=0, recompute=False
+    gpt_config,
+    *,
+    dp,
+    tp,
+    pp,
+    batch_size,
+    accumulation,
+    compute_bytes,
+    zero=0,
+    recompute=False,
+    sequence_parallel=False,
+    micro_batches=1,
 ):
     """{dimension: (bytes, formula)} per step, in closed form, of the stage that sends the most in it
     (what train.py logs as comm_bytes_* and prints beside the counts)."""
@@ -222,6 +276,8 @@ def busiest_stage_comm_bytes(
             compute_bytes=compute_bytes,
             zero=zero,
             recompute=recompute,
+            sequence_parallel=sequence_parallel,
+            micro_batches=micro_batches,
         )
         for stage in range(pp)
     ]
@@ -374,7 +430,18 @@ class Memory:
         return self.state + self.activations
 
 
-def memory_per_gpu(gpt_config, tp, pp, micro_batch_rows, in_flight, recompute=False, activation_bytes=2, dp=1, zero=0):
+def memory_per_gpu(
+    gpt_config,
+    tp,
+    pp,
+    micro_batch_rows,
+    in_flight,
+    recompute=False,
+    activation_bytes=2,
+    dp=1,
+    zero=0,
+    sequence_parallel=False,
+):
     """Bytes on the fullest device of a layout, as a Memory.
 
     state: 16 B per parameter held (the stage with the embedding holds the most), less what ZeRO's
@@ -385,7 +452,10 @@ def memory_per_gpu(gpt_config, tp, pp, micro_batch_rows, in_flight, recompute=Fa
     the layer's input, 2 s b h, with full recomputation. Their 24 h is what TP cuts: q, k, v and
     attention's output (2 h each; k and v 2 kv each under GQA), and the MLP's hidden activations,
     GELU's input and output (2 x 2 H, H = 4 h) or SwiGLU's gate, up, SiLU(gate) and product (4 x 2 H),
-    and under RoPE the rotated copies of q and k (2 h + 2 kv);
+    and under RoPE the rotated copies of q and k (2 h + 2 kv). Their 10 h is what TP leaves whole: the norms'
+    inputs (4 h), dropout's masks (2 h), and the inputs of the column-parallel layers (4 h). Sequence
+    parallelism cuts the first two by position, 4 h + 6 h/t; the gathered inputs stay whole, as autograd keeps
+    them (Megatron gathers them again in backward to cut them too);
     times the stage's layers, times the micro-batches in flight (1F1B: p on the first stage, at most m;
     GPipe: all m), plus the logits of one."""
     state = fullest_rank_state_bytes(gpt_config, dp, tp, pp, zero)
@@ -394,7 +464,11 @@ def memory_per_gpu(gpt_config, tp, pp, micro_batch_rows, in_flight, recompute=Fa
     llama = gpt_config.arch == "llama"
     mlp = (8 if llama else 4) * gpt_config.hidden
     rope = 2 * h + 2 * kv if llama else 0  # the rotated q and k: copies attention keeps beside q, k, v's own
-    per_layer = 2 * s * b * h if recompute else s * b * (10 * h + (4 * h + 4 * kv + mlp + rope) / tp)
+    left_whole = 4 * h + 6 * h / tp if sequence_parallel else 10 * h
+    cut_by_position = tp if sequence_parallel else 1  # a recomputed layer keeps its input: T/tp positions under SP
+    per_layer = (
+        2 * s * b * h / cut_by_position if recompute else s * b * (left_whole + (4 * h + 4 * kv + mlp + rope) / tp)
+    )
     layers = max(end - first for first, end in stage_layers(gpt_config.n_layer, pp))
     # in the compute dtype, and the loss's fp32 copy
     logits = b * s * -(-gpt_config.vocab_size // tp) * (activation_bytes + 4)

@@ -218,10 +218,10 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(gpt_config.dropout)
 
     def forward(self, x, cache=None):
-        B, T, _ = x.shape
         # q (B, T, C), k and v (B, T, C kv_heads / H) each; under tensor parallelism c_attn yields this rank's heads
-        # only, in the same proportions
+        # only, in the same proportions (and under sequence parallelism gathers all T positions from x's T/tp)
         qkv = self.c_attn(x)
+        B, T, _ = qkv.shape
         kv_width = qkv.size(-1) * self.n_kv_head // (self.n_head + 2 * self.n_kv_head)
         q, k, v = qkv.split((qkv.size(-1) - 2 * kv_width, kv_width, kv_width), dim=2)
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H or kv_heads, T, C/H)

@@ -674,6 +674,8 @@ def print_comm_beside_closed_form(run, record):
         compute_bytes=run.dtype.itemsize,
         zero=run.model.zero_stage,
         recompute=run.configs.parallel.recompute,
+        sequence_parallel=run.configs.parallel.sequence_parallel,
+        micro_batches=run.model.micro_batches,
     )  # {dimension: (bytes, formula)}
     run.say("communication of that step, payload bytes on the busiest rank: measured | closed form")
     for d, (closed_form, formula) in closed_forms.items():

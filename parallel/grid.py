@@ -19,6 +19,7 @@ class ParallelConfig:
     dp: int = 1  # data-parallel ranks: model copies, each reading its share of every batch
     tp: int = 1  # tensor-parallel ranks: one layer's matrices cut across them
     pp: int = 1  # pipeline stages: consecutive blocks on consecutive ranks
+    sequence_parallel: bool = False  # with tp: the norm and dropout regions cut along the sequence, T/tp a rank
     # bucketed (async all-reduce overlapped with backward) | naive (one per parameter after it) |
     # ddp | fsdp (torch's own engines, torch_engines.py: pure data parallelism)
     dp_mode: str = "bucketed"

@@ -96,8 +96,9 @@ class ShardedModel:
         autocast=contextlib.nullcontext(),
         compile=False,
         make_dp=data_parallel(BucketedDataParallel),
+        sequence_parallel=False,
     ):
-        self.cuts = tensor_parallel(model, grid)  # each rank keeps its slices; {} when tp = 1
+        self.cuts = tensor_parallel(model, grid, sequence_parallel)  # each rank keeps its slices; {} when tp = 1
         self.module, self.grid, self.autocast = model, grid, autocast
         self.micro_batches = self.in_flight = 1  # one forward per micro-step (a pipeline cuts it into more)
         self.device = next(model.parameters()).device
@@ -180,6 +181,16 @@ def check_layout(layout, gpt_config, batch_size, world_size, dtype):
         )
     if tp >= 1 and gpt_config.hidden % tp:
         raise ValueError(f"the MLP's hidden width {gpt_config.hidden} is not divisible by tp {tp}: set --mlp_hidden")
+    if layout.sequence_parallel and tp < 2:
+        raise ValueError(
+            f"--sequence_parallel cuts along the sequence what tensor parallelism leaves whole, and --tp is {tp}: "
+            "pass --tp 2 or more, or leave out --sequence_parallel"
+        )
+    if layout.sequence_parallel and gpt_config.block_size % tp:
+        raise ValueError(
+            f"--sequence_parallel gives each of the {tp} TP ranks block_size / tp positions, and block_size "
+            f"{gpt_config.block_size} is not divisible by {tp}: choose --block_size a multiple of {tp}"
+        )
     # pipeline parallelism: every stage at least one block, every micro-batch the same size
     if gpt_config.n_layer < pp:
         raise ValueError(
@@ -227,6 +238,7 @@ def model_for_rank(
         make_dp = data_parallel(NaiveDataParallel)
     else:
         raise ValueError(f"--dp_mode {layout.dp_mode!r}: no engine")  # check_layout names the choices first
+    sp = layout.sequence_parallel
     if grid.pp > 1:
-        return PipelineModel(whole, grid, layout.schedule, layout.micro_batches, autocast, make_dp)
-    return ShardedModel(whole, grid, autocast, compile, make_dp)
+        return PipelineModel(whole, grid, layout.schedule, layout.micro_batches, autocast, make_dp, sp)
+    return ShardedModel(whole, grid, autocast, compile, make_dp, sp)

@@ -132,9 +132,10 @@ class PipelineStage(nn.Module):
     Memory per rank: about 1/(p tp) of the blocks' parameters, plus the embedding's 1/tp on the ends.
     """
 
-    def __init__(self, model, stage, stages):
+    def __init__(self, model, stage, stages, sequence_shards=1):
         super().__init__()
         self.stage, self.stages, self.recompute = stage, stages, model.recompute
+        self.sequence_shards = sequence_shards  # --sequence_parallel: a stage's activations hold T/tp positions
         self.is_first, self.is_last = stage == 0, stage == stages - 1
         self.first_block, last_block = stage_layers(model.config.n_layer, stages)[stage]
         self.blocks = nn.ModuleList(model.blocks[self.first_block : last_block])
@@ -257,7 +258,8 @@ def run_schedule(stage, order, inputs, targets, micro_batches, grid, n_embd, los
     timeline as Slots, computing ("F"/"B") and waiting ("wait"), peak stored activations).
     """
     micro_inputs, micro_targets = inputs.chunk(micro_batches), targets.chunk(micro_batches)
-    shape = (*micro_inputs[0].shape, n_embd)  # activations between stages: (B/m, T, C)
+    rows, T = micro_inputs[0].shape
+    shape = (rows, T // stage.sequence_shards, n_embd)  # activations between stages: (B/m, T, C), T/tp under SP
     inbox = Inbox(stage, order, micro_batches, shape, grid, next(stage.parameters()).device)
     stored, pending, records, loss, peak = {}, [], [], None, 0
 
@@ -344,9 +346,11 @@ class PipelineModel:
         micro_batches=1,
         autocast=contextlib.nullcontext(),
         make_dp=data_parallel(BucketedDataParallel),
+        sequence_parallel=False,
     ):
-        self.cuts = tensor_parallel(model, grid)  # {single-device name: Cut}; {} when tp = 1
-        self.module = PipelineStage(model, grid.pp_rank, grid.pp)  # this rank keeps only its stage (its TP slices)
+        self.cuts = tensor_parallel(model, grid, sequence_parallel)  # {single-device name: Cut}; {} when tp = 1
+        positions = grid.tp if sequence_parallel else 1  # how many ways the activations between stages are cut
+        self.module = PipelineStage(model, grid.pp_rank, grid.pp, positions)  # only its stage (its TP slices)
         self.grid, self.micro_batches, self.autocast = grid, micro_batches, autocast
         self.device = next(self.module.parameters()).device
         self.n_embd, self.schedule = model.config.n_embd, schedule

@@ -3,7 +3,8 @@ arXiv:1909.08053): Megatron's f and g, the column- and row-parallel Linear, the 
 loss cut by vocabulary, and `tensor_parallel`, which cuts a single-device GPT into this rank's slices.
 
 Every layer takes its TP group as an argument; the process grid that makes the groups is in
-parallel.py, and ShardedModel (parallel.py) and PipelineModel (pipeline.py) call tensor_parallel.
+grid.py, and ShardedModel (layout.py) and PipelineModel (pipeline.py) call tensor_parallel. Sequence
+parallelism (Megatron-SP) cuts what TP leaves whole along the sequence: its section is below the layers.
 
     torchrun --standalone --nproc_per_node=2 train.py --tp 2          # one layer's matrices on 2 processes
 """
@@ -229,7 +230,114 @@ class VocabParallelLoss(nn.Module):
         return VocabParallelCrossEntropy.apply(logits, targets, self.start, self.vocab_size, self.group)
 
 
-def tensor_parallel(model, grid):
+# ----------------------------------------------------------------------------
+# Sequence parallelism (Korthikanti et al. 2022, arXiv:2205.05198; --sequence_parallel)
+#
+# TP leaves the norms, dropout and residual adds whole: every TP rank holds the same (B, T, C) there, and keeps
+# it for backward. Sequence parallelism cuts those regions along the sequence instead, T/tp positions a rank.
+# g's all-reduce after a row-parallel layer becomes a reduce-scatter (the sum, each rank keeping its positions),
+# and f before a column-parallel layer an all-gather (the positions put back together, as attention and the MLP
+# need every one): the same bytes on a ring, as an all-reduce is a reduce-scatter and then an all-gather. The
+# parameters those regions use whole (norms, learned positions, row-parallel biases) each see T/tp positions on a
+# rank, so their gradients are summed over the TP group.
+
+
+def all_gather_sequence(x, group):
+    """(B, T/tp, C) from each rank -> (B, T, C), the ranks' positions in rank order."""
+    local = x.transpose(0, 1).contiguous()  # (T/tp, B, C): the collective joins along dim 0
+    whole = torch.empty((dist.get_world_size(group) * local.shape[0], *local.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.all_gather_single(counted("tp", whole), local, group=group)  # counted: the whole buffer, as ZeRO's
+    return whole.transpose(0, 1).contiguous()  # (B, T, C), as the layers after expect
+
+
+def reduce_scatter_sequence(x, group):
+    """(B, T, C) partial sums on each rank -> (B, T/tp, C), this rank's positions of their sum."""
+    whole = x.transpose(0, 1).contiguous()  # (T, B, C)
+    local = torch.empty(
+        (whole.shape[0] // dist.get_world_size(group), *whole.shape[1:]), dtype=x.dtype, device=x.device
+    )
+    dist.reduce_scatter_single(local, counted("tp", whole), group=group)
+    return local.transpose(0, 1).contiguous()
+
+
+class GatherFromSequenceParallel(torch.autograd.Function):
+    """f under sequence parallelism: all-gather forward; reduce-scatter backward, as each rank's column-parallel
+    layer sends back a partial gradient for every position, of which this rank keeps the sum of its own."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return all_gather_sequence(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return reduce_scatter_sequence(grad, ctx.group), None
+
+
+class ReduceScatterToSequenceParallel(torch.autograd.Function):
+    """g under sequence parallelism: reduce-scatter forward; all-gather backward, as every position's gradient
+    flows back into every rank's partial product."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return reduce_scatter_sequence(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_gather_sequence(grad, ctx.group), None
+
+
+class SequenceParallelColumnLinear(ColumnParallelLinear):
+    """A column-parallel Linear whose input arrives cut by position: (B, T/tp, in) -> (B, T, out/tp)."""
+
+    def forward(self, x):
+        return F.linear(GatherFromSequenceParallel.apply(x, self.group), self.weight, self.bias)
+
+
+class SequenceParallelRowLinear(RowParallelLinear):
+    """A row-parallel Linear whose output leaves cut by position: (B, T, in/tp) -> (B, T/tp, out). Its whole bias
+    is added to this rank's positions only: its gradient is summed over the group (sum_over_tp)."""
+
+    def forward(self, x):
+        y = ReduceScatterToSequenceParallel.apply(F.linear(x, self.weight), self.group)
+        return y if self.bias is None else y + self.bias
+
+
+class SequenceParallelEmbedding(VocabParallelEmbedding):
+    """The vocabulary-parallel embedding whose sum leaves cut by position: (B, T) -> (B, T/tp, C)."""
+
+    def forward(self, idx):
+        outside = (idx < self.start) | (idx >= self.end)
+        local = F.embedding((idx - self.start).masked_fill(outside, 0), self.weight)
+        return ReduceScatterToSequenceParallel.apply(local.masked_fill(outside.unsqueeze(-1), 0.0), self.group)
+
+
+class SequenceParallelPositions(nn.Module):
+    """Learned positions (GPT-2's wpe) for this rank's T/tp positions: model.forward asks for all T and adds them to
+    the embedding's (B, T/tp, C). The table stays whole on every rank; each rank's gradient holds its rows."""
+
+    def __init__(self, positions, grid):
+        super().__init__()
+        self.weight, self.tp, self.tp_rank = positions.weight, grid.tp, grid.tp_rank  # the same Parameter: wpe.weight
+
+    def forward(self, pos):  # (T,) -> (T/tp, C)
+        return F.embedding(pos.chunk(self.tp)[self.tp_rank], self.weight)
+
+
+def sum_over_tp(parameter, group):
+    """Sum the parameter's gradient over the TP group as backward produces it, before any DP engine's hooks see it:
+    a parameter used whole on T/tp positions a rank gets the gradient of all T."""
+
+    def summed(grad):
+        grad = grad.clone()
+        dist.all_reduce(counted("tp", grad), group=group)
+        return grad
+
+    parameter.register_hook(summed)
+
+
+def tensor_parallel(model, grid, sequence_parallel=False):
     """Cut a single-device GPT across the TP group, in place, from its own initialization
     (same seed, same math): attention by heads (q, k, v column parallel, output projection
     row parallel; under GQA each rank takes n_kv_head / tp key/value heads, those its query
@@ -238,29 +346,40 @@ def tensor_parallel(model, grid):
     weights and position embeddings stay whole on every rank.
 
     Returns {parameter name: Cut} for every parameter that is now a slice: what gathering
-    a checkpoint and the global grad norm need to know. A group of one cuts nothing: {}."""
+    a checkpoint and the global grad norm need to know. A group of one cuts nothing: {}.
+
+    sequence_parallel: the regions between the cut layers hold T/tp positions a rank (the layers above)."""
     if grid.tp == 1:
         return {}
+    column, row, embedding = (
+        (SequenceParallelColumnLinear, SequenceParallelRowLinear, SequenceParallelEmbedding)
+        if sequence_parallel
+        else (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)
+    )
     C, kv = model.config.n_embd, model.config.kv_heads * (model.config.n_embd // model.config.n_head)
     mlp_sections = (model.config.hidden,) * 2 if model.config.arch == "llama" else ()  # SwiGLU: gate, up
     for block in model.blocks:
-        block.attn.c_attn = ColumnParallelLinear.from_linear(block.attn.c_attn, grid, (C, kv, kv))  # heads h*H/tp...
-        block.attn.c_proj = RowParallelLinear.from_linear(block.attn.c_proj, grid)
-        block.mlp.c_fc = ColumnParallelLinear.from_linear(block.mlp.c_fc, grid, mlp_sections)
-        block.mlp.c_proj = RowParallelLinear.from_linear(block.mlp.c_proj, grid)
+        block.attn.c_attn = column.from_linear(block.attn.c_attn, grid, (C, kv, kv))  # heads h*H/tp...
+        block.attn.c_proj = row.from_linear(block.attn.c_proj, grid)
+        block.mlp.c_fc = column.from_linear(block.mlp.c_fc, grid, mlp_sections)
+        block.mlp.c_proj = row.from_linear(block.mlp.c_proj, grid)
     head = model.lm_head.weight
-    model.wte = VocabParallelEmbedding(model.wte, grid)
+    model.wte = embedding(model.wte, grid)
     if model.config.tie_embeddings:  # tied: the same slice scores
-        model.lm_head = ColumnParallelLinear(model.wte.weight, None, grid.tp_group, model.wte.cut)
+        model.lm_head = column(model.wte.weight, None, grid.tp_group, model.wte.cut)
     else:  # an untied head: its own matrix, cut by vocabulary as the loss reads it
-        model.lm_head = ColumnParallelLinear(
-            _sharded_parameter(head, model.wte.cut, grid), None, grid.tp_group, model.wte.cut
-        )
+        model.lm_head = column(_sharded_parameter(head, model.wte.cut, grid), None, grid.tp_group, model.wte.cut)
     model.clm_loss = VocabParallelLoss(model.wte.start, model.config.vocab_size, grid.tp_group)
+    if sequence_parallel and model.wpe is not None:
+        model.wpe = SequenceParallelPositions(model.wpe, grid)
     cut_of = {}  # parameter -> its cut (parameters hash by identity)
     for module in model.modules():
         if isinstance(module, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
             cut_of[module.weight] = module.cut
             if isinstance(module, ColumnParallelLinear) and module.bias is not None:
                 cut_of[module.bias] = module.cut  # a row-parallel bias stays whole
+    if sequence_parallel:  # norms, positions, row-parallel biases: whole, each rank's gradient from its positions
+        for p in model.parameters():
+            if p not in cut_of:
+                sum_over_tp(p, grid.tp_group)
     return {name: cut_of[p] for name, p in model.named_parameters() if p in cut_of}

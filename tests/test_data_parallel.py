@@ -134,9 +134,22 @@ LAYOUTS = {
         4,
         ["--batch_size", 4, "--dp", 2, "--pp", 2, "--micro_batches", 2, "--zero", 1, "--recompute"],
     ),
+    # sequence parallelism: the norm regions cut along the sequence, beside data parallelism, ZeRO and pipelines
+    "tp2-sp": (2, ["--batch_size", 8, "--dp", 1, "--tp", 2, "--sequence_parallel"]),
+    "dp2xtp2-sp": (4, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--sequence_parallel"]),
+    "dp2xtp2-sp-zero2": (4, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--sequence_parallel", "--zero", 2]),
+    "tp2xpp2-sp": (
+        4,
+        ["--batch_size", 8, "--dp", 1, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--sequence_parallel"],
+    ),
+    "dp2xtp2xpp2-sp": (
+        8,
+        ["--batch_size", 4, "--dp", 2, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--sequence_parallel"],
+    ),
+    "tp2-sp-recompute": (2, ["--batch_size", 8, "--dp", 1, "--tp", 2, "--sequence_parallel", "--recompute"]),
 }
 # the default run's representatives: all three dimensions at once, ZeRO, recomputation; the rest: -m integration
-IN_THE_DEFAULT_RUN = ("dp2xtp2xpp2-1f1b", "dp2-zero2", "recompute")
+IN_THE_DEFAULT_RUN = ("dp2xtp2xpp2-1f1b", "dp2-zero2", "recompute", "tp2-sp")
 
 
 @pytest.mark.parametrize(
@@ -168,6 +181,7 @@ LLAMA_LAYOUTS = {
     "llama-dp2-ddp": (2, ["--batch_size", 4, "--dp_mode", "ddp"]),
     "llama-dp2-fsdp": (2, ["--batch_size", 4, "--dp_mode", "fsdp"]),
     "llama-recompute": (1, ["--batch_size", 8, "--recompute"]),
+    "llama-dp2xtp2-sp": (4, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--sequence_parallel"]),
 }
 
 
@@ -187,6 +201,17 @@ def single_llama(corpus):
 )
 def test_llama_layout_matches_single_process(corpus, single_llama, world_size, extra):
     check_layout_takes_the_steps_of(single_llama, corpus, world_size, [*LLAMA, *extra])
+
+
+@pytest.mark.integration
+def test_sequence_parallel_on_tp4_matches_single_process(corpus):
+    """tp 4 needs 4 heads: a reference of its own, and T/4 = 8 positions a rank."""
+    four_heads = ["--n_head", 4]
+    out = corpus / "single-four-heads"
+    train.main(args(corpus, out, "--batch_size", 8, *four_heads))
+    check_layout_takes_the_steps_of(
+        out, corpus, 4, [*four_heads, "--batch_size", 8, "--dp", 1, "--tp", 4, "--sequence_parallel"]
+    )
 
 
 def check_layout_takes_the_steps_of(single, corpus, world_size, extra):
@@ -212,6 +237,8 @@ def check_layout_takes_the_steps_of(single, corpus, world_size, extra):
         compute_bytes=4,
         zero=layout.zero,
         recompute=layout.recompute,
+        sequence_parallel=layout.sequence_parallel,
+        micro_batches=layout.micro_batches if layout.pp > 1 else 1,
     )
     # the state at the first update, on the fullest rank, as the closed form says (ZeRO: up to its padding,
     # under dp elements per bucket)

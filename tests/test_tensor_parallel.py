@@ -18,10 +18,9 @@ import train
 from local_ranks import run_ranks
 from model import GPT, GPTConfig
 from parallel.comm_count import take_comm_bytes
-from parallel.layout import check_layout
 from parallel.data_parallel import global_grad_norm
 from parallel.grid import ParallelConfig, ProcessGrid, destroy_distributed, init_distributed
-from parallel.layout import ShardedModel
+from parallel.layout import ShardedModel, check_layout
 from parallel.tensor_parallel import (
     ColumnParallelLinear,
     CopyToTensorParallel,
@@ -375,6 +374,10 @@ def test_bad_layouts_are_named_before_any_process_group(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:  # no launcher, no process group: it must not wait for peers
         train.main(["--tp", "8", "--out_dir", str(tmp_path / "o"), "--data_dir", str(tmp_path / "d")])
     assert "n_head 4 is not divisible by tp 8" in str(exit_info.value.code)
+    with pytest.raises(ValueError, match="--sequence_parallel cuts along the sequence .* and --tp is 1: pass --tp 2"):
+        check_layout(ParallelConfig(sequence_parallel=True), GPTConfig(), 12, 1, torch.float32)
+    with pytest.raises(ValueError, match="block_size 30 is not divisible by 4: choose --block_size a multiple of 4"):
+        check_layout(ParallelConfig(tp=4, sequence_parallel=True), GPTConfig(block_size=30), 12, 4, torch.float32)
 
 
 @pytest.mark.parametrize(
@@ -389,3 +392,44 @@ def test_cut_shard_then_unshard_is_the_identity(cut, tp):
     shards = [cut.shard(full, SimpleNamespace(tp=tp, tp_rank=rank)) for rank in range(tp)]
     assert len({s.shape for s in shards}) == 1  # equal slices: what all_gather needs
     assert torch.equal(cut.join(shards), full)
+
+
+def _activations_per_block(sequence_parallel, arch):
+    """On a rank of tp 2: the bytes autograd keeps for one more block (3 blocks against 2)."""
+    from monitor import SavedActivations
+
+    launch = init_distributed(60)
+    grid = ProcessGrid(1, 2, 1, launch.rank, launch.world_size)
+    kept = []
+    for n_layer in (2, 3):
+        torch.manual_seed(0)
+        gpt_config = GPTConfig(n_layer=n_layer, n_head=4, n_embd=128, block_size=64, vocab_size=256, arch=arch)
+        model, tokens = (
+            ShardedModel(GPT(gpt_config), grid, sequence_parallel=sequence_parallel),
+            torch.randint(256, (8, 64)),
+        )
+        with SavedActivations(model.module) as saved:
+            model.forward_backward(tokens, tokens, 1.0)
+        kept.append(saved.peak)
+    destroy_distributed()
+    return kept[1] - kept[0]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_sequence_parallelism_cuts_the_norm_regions_as_the_closed_form_says(arch):
+    """Per block on tp 2: the planner's activation bytes (fp32, as measured) with and without --sequence_parallel,
+    each within 25% of what autograd keeps; the difference is the norms' tensors, halved."""
+    import cost
+
+    B, T, C = 8, 64, 128
+    measured, planned = {}, {}
+    for sp in (False, True):
+        measured[sp] = run_ranks(2, _activations_per_block, sp, arch, timeout=120)[0][1]
+        blocks = [GPTConfig(n_layer=n, n_head=4, n_embd=C, block_size=T, vocab_size=256, arch=arch) for n in (2, 3)]
+        two, three = (cost.memory_per_gpu(g, 2, 1, B, 1, activation_bytes=4, sequence_parallel=sp) for g in blocks)
+        planned[sp] = three.activations - two.activations
+        assert measured[sp] / planned[sp] == pytest.approx(1, abs=0.25)
+    # each norm keeps its input and output (B, T, C) and the inverse root (B, T, 1), fp32; two norms a block, each
+    # of them T/2 positions under SP
+    assert measured[False] - measured[True] == 2 * B * (T // 2) * (2 * C + 1) * 4
