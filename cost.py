@@ -159,13 +159,15 @@ def comm_bytes_per_step(
     recompute=False,
     sequence_parallel=False,
     micro_batches=1,
+    cp=1,
 ):
     """Closed form of the bytes a rank of pipeline stage `stage` hands to each dimension's
     communication in one optimizer step (what comm_count.counted counts), with the step's
     formula: {dimension: (bytes, formula)}.
 
     B = batch_size rows per micro-step (all of a pipeline's micro-batches together), A
-    micro-steps of accumulation, T = block_size, C = n_embd, L = the stage's blocks. The
+    micro-steps of accumulation, T = the positions of a sequence a rank holds (block_size / cp), C = n_embd,
+    L = the stage's blocks. The
     activations cross in fp32, except the row-parallel matmul outputs, which are in the
     compute dtype (compute_bytes: 2 under bf16 or fp16 autocast).
       tp: per block, 2 all-reduces forward (after attention and after the MLP) and 2 backward
@@ -183,11 +185,14 @@ def comm_bytes_per_step(
       pp: per micro-step, the activation (B, T, C) to the next stage and its gradient back to
           the one before ((B, T/tp, C) under sequence parallelism): between stages only. Plus, once per
           step, the tied embedding's gradient between the first and last stages.
+      cp: per block, its keys and values (2 B T kv/tp, compute dtype) passed around the ring cp - 1 times forward
+          (again under recomputation) and their gradient cp - 1 times back; and the gradient of every parameter
+          the rank holds averaged over the group as each backward makes it (fp32, micro_batches per micro-step).
       dp: once per step, the gradient of every parameter the rank holds, fp32; under ZeRO (zero 1, 2) a
           reduce-scatter of it (ZeRO-2: every micro-step) and an all-gather of the updated weights; under
           FSDP2 (zero 3) its reduce-scatter alone is counted (its all-gathers carry weights, not gradients).
     """
-    B, T, C, A = batch_size, gpt_config.block_size, gpt_config.n_embd, accumulation
+    B, T, C, A = batch_size, gpt_config.block_size // cp, gpt_config.n_embd, accumulation
     first_block, end_block = stage_layers(gpt_config.n_layer, pp)[stage]
     L, first, last = end_block - first_block, stage == 0, stage == pp - 1
     act = B * T * C  # elements of one (B, T, C) activation
@@ -245,7 +250,17 @@ def comm_bytes_per_step(
             if ours
             else f"4 x {held:,} parameters on the rank, once per step"
         )
-    return {"dp": (dp_bytes, dp_how), "tp": (tp_bytes, tp_how), "pp": (pp_bytes, pp_how)}
+    cp_bytes, cp_how = 0, "none: a group of 1"
+    if cp > 1:
+        kv = gpt_config.kv_heads // tp * (C // gpt_config.n_head)  # this TP rank's key/value width
+        held = parameters_on_rank(gpt_config, tp, pp, stage)
+        cp_bytes = A * (L * (cp - 1) * (2 + recompute) * 2 * B * T * kv * compute_bytes + micro_batches * 4 * held)
+        cp_how = (
+            f"A x [L x (cp - 1) x {2 + recompute} x 2 B T kv x {compute_bytes} (keys and values around the ring) + "
+            f"{micro_batches} x 4 x {held:,} parameters (their gradients averaged)], A={A} L={L} B={B} T={T} "
+            f"kv={kv} cp={cp}"
+        )
+    return {"dp": (dp_bytes, dp_how), "tp": (tp_bytes, tp_how), "pp": (pp_bytes, pp_how), "cp": (cp_bytes, cp_how)}
 
 
 def busiest_stage_comm_bytes(
@@ -261,6 +276,7 @@ def busiest_stage_comm_bytes(
     recompute=False,
     sequence_parallel=False,
     micro_batches=1,
+    cp=1,
 ):
     """{dimension: (bytes, formula)} per step, in closed form, of the stage that sends the most in it
     (what train.py logs as comm_bytes_* and prints beside the counts)."""
@@ -278,11 +294,13 @@ def busiest_stage_comm_bytes(
             recompute=recompute,
             sequence_parallel=sequence_parallel,
             micro_batches=micro_batches,
+            cp=cp,
         )
         for stage in range(pp)
     ]
     return {
-        d: max((stage[d] for stage in per_stage), key=lambda closed_form: closed_form[0]) for d in ("dp", "tp", "pp")
+        d: max((stage[d] for stage in per_stage), key=lambda closed_form: closed_form[0])
+        for d in ("dp", "tp", "pp", "cp")
     }
 
 

@@ -184,12 +184,13 @@ class KVCache:
         return self.k, self.v
 
 
-def rope_angles(head_dim, start, T, theta, device):
-    """(cos, sin), each (T, head_dim / 2), of positions start .. start + T - 1: position t turns the pair of
+def rope_angles(head_dim, positions, theta):
+    """(cos, sin), each (T, head_dim / 2), of the T positions (a (T,) tensor): position t turns the pair of
     channels (i, i + head_dim / 2) by the angle t · theta^(-2i / head_dim), fast turns in the first pairs, slow
     ones in the last (Su et al. 2021, "RoFormer")."""
+    device = positions.device
     inverse_frequencies = theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
-    angles = torch.arange(start, start + T, device=device, dtype=torch.float32)[:, None] * inverse_frequencies
+    angles = positions.to(torch.float32)[:, None] * inverse_frequencies
     return angles.cos(), angles.sin()
 
 
@@ -227,24 +228,29 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H or kv_heads, T, C/H)
         if self.rope_theta is not None:  # rotary positions: q and k turned by their positions, v left alone
             start = 0 if cache is None else len(cache)  # a cache holds the positions before these T
-            cos, sin = rope_angles(self.head_dim, start, T, self.rope_theta, x.device)
+            cos, sin = rope_angles(self.head_dim, self.positions(start, T, x.device), self.rope_theta)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:  # generating: these T positions' keys and values join those of the earlier ones
             k, v = cache.extend(k, v)  # (B, kv_heads, S, C/H): every position so far, these T the last
-        if k.size(1) != q.size(1):  # GQA: each key/value head serves a group of n_head / n_kv_head query heads
-            k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))  # (B, H, S, C/H)
-        # softmax(q k^T / sqrt(C/H) + causal mask) v: position t attends to positions <= t only. A cached step's
-        # one query is the newest position, which attends to all S: both kernels then mask nothing (the manual
-        # one's (1, 1) mask above the diagonal is empty).
-        dropout_p = self.dropout if self.training else 0.0
-        if self.attention == "sdpa":
-            y = causal_attention(q, k, v, dropout_p)  # (B, H, T, C/H)
-        elif self.attention == "manual":
-            y = manual_causal_attention(q, k, v, dropout_p)  # the same, with the (B, H, T, T) weights stored
-        else:
-            raise ValueError(f"unknown attention {self.attention!r}")
+        y = self.attend(q, k, v, self.dropout if self.training else 0.0)  # (B, H, T, C/H)
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, C): the heads side by side
         return self.resid_dropout(self.c_proj(y))
+
+    def positions(self, start, T, device):
+        """The (T,) positions of these queries in the sequence: start onwards (context parallelism: its own)."""
+        return torch.arange(start, start + T, device=device)
+
+    def attend(self, q, k, v, dropout_p):
+        """softmax(q k^T / sqrt(C/H) + causal mask) v: position t attends to positions <= t only. q (B, H, T, C/H),
+        k and v (B, kv_heads, S, C/H). A cached step's one query is the newest position, which attends to all S:
+        both kernels then mask nothing (the manual one's (1, 1) mask above the diagonal is empty)."""
+        if k.size(1) != q.size(1):  # GQA: each key/value head serves a group of n_head / n_kv_head query heads
+            k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))  # (B, H, S, C/H)
+        if self.attention == "sdpa":
+            return causal_attention(q, k, v, dropout_p)  # (B, H, T, C/H)
+        if self.attention == "manual":
+            return manual_causal_attention(q, k, v, dropout_p)  # the same, with the (B, H, T, T) weights stored
+        raise ValueError(f"unknown attention {self.attention!r}")
 
 
 class MLP(nn.Module):

@@ -676,6 +676,7 @@ def print_comm_beside_closed_form(run, record):
         recompute=run.configs.parallel.recompute,
         sequence_parallel=run.configs.parallel.sequence_parallel,
         micro_batches=run.model.micro_batches,
+        cp=grid.cp,
     )  # {dimension: (bytes, formula)}
     run.say("communication of that step, payload bytes on the busiest rank: measured | closed form")
     for d, (closed_form, formula) in closed_forms.items():

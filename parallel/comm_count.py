@@ -1,9 +1,7 @@
 """The communication counter: the bytes each rank hands to the all-reduces and sends of a training
-step, per dimension (dp, tp, pp), compared with cost.py's closed form (cost.comm_bytes_per_step).
+step, per dimension (dp, tp, pp, cp), compared with cost.py's closed form (cost.comm_bytes_per_step).
 
-Its own module, below the three parallelisms that count through it (data parallelism in
-parallel.py, tensor_parallel.py, pipeline.py): so tensor_parallel.py needs nothing from
-parallel.py, and parallel.py's ShardedModel can import tensor_parallel.py.
+Its own module, below every parallelism that counts through it, so none of them needs another.
 """
 
 import torch
@@ -18,11 +16,12 @@ import torch.distributed as dist
 # the training loop starts each step's count from zero. A ring all-reduce of P
 # bytes in a group of n puts 2 (n - 1) / n P on each rank's link; the count is P.
 
-comm_bytes = {"dp": 0, "tp": 0, "pp": 0}  # bytes this rank handed over since the last take_comm_bytes()
+DIMENSIONS = ("dp", "tp", "pp", "cp")
+comm_bytes = dict.fromkeys(DIMENSIONS, 0)  # bytes this rank handed over since the last take_comm_bytes()
 
 
 def counted(dimension, tensor):
-    """tensor, after adding its bytes to this rank's count for dimension dp, tp or pp."""
+    """tensor, after adding its bytes to this rank's count for dimension dp, tp, pp or cp."""
     comm_bytes[dimension] += tensor.numel() * tensor.element_size()
     return tensor
 
@@ -30,7 +29,7 @@ def counted(dimension, tensor):
 def take_comm_bytes():
     """{dimension: bytes} counted since the last call; the counts start again from zero."""
     taken = dict(comm_bytes)
-    comm_bytes.update(dp=0, tp=0, pp=0)
+    comm_bytes.update(dict.fromkeys(DIMENSIONS, 0))
     return taken
 
 

@@ -20,6 +20,7 @@ class ParallelConfig:
     tp: int = 1  # tensor-parallel ranks: one layer's matrices cut across them
     pp: int = 1  # pipeline stages: consecutive blocks on consecutive ranks
     sequence_parallel: bool = False  # with tp: the norm and dropout regions cut along the sequence, T/tp a rank
+    cp: int = 1  # context-parallel ranks: each sequence cut across them, attention around a ring (context_parallel.py)
     # bucketed (async all-reduce overlapped with backward) | naive (one per parameter after it) |
     # ddp | fsdp (torch's own engines, torch_engines.py: pure data parallelism)
     dp_mode: str = "bucketed"
@@ -93,49 +94,57 @@ def destroy_distributed():
 # The process grid
 
 
-def check_grid(dp, tp, pp, world_size):
+def check_grid(dp, tp, pp, world_size, cp=1):
     """Every size at least 1, and one process per rank of the grid: layout.check_layout's last rule, and
     ProcessGrid's own check."""
-    for name, size in (("dp", dp), ("tp", tp), ("pp", pp)):
+    for name, size in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp)):
         if size < 1:
             raise ValueError(f"--{name} {size} must be at least 1")
-    if dp * tp * pp != world_size:
+    if dp * tp * pp * cp != world_size:
+        sizes, product = (f"{dp}*{tp}*{pp}", "dp*tp*pp") if cp == 1 else (f"{dp}*{tp}*{pp}*{cp}", "dp*tp*pp*cp")
         raise ValueError(
-            f"dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp} but WORLD_SIZE = {world_size}: "
-            f"launch {dp * tp * pp} processes (torchrun --nproc_per_node) or change --dp/--tp/--pp"
+            f"{product} = {sizes} = {dp * tp * pp * cp} but WORLD_SIZE = {world_size}: launch {dp * tp * pp * cp} "
+            f"processes (torchrun --nproc_per_node) or change --dp/--tp/--pp{'/--cp' if cp > 1 else ''}"
         )
 
 
 class ProcessGrid:
-    """World ranks laid out as a (dp, pp, tp) grid, tp varying fastest:
+    """World ranks laid out as a (dp, pp, cp, tp) grid, tp varying fastest:
 
-        rank = (dp_rank * pp + pp_rank) * tp + tp_rank
+        rank = ((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank
 
     so a TP group is tp consecutive ranks, which torchrun puts on one node: TP
-    talks at every layer and needs the fast links inside a machine; PP talks
-    only between stages; DP once per step. Each rank belongs to one group per
-    dimension; every rank creates every group (torch.distributed requires it)
-    and keeps its own. Each group's collectives wait at most timeout_seconds for a
+    talks at every layer and needs the fast links inside a machine; CP next to it,
+    at every attention; PP only between stages; DP once per step. Each rank belongs
+    to one group per dimension; every rank creates every group (torch.distributed
+    requires it) and keeps its own. Each group's collectives wait at most timeout_seconds for a
     missing rank (--dist_timeout), as the world's do: a new group's own default is 30 minutes.
     """
 
-    def __init__(self, dp, tp, pp, rank=0, world_size=1, timeout_seconds=None):
-        check_grid(dp, tp, pp, world_size)
+    def __init__(self, dp, tp, pp, rank=0, world_size=1, timeout_seconds=None, cp=1):
+        check_grid(dp, tp, pp, world_size, cp)
         self.timeout = None if timeout_seconds is None else timedelta(seconds=timeout_seconds)
-        self.dp, self.tp, self.pp, self.rank, self.world_size = dp, tp, pp, rank, world_size
-        self.dp_rank, rest = divmod(rank, pp * tp)
-        self.pp_rank, self.tp_rank = divmod(rest, tp)
-        layout = torch.arange(world_size).view(dp, pp, tp)
-        self.dp_ranks = layout[:, self.pp_rank, self.tp_rank].tolist()
-        self.pp_ranks = layout[self.dp_rank, :, self.tp_rank].tolist()
-        self.tp_ranks = layout[self.dp_rank, self.pp_rank, :].tolist()
-        self.dp_group = self.tp_group = self.pp_group = self.embedding_group = None
+        self.dp, self.tp, self.pp, self.cp, self.rank, self.world_size = dp, tp, pp, cp, rank, world_size
+        layout = torch.arange(world_size).view(dp, pp, cp, tp)
+        self.dp_rank, self.pp_rank, self.cp_rank, self.tp_rank = (int(i) for i in (layout == rank).nonzero()[0])
+        here = (self.dp_rank, self.pp_rank, self.cp_rank, self.tp_rank)
+
+        def line(axis):  # the ranks that differ from this one in one dimension only, in order
+            return layout[tuple(slice(None) if a == axis else i for a, i in enumerate(here))].tolist()
+
+        def lines(axis):  # every such line of the grid: the groups of that dimension
+            return layout.movedim(axis, -1).reshape(-1, layout.shape[axis])
+
+        self.dp_ranks, self.pp_ranks, self.cp_ranks, self.tp_ranks = (line(axis) for axis in range(4))
+        self.dp_group = self.tp_group = self.pp_group = self.cp_group = self.embedding_group = None
         if world_size > 1:
-            self.dp_group = self._make_groups([layout[:, p, t] for p in range(pp) for t in range(tp)])
-            self.pp_group = self._make_groups([layout[d, :, t] for d in range(dp) for t in range(tp)])
-            self.tp_group = self._make_groups([layout[d, p, :] for d in range(dp) for p in range(pp)])
+            self.dp_group = self._make_groups(lines(0))
+            self.pp_group = self._make_groups(lines(1))
+            self.tp_group = self._make_groups(lines(3))
+        if cp > 1:
+            self.cp_group = self._make_groups(lines(2))
         if pp > 1:  # the first and last stages share the tied embedding / output head
-            self.embedding_group = self._make_groups([layout[d, [0, -1], t] for d in range(dp) for t in range(tp)])
+            self.embedding_group = self._make_groups(lines(1)[:, [0, -1]])
         # pipeline neighbours (world ranks), None at the ends
         self.pp_prev = self.pp_ranks[self.pp_rank - 1] if self.pp_rank > 0 else None
         self.pp_next = self.pp_ranks[self.pp_rank + 1] if self.pp_rank < pp - 1 else None
@@ -151,7 +160,8 @@ class ProcessGrid:
     def __repr__(self):
         return (
             f"ProcessGrid(rank {self.rank}/{self.world_size}: dp {self.dp_rank}/{self.dp}, "
-            f"pp {self.pp_rank}/{self.pp}, tp {self.tp_rank}/{self.tp})"
+            f"pp {self.pp_rank}/{self.pp}, {f'cp {self.cp_rank}/{self.cp}, ' if self.cp > 1 else ''}"
+            f"tp {self.tp_rank}/{self.tp})"
         )
 
 

@@ -27,6 +27,7 @@ from parallel.data_parallel import (
     sharded_grad_norm,
     zero_stage_of,
 )
+from parallel.context_parallel import average_over_cp, context_parallel, cut_sequences, mean_over_cp
 from parallel.grid import ProcessGrid, check_grid
 from parallel.pipeline import SCHEDULES, PipelineModel
 from parallel.tensor_parallel import tensor_parallel
@@ -99,21 +100,25 @@ class ShardedModel:
         sequence_parallel=False,
     ):
         self.cuts = tensor_parallel(model, grid, sequence_parallel)  # each rank keeps its slices; {} when tp = 1
+        self.positions = context_parallel(model, grid, sequence_parallel)  # this rank's of each sequence; None: all
         self.module, self.grid, self.autocast = model, grid, autocast
         self.micro_batches = self.in_flight = 1  # one forward per micro-step (a pipeline cuts it into more)
         self.device = next(model.parameters()).device
         self.forward = torch.compile(model) if compile else model
+        average_over_cp(model.parameters(), grid)  # before the DP engine's hooks: it averages the cp mean
         self.dp = make_dp(model, grid)
         self.zero_stage = zero_stage_of(self.dp)
 
     def forward_backward(self, x, y, loss_weight, sync=True):
         if self.dp is not None:
             self.dp.sync = sync  # under accumulation only the last micro-batch starts the all-reduces
-        return forward_and_backward(self.forward, self.autocast, x, y, loss_weight)
+        x, y = cut_sequences(x, y, self.positions)
+        return mean_over_cp(forward_and_backward(self.forward, self.autocast, x, y, loss_weight), self.grid)
 
     def loss(self, x, y):
+        x, y = cut_sequences(x, y, self.positions)
         with self.autocast:
-            return self.forward(x, y)[1]
+            return mean_over_cp(self.forward(x, y)[1], self.grid)
 
     def reduce_gradients(self):
         if self.dp is not None:
@@ -136,15 +141,15 @@ def check_layout(layout, gpt_config, batch_size, world_size, dtype):
     """Name a layout (a ParallelConfig) that cannot work for this model (a GPTConfig), batch_size rows per
     micro-step, world_size processes and the compute dtype, before any process group exists. The engine
     first (it decides which other flags may combine), then the cuts, then the processes to launch."""
-    dp, tp, pp = layout.dp, layout.tp, layout.pp
+    dp, tp, pp, cp = layout.dp, layout.tp, layout.pp, layout.cp
     # data parallelism: ours, or torch's engines, which are pure data parallelism
     if layout.dp_mode not in (*HAND_WRITTEN, *TORCH_ENGINES):
         choices = f"{', '.join(HAND_WRITTEN)}, {' or '.join(TORCH_ENGINES)}"
         raise ValueError(f"--dp_mode {layout.dp_mode!r}: choose {choices}")
-    if layout.dp_mode in TORCH_ENGINES and (tp > 1 or pp > 1):
+    if layout.dp_mode in TORCH_ENGINES and (tp > 1 or pp > 1 or cp > 1):
         raise ValueError(
-            f"--dp_mode {layout.dp_mode} is torch's pure data parallelism and needs --tp 1 --pp 1, got --tp {tp} "
-            f"--pp {pp}: pass --dp_mode bucketed (or naive) to combine data parallelism with --tp or --pp"
+            f"--dp_mode {layout.dp_mode} is torch's pure data parallelism and needs --tp 1 --pp 1 --cp 1, got "
+            f"--tp {tp} --pp {pp} --cp {cp}: pass --dp_mode bucketed (or naive) to combine data parallelism with them"
         )
     # ZeRO: the state shared out over the dp ranks, built on the bucketed gradients
     if layout.zero not in (0, *ZERO_STAGES):
@@ -191,6 +196,26 @@ def check_layout(layout, gpt_config, batch_size, world_size, dtype):
             f"--sequence_parallel gives each of the {tp} TP ranks block_size / tp positions, and block_size "
             f"{gpt_config.block_size} is not divisible by {tp}: choose --block_size a multiple of {tp}"
         )
+    # context parallelism: 2 cp equal chunks of the sequence, an early and a late one a rank; attention without dropout
+    if cp > 1 and gpt_config.block_size % (2 * cp):
+        raise ValueError(
+            f"--cp {cp} cuts each sequence into 2 x {cp} equal chunks, two a rank, and block_size "
+            f"{gpt_config.block_size} is not divisible by {2 * cp}: choose --block_size a multiple of {2 * cp}"
+        )
+    if cp > 1 and layout.sequence_parallel and gpt_config.block_size % (cp * tp):
+        raise ValueError(
+            f"--sequence_parallel cuts each rank's block_size / cp = {gpt_config.block_size // cp} positions over "
+            f"tp {tp}: choose --block_size a multiple of cp x tp = {cp * tp}"
+        )
+    if cp > 1 and gpt_config.dropout > 0:
+        raise ValueError(
+            f"--cp {cp}: ring attention has no attention dropout, and --dropout is {gpt_config.dropout}: pass "
+            "--dropout 0 (pretraining's usual setting)"
+        )
+    if cp > 1 and gpt_config.attention != "sdpa":
+        raise ValueError(
+            f"--cp {cp} attends around its ring, not with --attention {gpt_config.attention}: leave it out"
+        )
     # pipeline parallelism: every stage at least one block, every micro-batch the same size
     if gpt_config.n_layer < pp:
         raise ValueError(
@@ -213,8 +238,8 @@ def check_layout(layout, gpt_config, batch_size, world_size, dtype):
             "ZeRO or FSDP a rank sees only its shard of the gradients, and the ranks could disagree on skipping a "
             "step): pass --dtype bfloat16 or float32"
         )
-    # the grid: every size at least 1, and one process per rank of dp x pp x tp
-    check_grid(dp, tp, pp, world_size)
+    # the grid: every size at least 1, and one process per rank of dp x pp x cp x tp
+    check_grid(dp, tp, pp, world_size, cp)
 
 
 def model_for_rank(

@@ -30,6 +30,7 @@ import torch.nn as nn
 
 from model import run_blocks, stage_layers
 from parallel.comm_count import counted
+from parallel.context_parallel import average_over_cp, context_parallel, cut_sequences, mean_over_cp
 from parallel.data_parallel import (
     BucketedDataParallel,
     clear_gradients,
@@ -349,8 +350,10 @@ class PipelineModel:
         sequence_parallel=False,
     ):
         self.cuts = tensor_parallel(model, grid, sequence_parallel)  # {single-device name: Cut}; {} when tp = 1
-        positions = grid.tp if sequence_parallel else 1  # how many ways the activations between stages are cut
-        self.module = PipelineStage(model, grid.pp_rank, grid.pp, positions)  # only its stage (its TP slices)
+        self.positions = context_parallel(model, grid, sequence_parallel)  # this rank's of each sequence; None: all
+        shards = grid.tp if sequence_parallel else 1  # how many ways the activations between stages are cut
+        self.module = PipelineStage(model, grid.pp_rank, grid.pp, shards)  # only its stage (its TP slices)
+        average_over_cp(self.module.parameters(), grid)  # the stage's, with its copy of the tied matrix
         self.grid, self.micro_batches, self.autocast = grid, micro_batches, autocast
         self.device = next(self.module.parameters()).device
         self.n_embd, self.schedule = model.config.n_embd, schedule
@@ -371,19 +374,21 @@ class PipelineModel:
     def forward_backward(self, x, y, loss_weight, sync=True):
         """One micro-step: the schedule over m micro-batches of (x, y); returns the mean loss.
         sync is for the interface: the DP average starts in reduce_gradients, after the schedule."""
+        x, y = cut_sequences(x, y, self.positions)
         with self.autocast:
             loss, self.records, _ = run_schedule(
                 self.module, self.order, x, y, self.micro_batches, self.grid, self.n_embd, loss_weight
             )
-        return self._from_last_stage(loss)
+        return mean_over_cp(self._from_last_stage(loss), self.grid)
 
     @torch.no_grad()
     def loss(self, x, y):
         """Forward only (evaluation): the mean loss of (x, y)."""
         forwards = [("F", i) for i in range(self.micro_batches)]
+        x, y = cut_sequences(x, y, self.positions)
         with self.autocast:
             loss, _, _ = run_schedule(self.module, forwards, x, y, self.micro_batches, self.grid, self.n_embd)
-        return self._from_last_stage(loss)
+        return mean_over_cp(self._from_last_stage(loss), self.grid)
 
     def reduce_gradients(self):
         sync_tied_embedding(self.module, self.grid)

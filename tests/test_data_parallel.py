@@ -147,9 +147,18 @@ LAYOUTS = {
         ["--batch_size", 4, "--dp", 2, "--tp", 2, "--pp", 2, "--micro_batches", 2, "--sequence_parallel"],
     ),
     "tp2-sp-recompute": (2, ["--batch_size", 8, "--dp", 1, "--tp", 2, "--sequence_parallel", "--recompute"]),
+    # context parallelism: each sequence cut across the ranks, attention around a ring; alone, and in 4D
+    "cp2": (2, ["--batch_size", 8, "--dp", 1, "--cp", 2]),
+    "cp4": (4, ["--batch_size", 8, "--dp", 1, "--cp", 4]),
+    "dp2xcp2": (4, ["--batch_size", 4, "--dp", 2, "--cp", 2]),
+    "tp2xcp2": (4, ["--batch_size", 8, "--dp", 1, "--tp", 2, "--cp", 2]),
+    "pp2xcp2": (4, ["--batch_size", 8, "--dp", 1, "--pp", 2, "--micro_batches", 2, "--cp", 2]),
+    "dp2xtp2xcp2": (8, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--cp", 2]),
+    "tp2xcp2-sp": (4, ["--batch_size", 8, "--dp", 1, "--tp", 2, "--cp", 2, "--sequence_parallel"]),
+    "dp2xcp2-zero1-recompute": (4, ["--batch_size", 4, "--dp", 2, "--cp", 2, "--zero", 1, "--recompute"]),
 }
 # the default run's representatives: all three dimensions at once, ZeRO, recomputation; the rest: -m integration
-IN_THE_DEFAULT_RUN = ("dp2xtp2xpp2-1f1b", "dp2-zero2", "recompute", "tp2-sp")
+IN_THE_DEFAULT_RUN = ("dp2xtp2xpp2-1f1b", "dp2-zero2", "recompute", "tp2-sp", "cp2")
 
 
 @pytest.mark.parametrize(
@@ -182,6 +191,9 @@ LLAMA_LAYOUTS = {
     "llama-dp2-fsdp": (2, ["--batch_size", 4, "--dp_mode", "fsdp"]),
     "llama-recompute": (1, ["--batch_size", 8, "--recompute"]),
     "llama-dp2xtp2-sp": (4, ["--batch_size", 4, "--dp", 2, "--tp", 2, "--sequence_parallel"]),
+    "llama-cp2": (2, ["--batch_size", 8, "--dp", 1, "--cp", 2]),
+    "llama-tp2xcp2": (4, ["--batch_size", 8, "--dp", 1, "--tp", 2, "--cp", 2]),
+    "llama-pp2xcp2": (4, ["--batch_size", 8, "--dp", 1, "--pp", 2, "--micro_batches", 2, "--cp", 2]),
 }
 
 
@@ -239,6 +251,7 @@ def check_layout_takes_the_steps_of(single, corpus, world_size, extra):
         recompute=layout.recompute,
         sequence_parallel=layout.sequence_parallel,
         micro_batches=layout.micro_batches if layout.pp > 1 else 1,
+        cp=layout.cp,
     )
     # the state at the first update, on the fullest rank, as the closed form says (ZeRO: up to its padding,
     # under dp elements per bucket)
@@ -476,6 +489,7 @@ def test_layout_that_does_not_fit_the_world_is_named():
         check_layout(ParallelConfig(dp=2, tp=3), GPTConfig(n_head=6, n_embd=96), 12, 8, torch.float32)
 
 
+@pytest.mark.integration
 def test_a_dying_rank_stops_the_others_with_a_clear_error_then_resumes_exactly(corpus):
     clean = corpus / "dp2-clean"
     train_ranks(2, args(corpus, clean, "--dp", 2, "--batch_size", 4))
@@ -623,6 +637,7 @@ def test_zero_shares_out_the_state_as_the_closed_form_says(corpus):
     assert measured[2] / measured[0] == pytest.approx(0.625, abs=1e-4)
 
 
+@pytest.mark.integration
 def test_a_zero2_run_killed_mid_way_resumes_on_one_process(corpus, single):
     """A dp2 ZeRO-2 run loses a rank at step 13: its checkpoint of step 10, in single-device form (the moments
     gathered whole from the ranks' shards), continues on one process and as dp2 ZeRO-1, each with the losses

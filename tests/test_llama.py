@@ -29,13 +29,13 @@ def test_rotary_positions_make_scores_depend_on_distance_only():
     q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
 
     def score(q_position, k_position):
-        turned_q = apply_rope(q, *rope_angles(16, q_position, 1, 10000.0, "cpu"))
-        turned_k = apply_rope(k, *rope_angles(16, k_position, 1, 10000.0, "cpu"))
+        turned_q = apply_rope(q, *rope_angles(16, torch.tensor([q_position]), 10000.0))
+        turned_k = apply_rope(k, *rope_angles(16, torch.tensor([k_position]), 10000.0))
         return (turned_q * turned_k).sum().item()
 
     assert score(7, 3) == pytest.approx(score(104, 100), abs=1e-5)  # the same distance, 4
     assert score(7, 3) != pytest.approx(score(9, 3), abs=1e-3)
-    assert torch.equal(apply_rope(q, *rope_angles(16, 0, 1, 10000.0, "cpu")), q)  # position 0 turns nothing
+    assert torch.equal(apply_rope(q, *rope_angles(16, torch.tensor([0]), 10000.0)), q)  # position 0 turns nothing
 
 
 def test_grouped_query_attention_keeps_fewer_keys_and_values():

@@ -118,6 +118,7 @@ def test_seed_seeds_every_generator_a_checkpoint_saves(workdir, clean):
     assert torch.equal(first["rng"]["numpy"]["state"]["key"], second["rng"]["numpy"]["state"]["key"])
 
 
+@pytest.mark.integration
 def test_sigterm_at_a_random_step_checkpoints_there_and_resumes_bitwise(workdir, clean):
     """A scheduler's SIGTERM (preemption, a time limit) at a random step: the run finishes that step, writes a
     checkpoint, and exits with cluster.PREEMPTED; the same command resumes there and logs the uninterrupted losses."""

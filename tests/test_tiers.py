@@ -151,6 +151,7 @@ def test_export_hf_loads_in_transformers_with_the_same_logits_and_greedy_text(tm
     assert our_text.tolist() == their_text.tolist()
 
 
+@pytest.mark.integration
 def test_export_hf_refuses_another_architecture(tmp_path, small_corpus):
     result = train(tmp_path, "--source", small_corpus, *TINY, "--max_iters", "1", "--out_dir", tmp_path / "run")
     assert result.returncode == 0, result.stderr
@@ -224,6 +225,7 @@ def test_a_source_that_changed_under_a_run_is_refused_when_read_again(tmp_path, 
     assert "no longer fits the model this run recorded (vocab_size: 256 -> 250)" in again.stderr
 
 
+@pytest.mark.integration
 def test_init_from_refuses_another_shape_naming_both(tmp_path, small_corpus):
     common = ["--source", small_corpus, "--data_dir", tmp_path / "data", *TINY]
     assert train(tmp_path, *common, "--max_iters", "1", "--out_dir", tmp_path / "base").returncode == 0
