@@ -160,6 +160,7 @@ def comm_bytes_per_step(
     sequence_parallel=False,
     micro_batches=1,
     cp=1,
+    virtual_stages=1,
 ):
     """Closed form of the bytes a rank of pipeline stage `stage` hands to each dimension's
     communication in one optimizer step (what comm_count.counted counts), with the step's
@@ -183,8 +184,10 @@ def comm_bytes_per_step(
           ways, and the whole parameters' gradients (norms, positions, row-parallel biases) are summed, fp32, as
           each backward makes them: once per micro-batch of a pipeline (micro_batches), once per micro-step else.
       pp: per micro-step, the activation (B, T, C) to the next stage and its gradient back to
-          the one before ((B, T/tp, C) under sequence parallelism): between stages only. Plus, once per
-          step, the tied embedding's gradient between the first and last stages.
+          the one before ((B, T/tp, C) under sequence parallelism): between stages only. Interleaved over v
+          chunks a rank (virtual_stages), each chunk sends both, less the model's first and last chunks: 2 v - 2
+          on the ranks between, 2 v - 1 on the ends. Plus, once per step, the tied embedding's gradient between
+          the first and last stages.
       cp: per block, its keys and values (2 B T kv/tp, compute dtype) passed around the ring cp - 1 times forward
           (again under recomputation) and their gradient cp - 1 times back; and the gradient of every parameter
           the rank holds averaged over the group as each backward makes it (fp32, micro_batches per micro-step).
@@ -223,12 +226,13 @@ def comm_bytes_per_step(
             + f" + {micro_batches} x {whole:,} x 4 (whole parameters' gradients)], A={A} L={L} B={B} T={T} C={C}"
         )
     if pp > 1:
-        neighbours = (not first) + (not last)
+        neighbours = 2 * virtual_stages - first - last  # sends a micro-step: forward from each chunk but the
+        # model's last, backward from each but its first
         tied = (first or last) * gpt_config.tie_embeddings * -(-gpt_config.vocab_size // tp) * C * 4  # its two copies
         pp_bytes = A * neighbours * act // (tp if sequence_parallel else 1) * 4 + tied
         sent = (
             "activations forward and gradients back"
-            if neighbours == 2
+            if neighbours >= 2
             else "activations to the next stage"
             if first
             else "gradients to the stage before"
@@ -277,6 +281,7 @@ def busiest_stage_comm_bytes(
     sequence_parallel=False,
     micro_batches=1,
     cp=1,
+    virtual_stages=1,
 ):
     """{dimension: (bytes, formula)} per step, in closed form, of the stage that sends the most in it
     (what train.py logs as comm_bytes_* and prints beside the counts)."""
@@ -295,6 +300,7 @@ def busiest_stage_comm_bytes(
             sequence_parallel=sequence_parallel,
             micro_batches=micro_batches,
             cp=cp,
+            virtual_stages=virtual_stages,
         )
         for stage in range(pp)
     ]
@@ -459,6 +465,7 @@ def memory_per_gpu(
     dp=1,
     zero=0,
     sequence_parallel=False,
+    cp=1,
 ):
     """Bytes on the fullest device of a layout, as a Memory.
 
@@ -475,17 +482,22 @@ def memory_per_gpu(
     parallelism cuts the first two by position, 4 h + 6 h/t; the gathered inputs stay whole, as autograd keeps
     them (Megatron gathers them again in backward to cut them too);
     times the stage's layers, times the micro-batches in flight (1F1B: p on the first stage, at most m;
-    GPipe: all m), plus the logits of one."""
+    GPipe: all m), plus the logits of one. Context parallelism (cp) gives a rank s / cp positions of all of it,
+    plus the K and V blocks the ring brings, kept for their backward: 4 kv (cp - 1) / tp a position (as a fused
+    block kernel keeps them; context_parallel.block_attention, written to be read, keeps each block's scores too)."""
     state = fullest_rank_state_bytes(gpt_config, dp, tp, pp, zero)
-    s, b, h = gpt_config.block_size, micro_batch_rows, gpt_config.n_embd
+    s, b, h = gpt_config.block_size // cp, micro_batch_rows, gpt_config.n_embd
     kv = gpt_config.kv_heads * (h // gpt_config.n_head)
     llama = gpt_config.arch == "llama"
     mlp = (8 if llama else 4) * gpt_config.hidden
     rope = 2 * h + 2 * kv if llama else 0  # the rotated q and k: copies attention keeps beside q, k, v's own
     left_whole = 4 * h + 6 * h / tp if sequence_parallel else 10 * h
     cut_by_position = tp if sequence_parallel else 1  # a recomputed layer keeps its input: T/tp positions under SP
+    ring = 4 * kv * (cp - 1)  # the K and V blocks received from the other cp - 1 ranks (their TP slice: / tp below)
     per_layer = (
-        2 * s * b * h / cut_by_position if recompute else s * b * (left_whole + (4 * h + 4 * kv + mlp + rope) / tp)
+        2 * s * b * h / cut_by_position
+        if recompute
+        else s * b * (left_whole + (4 * h + 4 * kv + mlp + rope + ring) / tp)
     )
     layers = max(end - first for first, end in stage_layers(gpt_config.n_layer, pp))
     # in the compute dtype, and the loss's fp32 copy
@@ -582,6 +594,65 @@ def layouts(gpt_config, gpus, batch_rows, micro_batch_rows):
             ):
                 found.append((dp, tp, pp))
     return found
+
+
+def long_context_rows(gpt_config, ways, lengths, micro_batch_rows=1, activation_bytes=2):
+    """Cutting one sequence's work `ways` ways, at each context length T: per rank, the activations one step keeps
+    (no recomputation, one micro-batch of micro_batch_rows sequences) and the bytes it sends, under TP, TP with
+    sequence parallelism, and context parallelism; and the training state each keeps (TP cuts the weights, CP
+    keeps them whole). -> [{"T", "activations": {name: bytes}, "comm": {name: bytes}, "state": {name: bytes}}]"""
+    cuts = {"tp": dict(tp=ways), "tp+sp": dict(tp=ways, sequence_parallel=True), "cp": dict(cp=ways)}
+    rows = []
+    for T in lengths:
+        shape = replace(gpt_config, block_size=T)
+        row = {"T": T, "activations": {}, "comm": {}, "state": {}}
+        for name, cut in cuts.items():
+            tp, cp, sp = cut.get("tp", 1), cut.get("cp", 1), cut.get("sequence_parallel", False)
+            memory = memory_per_gpu(shape, tp, 1, micro_batch_rows, 1, False, activation_bytes, 1, 0, sp, cp)
+            sent = comm_bytes_per_step(
+                shape,
+                dp=1,
+                tp=tp,
+                pp=1,
+                stage=0,
+                batch_size=micro_batch_rows,
+                accumulation=1,
+                compute_bytes=activation_bytes,
+                sequence_parallel=sp,
+                cp=cp,
+            )
+            row["activations"][name], row["state"][name] = memory.activations, memory.state
+            row["comm"][name] = sent["tp"][0] + sent["cp"][0]
+        rows.append(row)
+    return rows
+
+
+def print_long_context(gpt_config, name, ways, micro_batch_rows):
+    lengths = [2**k for k in range(12, 20)]  # 4K to 512K tokens
+    rows = long_context_rows(gpt_config, ways, lengths, micro_batch_rows)
+    h = gpt_config.n_embd
+    kv = gpt_config.kv_heads * (h // gpt_config.n_head)
+    print(f"model {name}, one sequence cut {ways} ways, {micro_batch_rows} a micro-batch, bf16, no recomputation:")
+    print("per rank, GB: the activations a step keeps | the payload it hands to collectives in a step (TP's, or CP's")
+    print("ring and gradient average; tp+sp's gathers and scatters each count whole: on a ring, tp's traffic)")
+    print(f"{'T':>8} {'tp':>9} {'tp+sp':>9} {'cp':>9} | {'tp':>9} {'tp+sp':>9} {'cp':>9}")
+    for row in rows:
+        act, comm = row["activations"], row["comm"]
+        print(
+            f"{row['T']:>8,} {act['tp'] / 1e9:>9.1f} {act['tp+sp'] / 1e9:>9.1f} {act['cp'] / 1e9:>9.1f} | "
+            f"{comm['tp'] / 1e9:>9.1f} {comm['tp+sp'] / 1e9:>9.1f} {comm['cp'] / 1e9:>9.1f}"
+        )
+    state = rows[0]["state"]
+    crossover = next((row["T"] for row in rows if row["comm"]["cp"] < row["comm"]["tp"]), None)
+    print(
+        f"cp keeps 4 (h - kv)(n - 1)/n = {4 * (h - kv) * (ways - 1) / ways:,.0f} B a position and layer less than "
+        f"tp+sp (h {h}, kv {kv}: {'GQA' if kv < h else 'no GQA, so equal'}); it sends less from T = "
+        + (f"{crossover:,}" if crossover else "beyond 512K")
+        + f" on than tp (its ring grows with T, its gradient average does not); but each cp rank keeps the whole "
+        "training "
+        f"state, {state['cp'] / 1e9:,.0f} GB against tp's {state['tp'] / 1e9:,.0f} GB: cp goes beside tp (and ZeRO), "
+        "not instead of it"
+    )
 
 
 def rank_layouts(gpt_config, hw, gpus, batch_rows, micro_batch_rows, mfu, recompute=False, zero=0):
@@ -780,11 +851,24 @@ def parse_args(argv=None):
     parser.add_argument("--restart_minutes", type=float, default=10.0, help="minutes to restart after a failure")
     parser.add_argument("--top", type=int, default=10, help="layouts to list")
     parser.add_argument("--json", action="store_true", help="print the account as JSON")
+    parser.add_argument(
+        "--long_context",
+        type=int,
+        metavar="N",
+        help="instead of the account: activations and bytes per rank against context length, one sequence cut "
+        "N ways by tp, tp with sequence parallelism, or cp",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.long_context:
+        try:
+            gpt_config, _ = model_config(args)
+        except ValueError as e:
+            sys.exit(f"error: {e}")
+        return print_long_context(gpt_config, args.model or "custom", args.long_context, args.micro_batch_rows)
     try:
         report = account(args)
     except ValueError as e:

@@ -677,6 +677,7 @@ def print_comm_beside_closed_form(run, record):
         sequence_parallel=run.configs.parallel.sequence_parallel,
         micro_batches=run.model.micro_batches,
         cp=grid.cp,
+        virtual_stages=run.configs.parallel.virtual_stages,
     )  # {dimension: (bytes, formula)}
     run.say("communication of that step, payload bytes on the busiest rank: measured | closed form")
     for d, (closed_form, formula) in closed_forms.items():

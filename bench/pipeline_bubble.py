@@ -1,7 +1,10 @@
 """The pipeline bubble, measured: p stages on gloo, GPipe and 1F1B, m micro-batches,
-wall-clock idle fraction beside the formula (p - 1) / (m + p - 1), plus a Gantt chart.
+wall-clock idle fraction beside the formula (p - 1) / (m + p - 1), plus a Gantt chart;
+and interleaved 1F1B with v = 2 chunks a rank beside (p - 1) / (v m + p - 1).
 
-    python bench/pipeline_bubble.py [--batch 32] [--block 128] [--n_embd 256] [--out out/bench]
+    python bench/pipeline_bubble.py [--batch 32] [--block 128] [--n_embd 256] [--repeats 3] [--out out/bench]
+
+Each bubble is the median over --repeats runs of the schedule, after one to warm up.
 
 Each stage runs in its own process with one thread; a stage is 4 blocks of a GPT of
 width 256, the batch 32 sequences of 128 tokens, so even at m = 8 a micro-batch is 4
@@ -14,10 +17,15 @@ turns on two cores, so a stage also waits for a core. That wait lands inside an
 operation (stretching the work) or between operations (adding idle time) as the
 operating system happens to schedule it, so the measured fraction falls on either
 side of the formula.
+
+Interleaving sends v times the activations and gradients, each operation 1/v of a
+stage's work: the fixed cost of a message and of an operation weighs v times more, so
+the measured gap to its formula grows as micro-batches shrink.
 """
 
 import argparse
 import os
+import statistics
 import sys
 
 import torch
@@ -27,36 +35,43 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import GPT, GPTConfig  # noqa: E402
 from local_ranks import results_of, run_ranks  # noqa: E402
 from parallel.grid import ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
-from parallel.pipeline import SCHEDULES, PipelineStage, bubble_fraction, plot_gantt, run_schedule  # noqa: E402
+from parallel.pipeline import PipelineRank, bubble_fraction, plot_gantt, run_schedule, schedule_for  # noqa: E402
 
 BATCH, BLOCK, N_EMBD, BLOCKS_PER_STAGE = 32, 128, 256, 4  # >= 4 rows per micro-batch up to m = 8
 
 
-def stage_timeline(p, m, schedule, batch=BATCH, block=BLOCK, n_embd=N_EMBD):
-    """One stage (one rank): run the schedule twice, return every stage's timeline of the second."""
+def stage_timeline(p, m, schedule, chunks, repeats, batch=BATCH, block=BLOCK, n_embd=N_EMBD):
+    """One rank: run the schedule 1 + repeats times, return every rank's timelines of the last repeats runs."""
     launch = init_distributed(120)
     try:
         grid = ProcessGrid(1, 1, p, launch.rank, p)
         torch.manual_seed(0)
         gpt_config = GPTConfig(block_size=block, vocab_size=256, n_layer=BLOCKS_PER_STAGE * p, n_head=4, n_embd=n_embd)
-        stage = PipelineStage(GPT(gpt_config), launch.rank, p)
+        rank = PipelineRank(GPT(gpt_config), launch.rank, p, chunks)
         x = torch.randint(256, (batch, block))
-        order = SCHEDULES[schedule](p, m, launch.rank)
-        for _ in range(2):  # the first run warms up; the second is measured
-            stage.zero_grad(set_to_none=True)
+        order = schedule_for(schedule, chunks)(p, m, launch.rank)
+        runs = []
+        for _ in range(1 + repeats):  # the first run warms up
+            rank.zero_grad(set_to_none=True)
             dist.barrier()
-            _, records, _ = run_schedule(stage, order, x, x, m, grid, n_embd)
+            runs.append(run_schedule(rank, order, x, x, m, grid, n_embd)[1])
         timelines = [None] * p
-        dist.all_gather_object(timelines, records)
-        return timelines
+        dist.all_gather_object(timelines, runs[1:])
+        return [[timelines[r][run] for r in range(p)] for run in range(repeats)]
     finally:
         destroy_distributed()
 
 
-def measure(p, m, schedule, batch, block, n_embd):
-    return results_of(
-        run_ranks(p, stage_timeline, p, m, schedule, batch, block, n_embd, timeout=300, start_method="spawn")
+def measure(p, m, schedule, chunks, repeats, batch, block, n_embd):
+    """(the median bubble over the repeats, the timeline of the run nearest it)."""
+    runs = results_of(
+        run_ranks(
+            p, stage_timeline, p, m, schedule, chunks, repeats, batch, block, n_embd, timeout=300, start_method="spawn"
+        )
     )[0]
+    bubbles = [bubble_fraction(timeline) for timeline in runs]
+    median = statistics.median(bubbles)
+    return median, runs[min(range(len(runs)), key=lambda r: abs(bubbles[r] - median))]
 
 
 def main():
@@ -64,32 +79,41 @@ def main():
     parser.add_argument("--batch", type=int, default=BATCH, help="sequences per step, cut into m micro-batches")
     parser.add_argument("--block", type=int, default=BLOCK, help="tokens per sequence")
     parser.add_argument("--n_embd", type=int, default=N_EMBD)
+    parser.add_argument("--repeats", type=int, default=3, help="measured runs of each schedule; their median")
     parser.add_argument("--out", default=os.path.join("out", "bench"), help="folder for the Gantt charts")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     print(
-        f"batch {args.batch} x {args.block} tokens, {BLOCKS_PER_STAGE} blocks of width {args.n_embd} per stage, "
-        f"gloo, {os.cpu_count()} cores"
+        f"batch {args.batch} x {args.block} tokens, {BLOCKS_PER_STAGE} blocks of width {args.n_embd} per rank, "
+        f"gloo, {os.cpu_count()} cores, median of {args.repeats} runs"
     )
-    print(f"{'p':>2} {'m':>3} {'rows':>5} {'formula':>8} {'GPipe':>7} {'1F1B':>7}   (GPipe - formula, 1F1B - formula)")
+    print(
+        f"{'p':>2} {'m':>3} {'rows':>5} {'formula':>8} {'GPipe':>7} {'1F1B':>7} {'v2 form.':>8} {'1F1B v2':>8}"
+        "   (GPipe - formula, 1F1B - formula, v2 - v2 formula)"
+    )
+    schedules = {"gpipe": ("gpipe", 1), "1f1b": ("1f1b", 1), "1f1b-v2": ("1f1b", 2)}
     for p in (2, 4):
         for m in (1, 2, 4, 8):
             measured = {}
-            for schedule in ("gpipe", "1f1b"):
-                timelines = measure(p, m, schedule, args.batch, args.block, args.n_embd)
-                measured[schedule] = bubble_fraction(timelines)
+            for name, (schedule, chunks) in schedules.items():
+                if chunks > 1 and m % p:  # interleaving runs micro-batches in groups of p
+                    measured[name] = float("nan")
+                    continue
+                measured[name], timeline = measure(
+                    p, m, schedule, chunks, args.repeats, args.batch, args.block, args.n_embd
+                )
                 if m == 8:
-                    path = os.path.join(args.out, f"pipeline_{schedule}_p{p}_m{m}.png")
+                    formula = (p - 1) / (chunks * m + p - 1)
                     plot_gantt(
-                        timelines,
-                        path,
-                        f"{schedule}, p={p}, m={m}: measured bubble "
-                        f"{measured[schedule]:.2f}, formula {(p - 1) / (m + p - 1):.2f}",
+                        timeline,
+                        os.path.join(args.out, f"pipeline_{name}_p{p}_m{m}.png"),
+                        f"{name}, p={p}, m={m}: measured bubble {measured[name]:.2f}, formula {formula:.2f}",
                     )
-            formula = (p - 1) / (m + p - 1)
+            formula, interleaved = (p - 1) / (m + p - 1), (p - 1) / (2 * m + p - 1)
             print(
                 f"{p:>2} {m:>3} {args.batch // m:>5} {formula:>8.3f} {measured['gpipe']:>7.3f} {measured['1f1b']:>7.3f}"
-                f"   ({measured['gpipe'] - formula:+.3f}, {measured['1f1b'] - formula:+.3f})",
+                f" {interleaved:>8.3f} {measured['1f1b-v2']:>8.3f}   ({measured['gpipe'] - formula:+.3f}, "
+                f"{measured['1f1b'] - formula:+.3f}, {measured['1f1b-v2'] - interleaved:+.3f})",
                 flush=True,
             )
     print(f"Gantt charts for m = 8 in {args.out}")

@@ -14,7 +14,10 @@ sends the keys' and values' gradient back to the rank they came from.
 
 Causal attention gives late positions more keys to see than early ones: cut in cp contiguous pieces, the last rank
 would do most of the work. Cut T into 2 cp chunks instead and give rank r chunks r and 2 cp - 1 - r, an early one
-and a late one (zigzag_positions): every rank then has the same number of (query, key) pairs under the mask.
+and a late one (zigzag_positions): every rank then has the same number of (query, key) pairs under the mask, and
+each step of the ring the same work: all of a rank's queries see an earlier rank's early chunk and none of its late
+one, and only its late queries see a later rank's keys, all of them. Past its own block, then, each rank computes
+half a block a step (ring_attention), and no score the mask would throw away.
 
 The parameters are whole on every rank of the group, which sees T/cp positions of each sequence: their gradients
 are averaged over it as backward makes them (average_over_cp), before any data-parallel engine sees them.
@@ -107,19 +110,30 @@ class PassAround(torch.autograd.Function):
 def ring_attention(q, k, v, ring, T):
     """Causal attention of this rank's queries q (B, H, T/cp, D) over the whole sequence's keys and values, of
     which this rank holds k, v (B, kv_heads, T/cp, D): its own block first (the diagonal, where every query sees at
-    least itself), then cp - 1 blocks passed around the ring, merged as they come. -> (B, H, T/cp, D)."""
-    groups = q.size(1) // k.size(1)  # GQA: the narrow keys and values travel, each query head group reads its own
+    least itself), then cp - 1 blocks passed around the ring, merged as they come. -> (B, H, T/cp, D).
 
-    def block(kv, source):
-        k, v = (t.repeat_interleave(groups, dim=1) for t in kv)
-        positions = (zigzag_positions(T, ring.size, i, q.device) for i in (ring.index, source))
-        return block_attention(q, k, v, *positions)
+    Past the diagonal only the half of a block the mask keeps is computed: an earlier rank's early chunk against
+    all of this rank's queries, or a later rank's whole block against this rank's late queries."""
+    groups = q.size(1) // k.size(1)  # GQA: the narrow keys and values travel, each query head group reads its own
+    half = q.size(2) // 2  # the early chunk's positions; the late chunk's follow
+    mine = zigzag_positions(T, ring.size, ring.index, q.device)
+
+    def attend(queries, kv, source, keys=slice(None)):
+        k, v = (t[:, :, keys].repeat_interleave(groups, dim=1) for t in kv)
+        return block_attention(
+            q[:, :, queries], k, v, mine[queries], zigzag_positions(T, ring.size, source, q.device)[keys]
+        )
 
     kv = torch.stack((k, v))  # (2, B, kv_heads, T/cp, D): one message a step, so every rank's passes pair up
-    out, lse = block(kv, ring.index)
+    out, lse = attend(slice(None), kv, ring.index)
     for step in range(1, ring.size):
         kv = PassAround.apply(kv, ring)
-        out, lse = merge_block(out, lse, *block(kv, (ring.index - step) % ring.size))
+        source = (ring.index - step) % ring.size
+        if source < ring.index:  # an earlier rank: its early chunk, seen by every query here
+            out, lse = merge_block(out, lse, *attend(slice(None), kv, source, slice(None, half)))
+        else:  # a later rank: all of it, seen by the late queries only
+            late, late_lse = merge_block(out[:, :, half:], lse[:, :, half:], *attend(slice(half, None), kv, source))
+            out, lse = torch.cat((out[:, :, :half], late), dim=2), torch.cat((lse[:, :, :half], late_lse), dim=2)
     return out.to(v.dtype)
 
 

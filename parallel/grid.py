@@ -30,6 +30,7 @@ class ParallelConfig:
     dist_timeout: int = 300  # seconds a collective waits for a missing rank before the run stops with an error
     micro_batches: int = 1  # pipeline: each batch_size batch is cut into this many micro-batches
     schedule: str = "1f1b"  # pipeline schedule: gpipe (all forwards, then all backwards) | 1f1b
+    virtual_stages: int = 1  # interleaved 1F1B: model chunks a pipeline rank holds (pipeline.py); 1: one stage
 
 
 # ----------------------------------------------------------------------------

@@ -229,6 +229,25 @@ def check_layout(layout, gpt_config, batch_size, world_size, dtype):
             raise ValueError(f"batch_size {batch_size} is not divisible by micro_batches {layout.micro_batches}")
         if layout.schedule not in SCHEDULES:
             raise ValueError(f"--schedule {layout.schedule!r}: choose one of {', '.join(SCHEDULES)}")
+    # interleaved 1F1B: v equal chunks a rank, micro-batches in groups of p
+    v = layout.virtual_stages
+    if v < 1:
+        raise ValueError(f"--virtual_stages {v} must be at least 1")
+    if v > 1 and (pp < 2 or layout.schedule != "1f1b"):
+        raise ValueError(
+            f"--virtual_stages {v} interleaves the 1f1b schedule over pipeline ranks, and here --pp is {pp} with "
+            f"--schedule {layout.schedule}: pass --pp 2 or more with --schedule 1f1b, or leave out --virtual_stages"
+        )
+    if v > 1 and gpt_config.n_layer % (pp * v):
+        raise ValueError(
+            f"--virtual_stages {v} cuts n_layer {gpt_config.n_layer} into pp x v = {pp * v} equal chunks: choose "
+            f"--n_layer a multiple of {pp * v}"
+        )
+    if v > 1 and layout.micro_batches % pp:
+        raise ValueError(
+            f"--virtual_stages {v} runs micro-batches through each chunk in groups of pp = {pp}, and --micro_batches "
+            f"is {layout.micro_batches}: choose a multiple of {pp}"
+        )
     # fp16's loss scaling skips a step whose gradients overflowed: every rank must see all of them to agree
     sharded = layout.zero or layout.dp_mode == "fsdp"
     if (pp > 1 or sharded) and dtype == torch.float16:
@@ -265,5 +284,7 @@ def model_for_rank(
         raise ValueError(f"--dp_mode {layout.dp_mode!r}: no engine")  # check_layout names the choices first
     sp = layout.sequence_parallel
     if grid.pp > 1:
-        return PipelineModel(whole, grid, layout.schedule, layout.micro_batches, autocast, make_dp, sp)
+        return PipelineModel(
+            whole, grid, layout.schedule, layout.micro_batches, autocast, make_dp, sp, layout.virtual_stages
+        )
     return ShardedModel(whole, grid, autocast, compile, make_dp, sp)

@@ -11,15 +11,26 @@ of the time (Huang et al. 2019). 1F1B (PipeDream-Flush, Narayanan et al. 2021)
 has the same bubble but interleaves forwards and backwards, so a stage keeps at
 most p micro-batches of activations instead of m.
 
-A schedule here is a plain function that lists one stage's operations in order,
-("F", i) or ("B", i) for micro-batch i; `run_schedule` executes such a list with
-point-to-point sends and receives, and records when each stage computes and waits.
+Interleaved 1F1B (--virtual_stages v, Narayanan et al. 2021, section 2.2) cuts the
+layers into p v chunks and gives rank r chunks r, r + p, r + 2p, ...: a micro-batch
+goes around the ranks v times. Each operation is then 1/v of a stage's work, and the
+pipeline fills and drains in chunks, so the bubble shrinks v-fold:
+
+    (p - 1) / (v m + p - 1)
+
+paid for with v times the point-to-point sends.
+
+A schedule here is a plain function that lists one rank's operations in order,
+("F", i) or ("B", i) for micro-batch i, or ("F", i, k) and ("B", i, k) on its model
+chunk k when interleaved; `run_schedule` executes such a list with point-to-point
+sends and receives, and records when each rank computes and waits.
 
     python -m parallel.pipeline --stages 4 --micro_batches 8   # runs nothing distributed: prints the logical bubbles
 """
 
 import argparse
 import contextlib
+import functools
 import os
 import time
 from typing import NamedTuple
@@ -45,13 +56,20 @@ from parallel.tensor_parallel import tensor_parallel
 
 
 class Slot(NamedTuple):
-    """One entry of a stage's timeline: a forward ("F") or backward ("B") of a micro-batch, or
-    waiting ("wait") for its input from a neighbour stage."""
+    """One entry of a rank's timeline: a forward ("F") or backward ("B") of a micro-batch, or
+    waiting ("wait") for its input from a neighbour rank."""
 
     kind: str
     micro_batch: int
     start: float  # seconds, or time slots in a logical timeline
     end: float
+    chunk: int = 0  # which of the rank's model chunks (interleaved 1F1B); 0 otherwise
+
+
+def operation(op):
+    """(kind, micro-batch, the rank's chunk) of a schedule's entry: ("F", i) runs chunk 0, ("F", i, k) chunk k."""
+    kind, i, *chunk = op
+    return kind, i, chunk[0] if chunk else 0
 
 
 def gpipe(stages, micro_batches, stage):
@@ -71,14 +89,44 @@ def one_f_one_b(stages, micro_batches, stage):
     # exercise one_f_one_b: end
 
 
+def interleaved_1f1b(stages, micro_batches, stage, chunks):
+    """1F1B over the rank's `chunks` model chunks (Megatron-LM's interleaved schedule). The rank's m v forwards
+    go in groups of p micro-batches, chunk by chunk: micro-batches 0..p-1 through chunk 0, then through chunk 1,
+    ..., then micro-batches p..2p-1 through chunk 0, and so on (m a multiple of p); its backwards in the same
+    order, last chunk first. Warmup runs enough forwards that the first backward's gradient is on its way when
+    they end: 2 (p - s - 1) for the ranks after this one to fill, and (v - 1) p for its own later chunks."""
+    total = micro_batches * chunks
+
+    def virtual(j, backward):  # the rank's j-th forward (or backward) -> (micro-batch, chunk)
+        chunk = (j // stages) % chunks
+        return (j // (stages * chunks)) * stages + j % stages, chunks - 1 - chunk if backward else chunk
+
+    if micro_batches == stages:  # a single group: every forward first, as later chunks wait on earlier ones
+        warmup = total
+    else:
+        warmup = min(2 * (stages - stage - 1) + (chunks - 1) * stages, total)
+    order = [("F", *virtual(j, False)) for j in range(warmup)]
+    for j in range(total - warmup):  # steady state: 1 forward, 1 backward
+        order += [("F", *virtual(warmup + j, False)), ("B", *virtual(j, True))]
+    order += [("B", *virtual(j, True)) for j in range(total - warmup, total)]  # cooldown
+    return order
+
+
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
 
 
+def schedule_for(name, chunks=1):
+    """The schedule function (stages, micro_batches, stage) -> one rank's operations: SCHEDULES[name], or
+    interleaved 1F1B over `chunks` chunks a rank."""
+    return SCHEDULES[name] if chunks == 1 else functools.partial(interleaved_1f1b, chunks=chunks)
+
+
 def logical_timeline(schedule, stages, micro_batches):
-    """Play a schedule with every operation taking one time slot: F of micro-batch i on stage s
-    waits for F i on s - 1; B i on s waits for B i on s + 1 (and F i on s). Returns, per stage,
-    its list of Slots."""
-    orders = [schedule(stages, micro_batches, s) for s in range(stages)]
+    """Play a schedule with every operation taking one time slot. Chunk k of stage s is the model's stage
+    g = k p + s (of p v): F of micro-batch i on g waits for F i on g - 1; B i on g waits for B i on g + 1 (and
+    F i on g). Returns, per rank, its list of Slots; a schedule that cannot go on is an error naming it."""
+    orders = [[operation(op) for op in schedule(stages, micro_batches, s)] for s in range(stages)]
+    last = stages * (1 + max(k for order in orders for _, _, k in order)) - 1  # the model's last stage
     done, position, free_at = {}, [0] * stages, [0] * stages
     slots = [[] for _ in range(stages)]
     while any(position[s] < len(orders[s]) for s in range(stages)):
@@ -86,18 +134,35 @@ def logical_timeline(schedule, stages, micro_batches):
         for s in range(stages):
             if position[s] == len(orders[s]):
                 continue
-            kind, i = orders[s][position[s]]
-            needs = [("F", i, s - 1)] if kind == "F" and s > 0 else []
-            needs += [("B", i, s + 1)] if kind == "B" and s < stages - 1 else []
+            kind, i, k = orders[s][position[s]]
+            g = k * stages + s
+            needs = [("F", i, g - 1)] if kind == "F" and g > 0 else []
+            needs += [("B", i, g + 1)] if kind == "B" and g < last else []
+            needs += [("F", i, g)] if kind == "B" else []
             if all(n in done for n in needs):
                 start = max([free_at[s]] + [done[n] for n in needs])
-                done[(kind, i, s)] = free_at[s] = start + 1
-                slots[s].append(Slot(kind, i, start, start + 1))
+                done[(kind, i, g)] = free_at[s] = start + 1
+                slots[s].append(Slot(kind, i, start, start + 1, k))
                 position[s] += 1
                 progressed = True
         if not progressed:
-            raise RuntimeError(f"{schedule.__name__} deadlocks with {stages} stages and {micro_batches} micro-batches")
+            name = getattr(schedule, "__name__", None) or schedule.func.__name__
+            raise RuntimeError(f"{name} deadlocks with {stages} stages and {micro_batches} micro-batches")
     return slots
+
+
+def check_schedule(schedule, stages, micro_batches, chunks=1):
+    """A schedule runs: on every rank, each micro-batch's forward and backward through each of its chunks exactly
+    once, and (logical_timeline) every operation's input made before it, so no rank waits forever."""
+    every = sorted((kind, i, k) for kind in "FB" for i in range(micro_batches) for k in range(chunks))
+    for s in range(stages):
+        got = sorted(operation(op) for op in schedule(stages, micro_batches, s))
+        if got != every:
+            raise ValueError(
+                f"the schedule of rank {s} of {stages} does not run F and B of each of {micro_batches} micro-batches "
+                f"through each of its {chunks} chunks once: {got}"
+            )
+    logical_timeline(schedule, stages, micro_batches)
 
 
 def bubble_fraction(timeline):
@@ -111,9 +176,9 @@ def bubble_fraction(timeline):
 
 
 def peak_activations(order):
-    """Most micro-batches whose activations a stage holds at once under this order."""
+    """Most micro-batches' activations (of one chunk each, when interleaved) a rank holds at once under this order."""
     held = peak = 0
-    for kind, _ in order:
+    for kind, *_ in order:
         held += 1 if kind == "F" else -1
         peak = max(peak, held)
     return peak
@@ -190,8 +255,36 @@ class PipelineStage(nn.Module):
         return self.lm_head.weight if self.tied and self.is_last and not self.is_first else None
 
 
+class PipelineRank(nn.Module):
+    """The stages a pipeline rank holds, its chunks: stage `rank` of `ranks` (one chunk), or under interleaving
+    (`chunks` = v > 1) stages rank, rank + p, ..., rank + (v - 1) p of the model cut into p v stages."""
+
+    def __init__(self, model, rank, ranks, chunks=1, sequence_shards=1):
+        super().__init__()
+        stages = ranks * chunks
+        self.chunks = nn.ModuleList(
+            PipelineStage(model, k * ranks + rank, stages, sequence_shards) for k in range(chunks)
+        )
+
+    def global_names(self):
+        """{this rank's parameter name: the single-device model's name}."""
+        return {
+            f"chunks.{k}.{name}": whole
+            for k, chunk in enumerate(self.chunks)
+            for name, whole in chunk.global_names().items()
+        }
+
+    def tied_embedding(self):
+        """The tied (V, C) matrix this rank holds, if any: wte on the first rank, the head on the last."""
+        return next((w for w in (chunk.tied_embedding() for chunk in self.chunks) if w is not None), None)
+
+    def tied_copy(self):
+        """The last rank's copy of the tied matrix, counted once in the grad norm (the first rank's)."""
+        return next((w for w in (chunk.tied_copy() for chunk in self.chunks) if w is not None), None)
+
+
 def sync_tied_embedding(stage, grid):
-    """Sum the tied matrix's gradient between the first and last stages (its two copies):
+    """Sum the tied matrix's gradient between the first and last ranks (its two copies):
     together they hold the gradient of the one matrix of the single-device model."""
     weight = stage.tied_embedding()
     if grid.pp > 1 and weight is not None and weight.grad is not None:
@@ -202,35 +295,44 @@ def sync_tied_embedding(stage, grid):
 # Running a schedule: point-to-point communication, timed
 
 
-def send_forward(activation, grid, pending):
-    pending.append(dist.isend(counted("pp", activation.detach().contiguous()), grid.pp_next))
+# Forward activations and backward gradients travel with their own tags: with interleaving on two ranks, each
+# receives both kinds from the same neighbour, and a tag keeps each kind's messages in their own order.
+TAGS = {"F": 0, "B": 1}
 
 
-def send_backward(grad, grid, pending):
-    pending.append(dist.isend(counted("pp", grad.contiguous()), grid.pp_prev))
+def ring_neighbours(grid):
+    """(previous, next) pipeline rank around the ring: interleaving sends the last rank's chunk k on to the
+    first rank's chunk k + 1 (and its gradient back); without it the ends never use the wrap."""
+    index, ranks = grid.pp_rank, grid.pp_ranks
+    return ranks[(index - 1) % len(ranks)], ranks[(index + 1) % len(ranks)]
 
 
 class Inbox:
-    """One schedule's receives, each posted one operation ahead: while a stage computes, the
+    """One schedule's receives, each posted one operation ahead: while a rank computes, the
     input of its next operation that needs one (an activation from the previous stage for a
     forward, a gradient from the next stage for a backward) is already arriving. A receive
-    posted only when the stage reaches the operation waits for the transfer on top of any real
+    posted only when the rank reaches the operation waits for the transfer on top of any real
     dependency, and that wait would add to the bubble.
 
-    The buffers are allocated once per schedule, one (m, B/m, T, C) block per direction, and
-    nothing but the payload travels: both ends know the shape. Messages from one neighbour
-    arrive in the order it sent them, which the receives follow."""
+    The buffers are allocated once per schedule, one (receives, B/m, T, C) block per direction,
+    and nothing but the payload travels: both ends know the shape. Messages of one kind from one
+    neighbour arrive in the order it sent them, which the receives follow."""
 
-    def __init__(self, stage, order, micro_batches, shape, grid, device):
-        self.waiting = {
-            "F": [] if stage.is_first else [i for kind, i in order if kind == "F"],
-            "B": [] if stage.is_last else [i for kind, i in order if kind == "B"],
+    def __init__(self, rank, order, shape, grid, device):
+        receives = {
+            "F": lambda k: not rank.chunks[k].is_first,  # a forward's input comes from the stage before...
+            "B": lambda k: not rank.chunks[k].is_last,  # ... a backward's gradient from the one after
         }
-        self.source = {"F": grid.pp_prev, "B": grid.pp_next}
+        self.waiting = {
+            kind: [(i, k) for op_kind, i, k in order if op_kind == kind and needs(k)]
+            for kind, needs in receives.items()
+        }
+        self.source = dict(zip("FB", ring_neighbours(grid)))
         self.buffers = {
-            kind: torch.empty((micro_batches, *shape), device=device)  # fp32, like the residual stream
+            kind: dict(
+                zip(waiting, torch.empty((len(waiting), *shape), device=device))
+            )  # fp32, like the residual stream
             for kind, waiting in self.waiting.items()
-            if waiting
         }
         self.posted = {}
         for kind in self.waiting:
@@ -238,56 +340,67 @@ class Inbox:
 
     def _post_next(self, kind):
         if self.waiting[kind]:
-            i = self.waiting[kind].pop(0)
-            self.posted[kind, i] = dist.irecv(self.buffers[kind][i], self.source[kind])
+            key = self.waiting[kind].pop(0)
+            self.posted[kind, key] = dist.irecv(self.buffers[kind][key], self.source[kind], tag=TAGS[kind])
 
-    def take(self, kind, i):
-        """Wait for the input of operation (kind, i), post the next receive of its kind, return the input."""
-        self.posted.pop((kind, i)).wait()
+    def take(self, kind, i, k):
+        """Wait for the input of operation (kind, i, k), post the next receive of its kind, return the input."""
+        self.posted.pop((kind, (i, k))).wait()
         self._post_next(kind)
-        return self.buffers[kind][i]
+        return self.buffers[kind][i, k]
 
 
-def run_schedule(stage, order, inputs, targets, micro_batches, grid, n_embd, loss_weight=1.0, clock=time.perf_counter):
-    """Execute one stage's operation list over m micro-batches of inputs/targets (B, T).
+def run_schedule(rank, order, inputs, targets, micro_batches, grid, n_embd, loss_weight=1.0, clock=time.perf_counter):
+    """Execute one rank's operation list (its PipelineRank's chunks) over m micro-batches of inputs/targets (B, T).
 
     Sends are non-blocking (waited for at the end) and receives are posted ahead (Inbox) and
-    waited for only when the operation needs its input, so a stage waits only for data it
+    waited for only when the operation needs its input, so a rank waits only for data it
     needs: the pipeline cannot deadlock as long as the schedule is valid.
     Each micro-batch's loss is divided by m, so the summed gradients equal those of the
-    whole batch (times loss_weight: 1 / accumulation steps). Returns (loss or None, the stage's
+    whole batch (times loss_weight: 1 / accumulation steps). Returns (loss or None, the rank's
     timeline as Slots, computing ("F"/"B") and waiting ("wait"), peak stored activations).
     """
     micro_inputs, micro_targets = inputs.chunk(micro_batches), targets.chunk(micro_batches)
     rows, T = micro_inputs[0].shape
-    shape = (rows, T // stage.sequence_shards, n_embd)  # activations between stages: (B/m, T, C), T/tp under SP
-    inbox = Inbox(stage, order, micro_batches, shape, grid, next(stage.parameters()).device)
+    order = [operation(op) for op in order]
+    shards = rank.chunks[0].sequence_shards
+    shape = (rows, T // shards, n_embd)  # activations between stages: (B/m, T, C), T/tp under SP
+    inbox = Inbox(rank, order, shape, grid, next(rank.parameters()).device)
+    previous, following = ring_neighbours(grid)
     stored, pending, records, loss, peak = {}, [], [], None, 0
 
-    def timed(kind, i, fn):
+    def timed(kind, i, k, fn):
         start = clock()
         result = fn()
-        records.append(Slot(kind, i, start, clock()))
+        records.append(Slot(kind, i, start, clock(), k))
         return result
 
-    for kind, i in order:
+    def send(kind, tensor, to):
+        pending.append(dist.isend(counted("pp", tensor.contiguous()), to, tag=TAGS[kind]))
+
+    for kind, i, k in order:
+        stage = rank.chunks[k]
         if kind == "F":
-            x = micro_inputs[i] if stage.is_first else timed("wait", i, lambda: inbox.take("F", i).requires_grad_())
-            out = timed("F", i, lambda: stage(x, micro_targets[i] if stage.is_last else None))
+            x = (
+                micro_inputs[i]
+                if stage.is_first
+                else timed("wait", i, k, lambda: inbox.take("F", i, k).requires_grad_())
+            )
+            out = timed("F", i, k, lambda: stage(x, micro_targets[i] if stage.is_last else None))
             if stage.is_last:
                 out = out / micro_batches
                 loss = out.detach() if loss is None else loss + out.detach()
                 out = out * loss_weight
             else:
-                send_forward(out, grid, pending)
-            stored[i] = (x, out)
+                send("F", out.detach(), following)
+            stored[i, k] = (x, out)
             peak = max(peak, len(stored))
         elif kind == "B":
-            x, out = stored.pop(i)
-            grad = None if stage.is_last else timed("wait", i, lambda: inbox.take("B", i))
-            timed("B", i, lambda: out.backward(grad))
+            x, out = stored.pop((i, k))
+            grad = None if stage.is_last else timed("wait", i, k, lambda: inbox.take("B", i, k))
+            timed("B", i, k, lambda: out.backward(grad))
             if not stage.is_first:
-                send_backward(x.grad, grid, pending)
+                send("B", x.grad, previous)
         else:
             raise ValueError(f"unknown pipeline operation {kind!r}")
     for work in pending:
@@ -305,18 +418,28 @@ def plot_gantt(timeline, path, title):
     fig = Figure(figsize=(12, 0.6 * len(timeline) + 1.5))
     ax = fig.subplots()
     for s, stage in enumerate(timeline):
-        for kind, i, start, end in stage:
+        for kind, i, start, end, k in stage:
             ax.broken_barh(
                 [(1e3 * (start - t0), 1e3 * (end - start))],
                 (s - 0.4, 0.8),
                 color=colours[kind],
+                alpha=1.0 / (1 + k),  # a rank's later chunks (interleaved) paler
                 hatch="//" if kind == "wait" else None,
                 edgecolor="white" if kind != "wait" else "gray",
             )
             if kind != "wait" and end - start > 0:
-                ax.text(1e3 * ((start + end) / 2 - t0), s, str(i), ha="center", va="center", fontsize=7, color="white")
+                label = f"{i}" if k == 0 else f"{i}.{k}"  # micro-batch, and the rank's chunk past the first
+                ax.text(
+                    1e3 * ((start + end) / 2 - t0),
+                    s,
+                    label,
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if k == 0 else "black",
+                )
     ax.set(
-        yticks=range(len(timeline)), yticklabels=[f"stage {s}" for s in range(len(timeline))], xlabel="ms", title=title
+        yticks=range(len(timeline)), yticklabels=[f"rank {s}" for s in range(len(timeline))], xlabel="ms", title=title
     )
     ax.invert_yaxis()
     handles = [
@@ -348,18 +471,24 @@ class PipelineModel:
         autocast=contextlib.nullcontext(),
         make_dp=data_parallel(BucketedDataParallel),
         sequence_parallel=False,
+        virtual_stages=1,
     ):
         self.cuts = tensor_parallel(model, grid, sequence_parallel)  # {single-device name: Cut}; {} when tp = 1
         self.positions = context_parallel(model, grid, sequence_parallel)  # this rank's of each sequence; None: all
         shards = grid.tp if sequence_parallel else 1  # how many ways the activations between stages are cut
-        self.module = PipelineStage(model, grid.pp_rank, grid.pp, shards)  # only its stage (its TP slices)
-        average_over_cp(self.module.parameters(), grid)  # the stage's, with its copy of the tied matrix
+        # only its stages (their TP slices): one, or virtual_stages chunks when interleaved
+        self.module = PipelineRank(model, grid.pp_rank, grid.pp, virtual_stages, shards)
+        average_over_cp(self.module.parameters(), grid)  # the rank's, with its copy of the tied matrix
         self.grid, self.micro_batches, self.autocast = grid, micro_batches, autocast
         self.device = next(self.module.parameters()).device
-        self.n_embd, self.schedule = model.config.n_embd, schedule
-        self.order = SCHEDULES[schedule](grid.pp, micro_batches, grid.pp_rank)
-        self.in_flight = peak_activations(self.order)  # micro-batches whose activations this stage keeps at once
-        self.records = []  # this stage's timeline of the latest step
+        self.n_embd, self.virtual_stages = model.config.n_embd, virtual_stages
+        self.schedule = schedule if virtual_stages == 1 else f"interleaved {schedule}, v={virtual_stages}"
+        scheduled = schedule_for(schedule, virtual_stages)
+        check_schedule(scheduled, grid.pp, micro_batches, virtual_stages)
+        self.order = scheduled(grid.pp, micro_batches, grid.pp_rank)
+        # whole stages' worth of activations this rank keeps at once (a chunk holds 1/v of a stage's layers)
+        self.in_flight = peak_activations(self.order) / virtual_stages
+        self.records = []  # this rank's timeline of the latest step
         # A stage runs backward once per micro-batch, so its gradients are complete only at the end
         # of the schedule: there (overlap=False) every DP bucket is launched at once.
         self.dp = make_dp(self.module, grid, overlap=False)
@@ -384,7 +513,7 @@ class PipelineModel:
     @torch.no_grad()
     def loss(self, x, y):
         """Forward only (evaluation): the mean loss of (x, y)."""
-        forwards = [("F", i) for i in range(self.micro_batches)]
+        forwards = [op for op in self.order if op[0] == "F"]
         x, y = cut_sequences(x, y, self.positions)
         with self.autocast:
             loss, _, _ = run_schedule(self.module, forwards, x, y, self.micro_batches, self.grid, self.n_embd)
@@ -411,11 +540,12 @@ class PipelineModel:
         dist.all_gather_object(timeline, self.records, group=self.grid.pp_group)
         if not is_rank0:
             return
-        p, m = self.grid.pp, self.micro_batches
+        p, m, v = self.grid.pp, self.micro_batches, self.virtual_stages
         measured = bubble_fraction(timeline)
+        formula = "(p - 1) / (m + p - 1)" if v == 1 else "(p - 1) / (v m + p - 1)"
         say(
-            f"pipeline bubble of the last step: measured {measured:.3f}, (p - 1) / (m + p - 1) = "
-            f"{(p - 1) / (m + p - 1):.3f} ({self.schedule}, p={p}, m={m})"
+            f"pipeline bubble of the last step: measured {measured:.3f}, {formula} = "
+            f"{(p - 1) / (v * m + p - 1):.3f} ({self.schedule}, p={p}, m={m})"
         )
         plot_gantt(
             timeline, os.path.join(out_dir, "pipeline.png"), f"{self.schedule}, p={p}, m={m}: bubble {measured:.2f}"
@@ -426,14 +556,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stages", type=int, default=4)
     parser.add_argument("--micro_batches", type=int, default=8)
+    parser.add_argument("--virtual_stages", type=int, default=2, help="chunks a rank for the interleaved row")
     args = parser.parse_args()
-    p, m = args.stages, args.micro_batches
-    for name, schedule in SCHEDULES.items():
+    p, m, v = args.stages, args.micro_batches, args.virtual_stages
+    rows = [(name, schedule, 1) for name, schedule in SCHEDULES.items()] + [(f"1f1b v={v}", schedule_for("1f1b", v), v)]
+    for name, schedule, chunks in rows:
         bubble = bubble_fraction(logical_timeline(schedule, p, m))
-        peak = max(peak_activations(schedule(p, m, s)) for s in range(p))
+        peak = max(peak_activations(schedule(p, m, s)) for s in range(p)) / chunks
         print(
-            f"{name:>6}: logical bubble {bubble:.3f} (formula (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.3f}), "
-            f"peak stored activations per stage {peak}"
+            f"{name:>10}: logical bubble {bubble:.3f} (formula (p-1)/({'v ' if chunks > 1 else ''}m+p-1) = "
+            f"{(p - 1) / (chunks * m + p - 1):.3f}), peak stored activations per rank {peak:g} stages' worth"
         )
 
 

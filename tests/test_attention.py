@@ -392,7 +392,8 @@ def _manual_attention_on_ranks(tp, pp):
         model = PipelineModel(manual, grid, "1f1b", 2)
         rank_loss, _, _ = run_schedule(model.module, model.order, x, y, 2, grid, SMALL["n_embd"])
         model.reduce_gradients()
-    assert all(block.attn.attention == "manual" for block in model.module.blocks)
+    blocks = model.module.blocks if pp == 1 else [b for chunk in model.module.chunks for b in chunk.blocks]
+    assert all(block.attn.attention == "manual" for block in blocks)
     reference = dict(single.named_parameters())
     for name, param, cut in model.local_parameters():  # TP slices gathered whole
         torch.testing.assert_close(checkpoint.gather_whole(param.grad, cut, grid), reference[name].grad, msg=name)

@@ -7,6 +7,7 @@ import torch
 
 from local_ranks import results_of, run_ranks
 from model import causal_attention
+from parallel import context_parallel
 from parallel.context_parallel import (
     Ring,
     block_attention,
@@ -107,17 +108,32 @@ def _ring_against_causal(B, H, kv_heads, T, D):
         mine = zigzag_positions(T, cp, rank)
         local = [t.detach()[:, :, mine].clone().requires_grad_() for t in (q, k, v)]
         ring = Ring(list(range(cp)), rank, dist.group.WORLD)
-        out = ring_attention(*local, ring, T)
+        scores = []  # the (queries, keys) of every block this rank computes
+        counting = context_parallel.block_attention
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(
+                context_parallel,
+                "block_attention",
+                lambda q, k, *rest: scores.append(q.size(2) * k.size(2)) or counting(q, k, *rest),
+            )
+            out = ring_attention(*local, ring, T)
         (out * torch.arange(D)).sum().backward()
-        return [
+        errors = [
             (out - expected[:, :, mine]).abs().max().item(),
             *((t.grad - whole.grad[:, :, mine]).abs().max().item() for t, whole in zip(local, (q, k, v))),
         ]
+        return errors, sum(scores)
     finally:
         destroy_distributed()
 
 
 @pytest.mark.parametrize("cp, kv_heads", [(2, 4), (4, 2)], ids=["cp2", "cp4-gqa"])
 def test_ring_attention_equals_causal_attention_forward_and_backward(cp, kv_heads):
-    for errors in results_of(run_ranks(cp, _ring_against_causal, 2, 4, kv_heads, 32, 8, timeout=120)):
+    T = 32
+    outcome = results_of(run_ranks(cp, _ring_against_causal, 2, 4, kv_heads, T, 8, timeout=120))
+    for errors, _ in outcome:
         assert max(errors) < 1e-4, errors  # output, then q's, k's and v's gradients (values up to ~10)
+    # each rank computes its own block, then half a block a step: the same work on every rank, no score wasted
+    # on a block the mask hides whole
+    balanced = (T // cp) ** 2 * (1 + (cp - 1) / 2)
+    assert [scores for _, scores in outcome] == [balanced] * cp

@@ -256,3 +256,26 @@ def test_odd_shapes_are_answered_not_crashed(capsys):
     cost.main(["--n_layer", "2", "--n_head", "64", "--n_embd", "57344", "--gpus", "32"])
     cost.main(["--n_layer", "1", "--n_head", "1", "--n_embd", "200000", "--gpus", "8"])
     assert "no cut of up to 4,096 devices fits it" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("model, gqa", [("70B", True), ("7B", False)])
+def test_context_parallelism_keeps_less_than_sequence_parallelism_by_the_kv_saving(model, gqa):
+    """Cutting a sequence n ways: cp holds every activation at T/n positions plus the ring's K and V blocks, tp+sp
+    leaves 4h of the norms' inputs whole; per position and layer cp keeps 4 (h - kv)(n - 1)/n bytes less (16-bit
+    units), nothing less without GQA; TP without SP keeps the most; the state cp keeps is TP's times n."""
+    gpt_config, n = cost.MODELS[model].gpt_config, 8
+    h = gpt_config.n_embd
+    kv = gpt_config.kv_heads * (h // gpt_config.n_head)
+    assert (kv < h) == gqa
+    for row in cost.long_context_rows(gpt_config, n, [4096, 131072]):
+        act = row["activations"]
+        saving = 4 * (h - kv) * (n - 1) / n * row["T"] * gpt_config.n_layer  # bytes at 16 bits
+        assert act["tp+sp"] - act["cp"] == pytest.approx(saving)  # the logits: T V / n positions-by-vocab on both
+        assert act["tp"] > act["tp+sp"]
+        assert row["state"]["cp"] > 7 * row["state"]["tp"]
+
+
+def test_long_context_table_from_the_command_line(capsys):
+    cost.main(["--model", "70B", "--long_context", "8"])
+    out = capsys.readouterr().out
+    assert "524,288" in out and "cp keeps 4 (h - kv)(n - 1)/n = 25,088 B" in out

@@ -226,6 +226,51 @@ def test_sequence_parallel_on_tp4_matches_single_process(corpus):
     )
 
 
+FOUR_LAYERS = ["--n_layer", 4]  # interleaving cuts the layers into pp x v = 4 chunks
+
+
+@pytest.fixture(scope="module")
+def single_four_layers(corpus):
+    out = corpus / "single-four-layers"
+    train.main(args(corpus, out, "--batch_size", 8, *FOUR_LAYERS))
+    return out
+
+
+INTERLEAVED = {  # pp2 with v = 2 chunks a rank: each micro-batch goes around the two ranks twice
+    "pp2-v2-m2": (2, ["--micro_batches", 2]),
+    "pp2-v2-m4": (2, ["--micro_batches", 4]),
+    "dp2xpp2-v2-zero1": (4, ["--dp", 2, "--batch_size", 4, "--micro_batches", 2, "--zero", 1]),
+    "tp2xpp2-v2-sp": (4, ["--tp", 2, "--micro_batches", 4, "--sequence_parallel"]),
+}
+
+
+@pytest.mark.parametrize(
+    "world_size, extra",
+    [
+        pytest.param(*layout, id=name, marks=() if name == "pp2-v2-m4" else pytest.mark.integration)
+        for name, layout in INTERLEAVED.items()
+    ],
+)
+def test_interleaved_pipeline_matches_single_process(corpus, single_four_layers, world_size, extra):
+    flags = ["--batch_size", 8, "--dp", 1, "--pp", 2, "--virtual_stages", 2, *FOUR_LAYERS, *extra]
+    check_layout_takes_the_steps_of(single_four_layers, corpus, world_size, flags)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 2)], ids=["v2-to-v1", "v1-to-v2"])
+def test_an_interleaved_run_resumes_on_other_layouts(corpus, single_four_layers, before, after):
+    """A pp2 run with `before` chunks a rank loses a rank at step 13; its single-device checkpoint of step 10
+    goes on with `after` chunks a rank, with the uninterrupted run's losses and weights."""
+    out = corpus / f"pp2-v{before}-then-v{after}"
+    pipeline = ["--batch_size", 8, "--dp", 1, "--pp", 2, "--micro_batches", 2, *FOUR_LAYERS]
+    outcome = run_ranks(
+        2, train.main, args(corpus, out, *pipeline, "--virtual_stages", before, "--inject", "crash@13"), timeout=120
+    )
+    assert outcome[1] == ("missing", -9), outcome  # the last rank was SIGKILLed
+    train_ranks(2, args(corpus, out, *pipeline, "--virtual_stages", after))
+    assert_same_run(out, single_four_layers)
+
+
 def check_layout_takes_the_steps_of(single, corpus, world_size, extra):
     """A run of `extra`'s layout logs the reference's losses and ends on its weights, and counts the bytes and the
     state the closed forms say."""
@@ -252,6 +297,7 @@ def check_layout_takes_the_steps_of(single, corpus, world_size, extra):
         sequence_parallel=layout.sequence_parallel,
         micro_batches=layout.micro_batches if layout.pp > 1 else 1,
         cp=layout.cp,
+        virtual_stages=layout.virtual_stages,
     )
     # the state at the first update, on the fullest rank, as the closed form says (ZeRO: up to its padding,
     # under dp elements per bucket)

@@ -12,9 +12,11 @@ from parallel.pipeline import (
     SCHEDULES,
     PipelineModel,
     bubble_fraction,
+    check_schedule,
     logical_timeline,
     peak_activations,
     run_schedule,
+    schedule_for,
 )
 
 
@@ -117,6 +119,35 @@ def test_stored_activations_gpipe_m_1f1b_at_most_p(p, m):
     assert first == min(p, m), f"1F1B's first stage holds min(p, m) = {min(p, m)}: got {first}"
 
 
+@pytest.mark.parametrize("p, v", [(2, 2), (2, 3), (3, 2), (4, 2), (4, 4)], ids=lambda x: str(x))
+def test_interleaved_schedule_runs_every_chunk_once_and_shrinks_the_bubble_v_fold(p, v):
+    """Generated, then checked: each rank runs F and B of every micro-batch through each of its v chunks once, with
+    no wait that never ends; counted in slots, the bubble is (p - 1) / (v m + p - 1)."""
+    schedule = schedule_for("1f1b", v)
+    for m in (p, 2 * p, 4 * p):
+        check_schedule(schedule, p, m, v)
+        bubble = bubble_fraction(logical_timeline(schedule, p, m))
+        assert bubble == pytest.approx((p - 1) / (v * m + p - 1)), (p, v, m, bubble)
+        # its first rank keeps p + (p - 1) / v stages' worth of activations, 1F1B's p and a little more (with m = p
+        # all of them: every forward comes first)
+        want = m if m == p else p + (p - 1) / v
+        assert peak_activations(schedule(p, m, 0)) / v == pytest.approx(want)
+
+
+def test_a_schedule_that_skips_or_stalls_is_refused():
+    def skips(stages, micro_batches, stage):
+        return SCHEDULES["1f1b"](stages, micro_batches, stage)[:-1]  # the last backward never runs
+
+    def backward_first(stages, micro_batches, stage):  # every backward before any forward: nothing to go back
+        order = SCHEDULES["gpipe"](stages, micro_batches, stage)
+        return order[micro_batches:] + order[:micro_batches]
+
+    with pytest.raises(ValueError, match="rank 0 of 2 does not run F and B of each of 4 micro-batches"):
+        check_schedule(skips, 2, 4)
+    with pytest.raises(RuntimeError, match="backward_first deadlocks with 2 stages and 4 micro-batches"):
+        check_schedule(backward_first, 2, 4)
+
+
 def test_bad_layouts_are_named():
     def check(gpt_config, pp, micro_batches):
         check_layout(ParallelConfig(pp=pp, micro_batches=micro_batches), gpt_config, 12, pp, torch.float32)
@@ -127,6 +158,19 @@ def test_bad_layouts_are_named():
         check(GPTConfig(n_layer=2), 2, 5)
     with pytest.raises(ValueError, match="--micro_batches 0 must be at least 1"):
         check(GPTConfig(n_layer=2), 2, 0)
+
+    def interleaved(n_layer, pp, micro_batches, v, schedule="1f1b"):
+        layout = ParallelConfig(pp=pp, micro_batches=micro_batches, virtual_stages=v, schedule=schedule)
+        check_layout(layout, GPTConfig(n_layer=n_layer), 12, pp, torch.float32)
+
+    with pytest.raises(ValueError, match=r"--virtual_stages 2 cuts n_layer 6 into pp x v = 4 equal chunks"):
+        interleaved(6, 2, 2, 2)
+    with pytest.raises(ValueError, match="--virtual_stages 2 runs micro-batches .* groups of pp = 2.* is 3"):
+        interleaved(4, 2, 3, 2)
+    with pytest.raises(ValueError, match="--schedule gpipe: pass --pp 2 or more with --schedule 1f1b"):
+        interleaved(4, 2, 2, 2, "gpipe")
+    with pytest.raises(ValueError, match="here --pp is 1"):
+        interleaved(4, 1, 2, 2)
 
 
 CFG = dict(block_size=16, vocab_size=64, n_layer=4, n_head=2, n_embd=16)
@@ -157,7 +201,7 @@ def _pipeline_against_single_device(schedule, m):
         "loss": None if pipe_loss is None else (pipe_loss.item(), loss.item()),
         "norm": (norm.item(), reference_norm.item()),
         "peak": peak,
-        "blocks": len(stage.blocks),
+        "blocks": sum(len(chunk.blocks) for chunk in stage.chunks),
         "kinds": sorted({slot.kind for slot in records}),
     }
 

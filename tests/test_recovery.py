@@ -322,6 +322,7 @@ def test_checkpoint_without_optimizer_state_is_refused(workdir):
     assert accepted.returncode == 0 and "AdamW restarts from zero moments" in accepted.stdout
 
 
+@pytest.mark.integration
 def test_resume_without_the_three_pieces_forgets_each(workdir, clean):
     """--resume_without optimizer,data_position,schedule: the run continues from the weights alone."""
     out = workdir / "forgetful"
@@ -339,6 +340,7 @@ def test_resume_without_the_three_pieces_forgets_each(workdir, clean):
     assert {s["step"].item() for s in state["optimizer"]["state"].values()} == {20}  # AdamW's own count restarted
 
 
+@pytest.mark.integration
 def test_fp16_overflow_is_a_skipped_step_not_an_incident(workdir):
     """The loss scaler skips an overflowing fp16 step and lowers its scale; rolling back would undo that."""
     out = workdir / "fp16"
