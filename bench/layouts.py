@@ -16,6 +16,10 @@ The model is 8 blocks of width 128 (8 heads, block 64, bytes), the global batch 
                 The weights stay whole on every rank; "-" where dp = 1 (nothing to share), and for ZeRO-2
                 where pp > 1 (refused: a stage's gradients pile up over its micro-batches anyway)
   act MiB       the peak of what autograd kept for backward on that rank (monitor.SavedActivations)
+  sp act        the same with --sequence_parallel, where tp > 1: the norm regions cut to T/tp positions
+  cp act, MiB   the same layout with its dp ranks cutting each sequence instead (--cp dp, dp 1, where dp > 1):
+                the activations on the fullest rank, and the payload of the cp dimension (ring and gradient
+                average), "=" beside it when every rank's count equals the closed form
   bubble        measured idle share of the pipeline's last step, beside (p - 1) / (m + p - 1)
 
 What 8 processes on a 2-core CPU can and cannot say. The bytes, the state memory and the
@@ -66,14 +70,21 @@ def factorizations(ranks):
     ]
 
 
-def one_rank(layout, steps, schedule, gpt_config, accumulation, global_batch, dtype, micro_batches, zero):
+def one_rank(layout, steps, schedule, gpt_config, accumulation, global_batch, dtype, micro_batches, zero, sp, cp):
     """On one rank: warm up, time `steps` optimizer steps, then measure one more."""
     launch = init_distributed(300)
     try:
         dp, tp, pp = layout
-        grid = ProcessGrid(dp, tp, pp, launch.rank, launch.world_size)
+        grid = ProcessGrid(dp, tp, pp, launch.rank, launch.world_size, cp=cp)
         layout_cfg = ParallelConfig(
-            dp, tp, pp, micro_batches=micro_batches if pp > 1 else 1, schedule=schedule, zero=zero
+            dp,
+            tp,
+            pp,
+            sequence_parallel=sp,
+            cp=cp,
+            micro_batches=micro_batches if pp > 1 else 1,
+            schedule=schedule,
+            zero=zero,
         )
         torch.manual_seed(0)
         cfg = TrainConfig(batch_size=global_batch // (dp * accumulation), gradient_accumulation_steps=accumulation)
@@ -117,9 +128,13 @@ def one_rank(layout, steps, schedule, gpt_config, accumulation, global_batch, dt
             accumulation=accumulation,
             compute_bytes=dtype.itemsize,
             zero=zero,
+            sequence_parallel=sp,
+            micro_batches=layout_cfg.micro_batches,
+            cp=cp,
         )
         return {
             "grid": (grid.dp_rank, grid.pp_rank, grid.tp_rank),
+            "cp_rank": grid.cp_rank,
             "seconds": seconds,
             "parameters": held,
             "bytes": take_comm_bytes(),
@@ -142,18 +157,22 @@ def measure_layout(
     dtype=torch.float32,
     micro_batches=MICRO_BATCHES,
     zero=0,
+    sequence_parallel=False,
+    cp=1,
 ):
-    """One layout on dp * tp * pp local ranks: a row of the table, as a dict (with each rank's own
+    """One layout on dp * tp * pp * cp local ranks: a row of the table, as a dict (with each rank's own
     measurements under "ranks"). global_batch sequences per step = dp ranks x accumulation
     micro-steps x the rows of each; dtype is the autocast dtype (float32: none); micro_batches: a pipeline's;
-    zero: the ZeRO stage (0: none)."""
+    zero: the ZeRO stage (0: none); sequence_parallel and cp as train.py's flags."""
     dp, tp, pp = layout
     args = (layout, steps, schedule, gpt_config, accumulation, global_batch, dtype, micro_batches, zero)
-    if dp * tp * pp == 1:  # one process: this one, with all its threads (a forked child must keep to one)
+    args += (sequence_parallel, cp)
+    if dp * tp * pp * cp == 1:  # one process: this one, with all its threads (a forked child must keep to one)
         ranks = [one_rank(*args)]
     else:
-        ranks = results_of(run_ranks(dp * tp * pp, one_rank, *args, timeout=600))
-    stages = sorted((r for r in ranks if r["grid"][0] == 0 and r["grid"][2] == 0), key=lambda r: r["grid"][1])
+        ranks = results_of(run_ranks(dp * tp * pp * cp, one_rank, *args, timeout=600))
+    first = [r for r in ranks if r["grid"][0] == 0 and r["grid"][2] == 0 and r["cp_rank"] == 0]  # one rank a stage
+    stages = sorted(first, key=lambda r: r["grid"][1])
     m = micro_batches if pp > 1 else 1
     return {
         "dp": dp,
@@ -161,7 +180,7 @@ def measure_layout(
         "pp": pp,
         "step_seconds": max(r["seconds"] for r in ranks) / steps,
         "tokens_per_s": steps * global_batch * gpt_config.block_size / max(r["seconds"] for r in ranks),
-        "bytes": {d: max(r["bytes"][d] for r in ranks) for d in ("dp", "tp", "pp")},
+        "bytes": {d: max(r["bytes"][d] for r in ranks) for d in ("dp", "tp", "pp", "cp")},
         "bytes_equal_formula": all(r["bytes"] == r["formula"] for r in ranks),
         "state": max(r["state"] for r in ranks),
         "activations": max(r["activations"] for r in ranks),
@@ -184,7 +203,8 @@ def main():
     )
     print(
         f"{'dp tp pp':>9} {'tokens/s':>9} {'dp MiB':>7} {'tp MiB':>7} {'pp MiB':>7} {'':1} "
-        f"{'state MiB':>9} {'ZeRO-1':>7} {'ZeRO-2':>7} {'act MiB':>8} {'bubble':>7} {'formula':>7}"
+        f"{'state MiB':>9} {'ZeRO-1':>7} {'ZeRO-2':>7} {'act MiB':>8} {'bubble':>7} {'formula':>7} "
+        f"{'sp act':>7} {'cp act':>7} {'cp MiB':>7}"
     )
     for layout in factorizations(args.ranks):
         row = measure_layout(layout, args.steps)
@@ -195,11 +215,21 @@ def main():
             else f"{'-':>7}"
             for stage in (1, 2)
         ]
+        dp, tp, pp = layout
+        sp = (
+            f"{measure_layout(layout, 1, sequence_parallel=True)['activations'] / mib:>7.2f}" if tp > 1 else f"{'-':>7}"
+        )
+        if dp > 1:  # the data-parallel ranks cut each sequence instead
+            cut = measure_layout((1, tp, pp), 1, cp=dp)
+            cp = f"{cut['activations'] / mib:>7.2f} {cut['bytes']['cp'] / mib:>7.2f}"
+            cp += "=" if cut["bytes_equal_formula"] else "!"
+        else:
+            cp = f"{'-':>7} {'-':>7}"
         print(
             f"{row['dp']:>3}{row['tp']:>3}{row['pp']:>3} {row['tokens_per_s']:>9,.0f} {b['dp'] / mib:>7.2f} "
             f"{b['tp'] / mib:>7.2f} {b['pp'] / mib:>7.2f} {'=' if row['bytes_equal_formula'] else '!':1} "
             f"{row['state'] / mib:>9.2f} {zero[0]} {zero[1]} {row['activations'] / mib:>8.2f} {row['bubble']:>7.3f} "
-            f"{row['bubble_formula']:>7.3f}",
+            f"{row['bubble_formula']:>7.3f} {sp} {cp}",
             flush=True,
         )
     print(

@@ -10,7 +10,9 @@ every sequence, and only attention talks. It computes its queries against its ow
 passes the keys and values it holds to the next rank of the ring and takes the previous rank's, cp - 1 times, each
 time merging the block's softmax into the running one (merge_block: flash attention's online softmax, the running
 max and sum carried as one number, their log-sum-exp). Backward is autograd's, over the ring: each pass's backward
-sends the keys' and values' gradient back to the rank they came from.
+sends the keys' and values' gradient back to the rank they came from. A block's (T/cp, T/cp) scores are rebuilt in
+backward rather than kept (torch.utils.checkpoint, as flash attention rebuilds them), so what a rank keeps for
+backward grows linearly in T.
 
 Causal attention gives late positions more keys to see than early ones: cut in cp contiguous pieces, the last rank
 would do most of the work. Cut T into 2 cp chunks instead and give rank r chunks r and 2 cp - 1 - r, an early one
@@ -29,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from model import CausalSelfAttention
 from parallel.comm_count import counted
@@ -118,11 +121,18 @@ def ring_attention(q, k, v, ring, T):
     half = q.size(2) // 2  # the early chunk's positions; the late chunk's follow
     mine = zigzag_positions(T, ring.size, ring.index, q.device)
 
+    def block(q, k, v, q_positions, k_positions):
+        k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
+        return block_attention(q, k, v, q_positions, k_positions)
+
     def attend(queries, kv, source, keys=slice(None)):
-        k, v = (t[:, :, keys].repeat_interleave(groups, dim=1) for t in kv)
-        return block_attention(
-            q[:, :, queries], k, v, mine[queries], zigzag_positions(T, ring.size, source, q.device)[keys]
-        )
+        """One block, its (Tq, Tk) scores rebuilt in backward rather than kept, as flash attention does: backward
+        keeps the block's inputs (the keys and values the ring brought) and its output, linear in T/cp."""
+        inputs = (q[:, :, queries], kv[0][:, :, keys], kv[1][:, :, keys], mine[queries])
+        k_positions = zigzag_positions(T, ring.size, source, q.device)[keys]
+        if not torch.is_grad_enabled():
+            return block(*inputs, k_positions)
+        return checkpoint(block, *inputs, k_positions, use_reentrant=False)
 
     kv = torch.stack((k, v))  # (2, B, kv_heads, T/cp, D): one message a step, so every rank's passes pair up
     out, lse = attend(slice(None), kv, ring.index)
