@@ -185,7 +185,7 @@ def comm_bytes_per_step(
           each backward makes them: once per micro-batch of a pipeline (micro_batches), once per micro-step else.
       pp: per micro-step, the activation (B, T, C) to the next stage and its gradient back to
           the one before ((B, T/tp, C) under sequence parallelism): between stages only. Interleaved over v
-          chunks a rank (virtual_stages), each chunk sends both, less the model's first and last chunks: 2 v - 2
+          chunks a rank (virtual_stages), each chunk sends both, less the model's first and last chunks: 2 v
           on the ranks between, 2 v - 1 on the ends. Plus, once per step, the tied embedding's gradient between
           the first and last stages.
       cp: per block, its keys and values (2 B T kv/tp, compute dtype) passed around the ring cp - 1 times forward
@@ -466,6 +466,7 @@ def memory_per_gpu(
     zero=0,
     sequence_parallel=False,
     cp=1,
+    fused_ring=True,
 ):
     """Bytes on the fullest device of a layout, as a Memory.
 
@@ -483,8 +484,10 @@ def memory_per_gpu(
     them (Megatron gathers them again in backward to cut them too);
     times the stage's layers, times the micro-batches in flight (1F1B: p on the first stage, at most m;
     GPipe: all m), plus the logits of one. Context parallelism (cp) gives a rank s / cp positions of all of it,
-    plus the K and V blocks the ring brings, kept for their backward: 4 kv (cp - 1) / tp a position (as a fused
-    block kernel keeps them; context_parallel.block_attention, written to be read, keeps each block's scores too)."""
+    plus the K and V blocks the ring brings, kept for their backward: 4 kv (cp - 1) / tp a position, as a fused
+    ring kernel keeps them (fused_ring). context_parallel.ring_attention, written to be read, rebuilds each block's
+    scores in backward too, but autograd keeps every merge's running output and block output, fp32: 8 h (cp - 1) / tp
+    bytes a position more on the ring's last rank, whose every step merges a whole block (fused_ring=False)."""
     state = fullest_rank_state_bytes(gpt_config, dp, tp, pp, zero)
     s, b, h = gpt_config.block_size // cp, micro_batch_rows, gpt_config.n_embd
     kv = gpt_config.kv_heads * (h // gpt_config.n_head)
@@ -503,6 +506,8 @@ def memory_per_gpu(
     # in the compute dtype, and the loss's fp32 copy
     logits = b * s * -(-gpt_config.vocab_size // tp) * (activation_bytes + 4)
     activations = in_flight * layers * per_layer * activation_bytes / 2 + logits
+    if not (fused_ring or recompute):  # recomputation keeps a layer's input alone, ring and merges rebuilt
+        activations += in_flight * layers * s * b * 8 * h * (cp - 1) / tp
     return Memory(state, activations)
 
 
@@ -608,7 +613,9 @@ def long_context_rows(gpt_config, ways, lengths, micro_batch_rows=1, activation_
         row = {"T": T, "activations": {}, "comm": {}, "state": {}}
         for name, cut in cuts.items():
             tp, cp, sp = cut.get("tp", 1), cut.get("cp", 1), cut.get("sequence_parallel", False)
-            memory = memory_per_gpu(shape, tp, 1, micro_batch_rows, 1, False, activation_bytes, 1, 0, sp, cp)
+            memory = memory_per_gpu(
+                shape, tp, 1, micro_batch_rows, 1, activation_bytes=activation_bytes, sequence_parallel=sp, cp=cp
+            )
             sent = comm_bytes_per_step(
                 shape,
                 dp=1,
@@ -628,6 +635,7 @@ def long_context_rows(gpt_config, ways, lengths, micro_batch_rows=1, activation_
 
 
 def print_long_context(gpt_config, name, ways, micro_batch_rows):
+    """cost.py --long_context N: long_context_rows at 4K to 512K tokens as a table, and what it says."""
     lengths = [2**k for k in range(12, 20)]  # 4K to 512K tokens
     rows = long_context_rows(gpt_config, ways, lengths, micro_batch_rows)
     h = gpt_config.n_embd
@@ -741,12 +749,27 @@ def account_lines(
     zero=0,
     recompute=False,
     measured_activations=None,
+    sequence_parallel=False,
+    cp=1,
 ):
     """Lines of a run's cost account before it trains: compute, memory per device, and time.
     measured_activations: the peak bytes autograd kept in a measured step (monitor.SavedActivations)."""
     N, tokens = parameters_on_rank(gpt_config), max_iters * tokens_per_step
     flops = flops_per_token(gpt_config) * tokens
-    memory = memory_per_gpu(gpt_config, tp, pp, micro_batch_rows, in_flight, recompute, activation_bytes, dp, zero)
+    memory = memory_per_gpu(
+        gpt_config,
+        tp,
+        pp,
+        micro_batch_rows,
+        in_flight,
+        recompute,
+        activation_bytes,
+        dp,
+        zero,
+        sequence_parallel=sequence_parallel,
+        cp=cp,
+        fused_ring=False,  # this run's own ring attention
+    )
     h100_hours = flops / (0.4 * GPUS["H100"].peak_flops) / 3600
     gib = 2**30
     return [

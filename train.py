@@ -370,6 +370,8 @@ def print_cost_account(run):
         zero=model.zero_stage,
         recompute=run.configs.parallel.recompute,
         measured_activations=saved.peak,
+        sequence_parallel=run.configs.parallel.sequence_parallel,
+        cp=run.grid.cp,
     ):
         run.say("cost: " + line)
 

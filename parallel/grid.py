@@ -138,6 +138,7 @@ class ProcessGrid:
 
         self.dp_ranks, self.pp_ranks, self.cp_ranks, self.tp_ranks = (line(axis) for axis in range(4))
         self.dp_group = self.tp_group = self.pp_group = self.cp_group = self.embedding_group = None
+        self.pp_message_groups = {}
         if world_size > 1:
             self.dp_group = self._make_groups(lines(0))
             self.pp_group = self._make_groups(lines(1))
@@ -146,9 +147,10 @@ class ProcessGrid:
             self.cp_group = self._make_groups(lines(2))
         if pp > 1:  # the first and last stages share the tied embedding / output head
             self.embedding_group = self._make_groups(lines(1)[:, [0, -1]])
-        # pipeline neighbours (world ranks), None at the ends
-        self.pp_prev = self.pp_ranks[self.pp_rank - 1] if self.pp_rank > 0 else None
-        self.pp_next = self.pp_ranks[self.pp_rank + 1] if self.pp_rank < pp - 1 else None
+            # the stages' point-to-point messages, a group per kind ("F": activations, "B": their gradients): NCCL
+            # matches two ranks' sends and receives in the order they are posted, whatever their tag, and an
+            # interleaved pipeline on 2 stages receives both kinds from one neighbour, each kind in its own order
+            self.pp_message_groups = {kind: self._make_groups(lines(1)) for kind in "FB"}
 
     def _make_groups(self, rank_lists):
         mine = None

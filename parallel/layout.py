@@ -17,6 +17,7 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.nn as nn
 
+from parallel.context_parallel import average_over_cp, context_parallel, cut_sequences, mean_over_cp
 from parallel.data_parallel import (
     BucketedDataParallel,
     DataParallel,
@@ -27,7 +28,6 @@ from parallel.data_parallel import (
     sharded_grad_norm,
     zero_stage_of,
 )
-from parallel.context_parallel import average_over_cp, context_parallel, cut_sequences, mean_over_cp
 from parallel.grid import ProcessGrid, check_grid
 from parallel.pipeline import SCHEDULES, PipelineModel
 from parallel.tensor_parallel import tensor_parallel
@@ -60,7 +60,7 @@ class RankModel(Protocol):
     grid: ProcessGrid  # this rank's place among the others
     dp: "DataParallel | None"  # the hand-written DP engine (its optimizer() updates what this rank holds); else None
     micro_batches: int  # the pieces forward_backward cuts a batch into: a pipeline's m, else 1
-    in_flight: int  # micro-batches whose activations a rank keeps at once: 1F1B's peak, else 1
+    in_flight: float  # stages' worth of micro-batch activations a rank keeps at once: a schedule's peak, else 1
     zero_stage: int  # the training state shared out over dp: 0 none, 1 moments, 2 and gradients, 3 and weights
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, loss_weight: float, sync: bool = True):

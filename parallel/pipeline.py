@@ -18,7 +18,7 @@ pipeline fills and drains in chunks, so the bubble shrinks v-fold:
 
     (p - 1) / (v m + p - 1)
 
-paid for with v times the point-to-point sends.
+paid for with v times the point-to-point sends (2 v a micro-batch on the ranks between, 2 v - 1 on the ends).
 
 A schedule here is a plain function that lists one rank's operations in order,
 ("F", i) or ("B", i) for micro-batch i, or ("F", i, k) and ("B", i, k) on its model
@@ -118,6 +118,8 @@ SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
 def schedule_for(name, chunks=1):
     """The schedule function (stages, micro_batches, stage) -> one rank's operations: SCHEDULES[name], or
     interleaved 1F1B over `chunks` chunks a rank."""
+    if chunks > 1 and name != "1f1b":
+        raise ValueError(f"schedule {name!r} is not interleaved: {chunks} chunks a rank take 1f1b")
     return SCHEDULES[name] if chunks == 1 else functools.partial(interleaved_1f1b, chunks=chunks)
 
 
@@ -153,16 +155,36 @@ def logical_timeline(schedule, stages, micro_batches):
 
 def check_schedule(schedule, stages, micro_batches, chunks=1):
     """A schedule runs: on every rank, each micro-batch's forward and backward through each of its chunks exactly
-    once, and (logical_timeline) every operation's input made before it, so no rank waits forever."""
+    once; (logical_timeline) every operation's input made before it, so no rank waits forever; and on every link
+    between two ranks, each kind of message received in the order it is sent, as run_schedule's receives (posted
+    in the receiver's order, matched in the sender's) need."""
     every = sorted((kind, i, k) for kind in "FB" for i in range(micro_batches) for k in range(chunks))
-    for s in range(stages):
-        got = sorted(operation(op) for op in schedule(stages, micro_batches, s))
-        if got != every:
+    orders = [[operation(op) for op in schedule(stages, micro_batches, s)] for s in range(stages)]
+    for s, order in enumerate(orders):
+        if sorted(order) != every:
             raise ValueError(
                 f"the schedule of rank {s} of {stages} does not run F and B of each of {micro_batches} micro-batches "
-                f"through each of its {chunks} chunks once: {got}"
+                f"through each of its {chunks} chunks once: {order}"
             )
     logical_timeline(schedule, stages, micro_batches)
+    last = stages * chunks - 1
+    sent, received = {}, {}  # (kind, from rank, to rank) -> [(micro-batch, model stage it feeds)] in order
+    for s, order in enumerate(orders):
+        for kind, i, k in order:
+            g = k * stages + s
+            if (kind == "F" and g < last) or (kind == "B" and g > 0):  # its output goes on to the next stage
+                to = g + 1 if kind == "F" else g - 1
+                sent.setdefault((kind, s, to % stages), []).append((i, to))
+            if (kind == "F" and g > 0) or (kind == "B" and g < last):  # its input comes from a neighbour
+                source = g - 1 if kind == "F" else g + 1
+                received.setdefault((kind, source % stages, s), []).append((i, g))
+    for link, messages in received.items():
+        if sent.get(link) != messages:
+            kind, source, to = link
+            raise ValueError(
+                f"rank {to} receives its {kind} messages from rank {source} in another order than they are sent: "
+                f"{messages} against {sent.get(link)}"
+            )
 
 
 def bubble_fraction(timeline):
@@ -295,11 +317,6 @@ def sync_tied_embedding(stage, grid):
 # Running a schedule: point-to-point communication, timed
 
 
-# Forward activations and backward gradients travel with their own tags: with interleaving on two ranks, each
-# receives both kinds from the same neighbour, and a tag keeps each kind's messages in their own order.
-TAGS = {"F": 0, "B": 1}
-
-
 def ring_neighbours(grid):
     """(previous, next) pipeline rank around the ring: interleaving sends the last rank's chunk k on to the
     first rank's chunk k + 1 (and its gradient back); without it the ends never use the wrap."""
@@ -327,13 +344,9 @@ class Inbox:
             kind: [(i, k) for op_kind, i, k in order if op_kind == kind and needs(k)]
             for kind, needs in receives.items()
         }
-        self.source = dict(zip("FB", ring_neighbours(grid)))
-        self.buffers = {
-            kind: dict(
-                zip(waiting, torch.empty((len(waiting), *shape), device=device))
-            )  # fp32, like the residual stream
-            for kind, waiting in self.waiting.items()
-        }
+        self.source, self.groups = dict(zip("FB", ring_neighbours(grid))), grid.pp_message_groups
+        blocks = {kind: torch.empty((len(waiting), *shape), device=device) for kind, waiting in self.waiting.items()}
+        self.buffers = {kind: dict(zip(waiting, blocks[kind])) for kind, waiting in self.waiting.items()}  # fp32
         self.posted = {}
         for kind in self.waiting:
             self._post_next(kind)
@@ -341,7 +354,8 @@ class Inbox:
     def _post_next(self, kind):
         if self.waiting[kind]:
             key = self.waiting[kind].pop(0)
-            self.posted[kind, key] = dist.irecv(self.buffers[kind][key], self.source[kind], tag=TAGS[kind])
+            group = self.groups[kind]  # each kind on its own group: its messages matched in their own order
+            self.posted[kind, key] = dist.irecv(self.buffers[kind][key], self.source[kind], group=group)
 
     def take(self, kind, i, k):
         """Wait for the input of operation (kind, i, k), post the next receive of its kind, return the input."""
@@ -376,7 +390,7 @@ def run_schedule(rank, order, inputs, targets, micro_batches, grid, n_embd, loss
         return result
 
     def send(kind, tensor, to):
-        pending.append(dist.isend(counted("pp", tensor.contiguous()), to, tag=TAGS[kind]))
+        pending.append(dist.isend(counted("pp", tensor.contiguous()), to, group=grid.pp_message_groups[kind]))
 
     for kind, i, k in order:
         stage = rank.chunks[k]
@@ -457,9 +471,9 @@ def plot_gantt(timeline, path, title):
 
 
 class PipelineModel:
-    """The model as a pipeline rank holds it: one stage (its matrices cut across the TP group
-    when tp > 1), run under a schedule over micro_batches micro-batches; gradients averaged
-    over the dp replicas of the stage.
+    """The model as a pipeline rank holds it: its stage, or its v chunks when interleaved (their matrices cut
+    across the TP group when tp > 1), run under a schedule over micro_batches micro-batches; gradients averaged
+    over the dp replicas of the rank.
     It answers the training loop's interface, layout.RankModel."""
 
     def __init__(
@@ -559,7 +573,11 @@ def main():
     parser.add_argument("--virtual_stages", type=int, default=2, help="chunks a rank for the interleaved row")
     args = parser.parse_args()
     p, m, v = args.stages, args.micro_batches, args.virtual_stages
-    rows = [(name, schedule, 1) for name, schedule in SCHEDULES.items()] + [(f"1f1b v={v}", schedule_for("1f1b", v), v)]
+    rows = [(name, schedule, 1) for name, schedule in SCHEDULES.items()]
+    if v > 1 and m % p:
+        print(f"(no interleaved row: it runs micro-batches in groups of p = {p}, and m = {m} is not a multiple)")
+    elif v > 1:
+        rows.append((f"1f1b v={v}", schedule_for("1f1b", v), v))
     for name, schedule, chunks in rows:
         bubble = bubble_fraction(logical_timeline(schedule, p, m))
         peak = max(peak_activations(schedule(p, m, s)) for s in range(p)) / chunks

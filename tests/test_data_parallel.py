@@ -511,8 +511,6 @@ def _grid_coordinates():
         grid.dp_ranks,
         grid.pp_ranks,
         grid.tp_ranks,
-        grid.pp_prev,
-        grid.pp_next,
     )
     destroy_distributed()
     return result
@@ -522,12 +520,11 @@ def test_process_grid_puts_tp_fastest():
     outcome = run_ranks(8, _grid_coordinates, timeout=60)
     for rank, (status, value) in outcome.items():
         assert status == "ok", outcome
-        dp_rank, pp_rank, tp_rank, dp_ranks, pp_ranks, tp_ranks, prev, nxt = value
+        dp_rank, pp_rank, tp_rank, dp_ranks, pp_ranks, tp_ranks = value
         assert rank == (dp_rank * 2 + pp_rank) * 2 + tp_rank
         assert tp_ranks == [rank - tp_rank, rank - tp_rank + 1]  # a TP group is consecutive ranks
         assert dp_ranks == [pp_rank * 2 + tp_rank, 4 + pp_rank * 2 + tp_rank]
         assert pp_ranks == [dp_rank * 4 + tp_rank, dp_rank * 4 + 2 + tp_rank]
-        assert (prev, nxt) == ((None, pp_ranks[1]) if pp_rank == 0 else (pp_ranks[0], None))
 
 
 def test_layout_that_does_not_fit_the_world_is_named():

@@ -147,6 +147,13 @@ def test_a_schedule_that_skips_or_stalls_is_refused():
     with pytest.raises(RuntimeError, match="backward_first deadlocks with 2 stages and 4 micro-batches"):
         check_schedule(backward_first, 2, 4)
 
+    def last_stage_reversed(stages, micro_batches, stage):  # runs, but takes micro-batch 1's activation first
+        order = SCHEDULES["gpipe"](stages, micro_batches, stage)
+        return order if stage < stages - 1 else [(kind, micro_batches - 1 - i) for kind, i in order]
+
+    with pytest.raises(ValueError, match="rank 0 receives its B messages from rank 1 in another order"):
+        check_schedule(last_stage_reversed, 2, 2)
+
 
 def test_bad_layouts_are_named():
     def check(gpt_config, pp, micro_batches):
