@@ -92,7 +92,7 @@ def parameters_on_rank(gpt_config, tp=1, pp=1, stage=0):
     positions (gpt2); the last stage the final norm, and the head's matrix where it is not the first stage's
     embedding itself: a copy of the tied one on a later stage, or an untied head of its own."""
     C, V, H = gpt_config.n_embd, gpt_config.vocab_size, gpt_config.hidden
-    kv = gpt_config.kv_heads * (C // gpt_config.n_head)
+    kv = gpt_config.kv_width
     mlp_matrices = 3 if gpt_config.arch == "llama" else 2
     norm = 0 if gpt_config.norm == "none" else C * (2 if gpt_config.norm == "layernorm" and gpt_config.bias else 1)
     matrices = C * (C + 2 * kv) + C * C + mlp_matrices * C * H
@@ -256,7 +256,7 @@ def comm_bytes_per_step(
         )
     cp_bytes, cp_how = 0, "none: a group of 1"
     if cp > 1:
-        kv = gpt_config.kv_heads // tp * (C // gpt_config.n_head)  # this TP rank's key/value width
+        kv = gpt_config.kv_width // tp  # this TP rank's key/value width
         held = parameters_on_rank(gpt_config, tp, pp, stage)
         cp_bytes = A * (L * (cp - 1) * (2 + recompute) * 2 * B * T * kv * compute_bytes + micro_batches * 4 * held)
         cp_how = (
@@ -490,7 +490,7 @@ def memory_per_gpu(
     bytes a position more on the ring's last rank, whose every step merges a whole block (fused_ring=False)."""
     state = fullest_rank_state_bytes(gpt_config, dp, tp, pp, zero)
     s, b, h = gpt_config.block_size // cp, micro_batch_rows, gpt_config.n_embd
-    kv = gpt_config.kv_heads * (h // gpt_config.n_head)
+    kv = gpt_config.kv_width
     llama = gpt_config.arch == "llama"
     mlp = (8 if llama else 4) * gpt_config.hidden
     rope = 2 * h + 2 * kv if llama else 0  # the rotated q and k: copies attention keeps beside q, k, v's own
@@ -638,8 +638,7 @@ def print_long_context(gpt_config, name, ways, micro_batch_rows):
     """cost.py --long_context N: long_context_rows at 4K to 512K tokens as a table, and what it says."""
     lengths = [2**k for k in range(12, 20)]  # 4K to 512K tokens
     rows = long_context_rows(gpt_config, ways, lengths, micro_batch_rows)
-    h = gpt_config.n_embd
-    kv = gpt_config.kv_heads * (h // gpt_config.n_head)
+    h, kv = gpt_config.n_embd, gpt_config.kv_width
     print(f"model {name}, one sequence cut {ways} ways, {micro_batch_rows} a micro-batch, bf16, no recomputation:")
     print("per rank, GB: the activations a step keeps | the payload it hands to collectives in a step (TP's, or CP's")
     print("ring and gradient average; tp+sp's gathers and scatters each count whole: on a ring, tp's traffic)")

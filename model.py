@@ -80,6 +80,11 @@ class GPTConfig:
         return self.n_kv_head or self.n_head
 
     @property
+    def kv_width(self):
+        """The keys' (and the values') width: kv_heads heads of n_embd / n_head channels, under GQA less than n_embd."""
+        return self.kv_heads * (self.n_embd // self.n_head)
+
+    @property
     def hidden(self):
         """The MLP's hidden width: 4 C for GELU; for SwiGLU, whose three matrices would otherwise hold 12 C^2, 8 C / 3
         (the same 8 C^2 as GELU's two) rounded up to a multiple of 64, as Llama does (to 256 there)."""

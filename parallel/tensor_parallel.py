@@ -356,7 +356,7 @@ def tensor_parallel(model, grid, sequence_parallel=False):
         if sequence_parallel
         else (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)
     )
-    C, kv = model.config.n_embd, model.config.kv_heads * (model.config.n_embd // model.config.n_head)
+    C, kv = model.config.n_embd, model.config.kv_width
     mlp_sections = (model.config.hidden,) * 2 if model.config.arch == "llama" else ()  # SwiGLU: gate, up
     for block in model.blocks:
         block.attn.c_attn = column.from_linear(block.attn.c_attn, grid, (C, kv, kv))  # heads h*H/tp...

@@ -265,7 +265,7 @@ def test_context_parallelism_keeps_less_than_sequence_parallelism_by_the_kv_savi
     units), nothing less without GQA; TP without SP keeps the most; the state cp keeps is TP's times n."""
     gpt_config, n = cost.MODELS[model].gpt_config, 8
     h = gpt_config.n_embd
-    kv = gpt_config.kv_heads * (h // gpt_config.n_head)
+    kv = gpt_config.kv_width
     assert (kv < h) == gqa
     for row in cost.long_context_rows(gpt_config, n, [4096, 131072]):
         act = row["activations"]
