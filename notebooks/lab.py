@@ -10,6 +10,7 @@ the same flags as the command line.
 import contextlib
 import io
 import json
+import math
 import os
 import statistics
 import sys
@@ -198,6 +199,14 @@ def measured(
     if topic is not None:
         row["topic"] = topic
     return row
+
+
+def aa_noise(gaps):
+    """The noise an effect must beat: the RMS of an A/A arm's gaps (one measurement taken twice, by two seeds,
+    two timing rounds or two draws of text, as a difference, or a ratio less 1), taken about zero, which is what
+    an A/A gap should be. Their std would be taken about their own mean and miss the offset two runs of one recipe
+    can share (a machine that slows between the arms); the A/A control could then pass the bar built from it."""
+    return math.sqrt(statistics.fmean(g * g for g in gaps))
 
 
 def trend_of(effects, noise, toward=1):

@@ -14,6 +14,7 @@ rests on the hardware (a speed-up) is pinned to every verdict its direction allo
 
 import json
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -90,13 +91,14 @@ NOT_YES = {
         ("no", "yes"),
         lambda measured: 0.7 < float(measured.split()[0]) < 0.95 and "the bigram counts' samples" in measured,
     ),
-    # the middle checkpoint's samples repeat themselves no more than the late one's (~0.24 against ~0.26, both near
-    # held-out text's ~0.21); the bigram counts' samples repeat most (~0.36)
+    # the middle checkpoint's samples repeat themselves about as much as the late one's (0.24-0.26 each, both near
+    # held-out text's ~0.21), within the A/A noise of sampling seeds; the bigram counts' samples repeat most (~0.36).
+    # One trained run decides the sign, and another CPU's run may land on either side: "no" or "partly"
     (
         "01_from_corpus_to_base_model",
         "Mid-run samples are fluent but repetitive: they repeat themselves more than late ones",
     ): (
-        "no",
+        ("no", "partly"),
         lambda measured: float(measured.split()[0]) < 0.32 and "(3 sampling seeds of one trained run)" in measured,
     ),
     # ---- 02
@@ -353,15 +355,15 @@ NOT_YES = {
         lambda measured: 0.02 < float(measured.split()[0]) < 0.3 and "(3 seeds)" in measured,
     ),
     # ---- 12
-    # the interleaved bubble on the clock: at m = 4 and 8 a micro-batch is 8 or 4 rows, and the fixed cost of twice the
-    # messages and operations eats into the gain; on a loaded machine it may fall under 3 A/A standard errors, but it
-    # keeps its sign (the notebook says why)
+    # the interleaved bubble on the clock: the fixed cost of twice the messages and operations eats into the gain, the
+    # more as micro-batches shrink (m = 4 and 8: 8 or 4 rows), and on a machine shared with another notebook the A/A
+    # arm's noise grows; the gain may fall under 3 x that noise, but it keeps its sign (the notebook says why)
     **{
         ("12_long_context", f"Interleaving (v = 2) shrinks the measured bubble, m = {m}"): (
             ("yes", "partly"),
             lambda measured: float(measured.split()[0]) > 0 and "(9 timing rounds)" in measured,
         )
-        for m in (4, 8)
+        for m in (2, 4, 8)
     },
 }
 
@@ -529,6 +531,11 @@ def test_a_measured_row_must_be_an_experiment_that_could_have_failed():
     assert weak["holds"] == "partly" and not row_problems(weak)
     blind = measured([0.9, 1.0, 1.1], [0.8, 0.9, 1.0])
     assert "could not have failed" in row_problems(blind)
+    # A/A gaps that share an offset (the second run slower each time): their std would put the bar below the A/A
+    # arm's own mean gap; their size about zero (aa_noise) puts it above
+    shared_offset = [0.9, 1.0, 1.1]
+    assert 3 * statistics.stdev(shared_offset) < statistics.fmean(shared_offset) < 3 * lab.aa_noise(shared_offset)
+    assert lab.aa_noise([0.3, -0.4]) == pytest.approx(0.125**0.5)
     # a mean carried by a minority: two runs of six pass, the mean does, the median does not
     carried = measured([2.0, 2.2, 0.1, 0.2, 0.1, 0.3], 0.0, direction=lambda v: v > 0)
     assert carried["holds"] == "partly" and "median 0.25" in carried["measured"]
