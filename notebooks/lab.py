@@ -142,7 +142,7 @@ def measured(
                real one must beat. Never an arm built to fail (an untrained model, an absurd LR);
     rule:      number -> bool, the threshold, applied to the mean of `values`, to their median (a mean
                carried by a minority of runs does not pass), and to the control;
-    threshold: the rule in words, e.g. "effect > 3 x the A/A arm's std and within the chapter's 0.2-0.3";
+    threshold: the rule in words, e.g. "effect > 3 x the A/A arm's RMS and within the chapter's 0.2-0.3";
     threshold_from: where its number comes from, one of THRESHOLD_FROM: "chapter" (a size the chapter
                states), "noise" (the A/A spread), "both"; never the effect's own spread;
     direction: number -> bool, the sign of the effect alone: where it holds and `rule` does not,

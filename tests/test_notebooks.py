@@ -190,7 +190,7 @@ NOT_YES = {
     ),
     # ---- 04
     # the second warmup lifts the val loss by ~0.019 over the next 100 steps in every seed (above the A/A in 4 of 5),
-    # but the A/A arm's std over 5 seeds (~0.009, one seed's gap 0.02) puts 3 x the noise at ~0.027: direction, not size
+    # but the A/A arm's RMS over 5 seeds (~0.009, one seed's gap 0.02) puts 3 x the noise at ~0.027: direction, not size
     ("04_resume_needs_three_things", "Without the schedule position, a second warmup breaks the rhythm"): (
         "partly",
         lambda measured: (
