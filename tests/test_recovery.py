@@ -231,11 +231,13 @@ def test_a_crash_storm_ends_with_the_uninterrupted_runs_losses_and_tensors(workd
         job = subprocess.Popen(
             command(out), cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
-        logged = len(losses(out))
+        # a life is a few steps past where the last one was cut, counted in steps so that a faster machine's lives
+        # cover no more of the run, then a random moment, often while a checkpoint (every 2 steps) is written
+        logged, steps_on = len(losses(out)), rng.randint(1, 16)
         deadline = time.time() + 120
-        while len(losses(out)) <= logged and job.poll() is None and time.time() < deadline:  # until it trains
+        while len(losses(out)) < logged + steps_on and job.poll() is None and time.time() < deadline:
             time.sleep(0.02)
-        time.sleep(rng.uniform(0, 0.4))
+        time.sleep(rng.uniform(0, 0.05))
         if job.poll() is not None:
             break  # it finished first
         os.killpg(job.pid, signal.SIGKILL)
@@ -244,9 +246,15 @@ def test_a_crash_storm_ends_with_the_uninterrupted_runs_losses_and_tensors(workd
         mid_write += (out / "ckpt").is_dir() and any(name.endswith(".tmp") for name in os.listdir(out / "ckpt"))
         wait_for_the_jobs_processes_to_end(out)
     assert kills == 25, f"the run finished after {kills} kills: give it more steps"
+    cut_at = len(losses(out))  # how far the 25 lives took it, printed against the whole run's records
     last = subprocess.run(command(out), cwd=workdir, capture_output=True, text=True, timeout=600)
-    assert last.returncode == 0, last.stderr
-    print(f"{kills} kills, {mid_write} of them while a checkpoint was being written")
+    # the last kill may land after the final check was logged (its plot and samples come after): the run is finished,
+    # and the same command says so rather than training again
+    assert last.returncode == 0 or "holds a finished run" in last.stderr, last.stderr
+    print(
+        f"{kills} kills, {mid_write} of them while a checkpoint was being written; cut at {cut_at} records of "
+        f"{len(losses(reference))}"
+    )
     assert losses(out) == losses(reference)
     assert_same_tensors(out, reference, steps)
 
