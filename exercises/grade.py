@@ -61,9 +61,9 @@ def what_failed(failure, exercise):
     return f"raised{at}: " + " ".join(first.split())
 
 
-def run_tests(root, tests, timeout, first_failure_only=False):
+def run_tests(root, tests, timeout, first_failure_only=False, env=None):
     """{(module, test name): (outcome, its report)} with outcome passed | failed | error (the report a JUnit XML
-    element, None when passed), and pytest's output."""
+    element, None when passed), and pytest's output. env: pytest's environment (default: this one's)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.xml")
         command = [
@@ -77,7 +77,7 @@ def run_tests(root, tests, timeout, first_failure_only=False):
             *(["-x"] if first_failure_only else []),
             *tests,
         ]
-        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")  # an edited body must never meet a stale .pyc
+        env = dict(env or os.environ, PYTHONDONTWRITEBYTECODE="1")  # an edited body must never meet a stale .pyc
         result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=timeout, env=env)
         cases = ET.parse(report).getroot().iter("testcase") if os.path.exists(report) else []
         outcomes = {}
@@ -92,7 +92,7 @@ def run_tests(root, tests, timeout, first_failure_only=False):
     return outcomes, result.stdout + result.stderr
 
 
-def grade(root, exercise, timeout=900, first_failure_only=False):
+def grade(root, exercise, timeout=900, first_failure_only=False, env=None):
     """(status, detail) of one exercise in the project at root."""
     stubs = stubbed_bodies(root, exercise)
     if len(stubs) == len(exercise.where):
@@ -100,7 +100,7 @@ def grade(root, exercise, timeout=900, first_failure_only=False):
     if stubs:
         return "failed", f"{', '.join(stubs)} is still the stub: write every body of the exercise"
     try:
-        outcomes, output = run_tests(root, exercise.tests, timeout, first_failure_only)
+        outcomes, output = run_tests(root, exercise.tests, timeout, first_failure_only, env)
     except subprocess.TimeoutExpired:
         return "failed", f"its tests did not finish within {timeout} s: does the body wait for something forever?"
     failed, waiting = [], {}

@@ -2,6 +2,7 @@
 passed honestly and names a broken marker; the graders reject every wrong body in exercises/mutants/
 (`-m graders`, minutes), and the needs the catalog declares are enough to grade each exercise."""
 
+import re
 import sys
 
 import pytest
@@ -10,7 +11,7 @@ from conftest import ROOT, run_script
 
 sys.path.insert(0, str(ROOT / "exercises"))
 from catalog import BY_NAME, EXERCISES, all_needs, in_needs_order, mutants_of, reference_bodies  # noqa: E402
-from check_graders import write_bodies  # noqa: E402
+from check_graders import main as check_the_graders, write_bodies  # noqa: E402
 
 GPIPE_ORDER = ['return [("F", i) for i in range(micro_batches)] + [("B", i) for i in range(micro_batches)]\n']
 
@@ -126,6 +127,21 @@ def test_check_graders_reports_a_wrong_body_that_passes(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert "NOT CAUGHT (passed)" in result.stdout and "the_reference.py" in result.stdout, result.stdout
     assert "caught       " in result.stdout and "1/2 mutants caught" in result.stdout, result.stdout
+    # graded side by side (two copies), reported in the folder's order
+    assert result.stdout.index("no_decay.py") < result.stdout.index("the_reference.py"), result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--jobs", "0"], "--jobs 0: grade at least one mutant at a time"),
+        (["no_such_exercise"], "no_such_exercise: no such exercise"),
+        (["--mutants", "no/such/folder"], "--mutants no/such/folder is not a folder"),
+    ],
+)
+def test_check_graders_names_a_bad_argument(args, said):
+    with pytest.raises(SystemExit, match=re.escape(said)):
+        check_the_graders(args)
 
 
 def test_every_exercise_keeps_at_least_three_mutants():
