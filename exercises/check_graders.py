@@ -83,7 +83,7 @@ def main(argv=None):
         help="the folder of wrong bodies, one subfolder per exercise (default: exercises/mutants)",
     )
     parser.add_argument(
-        "--jobs", type=int, default=len(os.sched_getaffinity(0)), help="mutants graded at once (default: the cores)"
+        "--jobs", type=int, default=os.cpu_count() or 1, help="mutants graded at once (default: the cores)"
     )
     args = parser.parse_args(argv)
     if args.jobs < 1:
