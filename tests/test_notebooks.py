@@ -1,6 +1,6 @@
 """The notebooks, executed headless from top to bottom: no error, and every verdict row holds.
 
-    python -m pytest -m notebooks               # all of them, two at a time: about 25 minutes on 2 CPU cores
+    python -m pytest -m notebooks               # all of them, two at a time: 13 to 20 minutes on 2 CPU cores
     python tests/test_notebooks.py notebooks/02_four_defenses.ipynb   # re-run one and save its outputs
 
 Every row says what kind of evidence it is (notebooks/lab.py): measured, computed or mechanism. A
