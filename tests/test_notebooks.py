@@ -582,6 +582,19 @@ def test_the_notebooks_are_committed_with_their_figures_and_verdicts():
     assert len(trends) >= 4, f"the scale claims shown as trends along their axis: only {trends}"
 
 
+def test_a_speed_row_is_judged_by_the_cpu_it_names():
+    """02's bf16 speed row, as measured on a CPU with bf16 hardware and on one without: each holds as its CPU
+    allows, whichever CPU runs this test, and the other machine's verdict is refused."""
+    path = ROOT / "notebooks" / "02_four_defenses.ipynb"
+    row = next(r for r in verdicts(json.loads(path.read_text())["cells"]) if "bf16 autocast nearly" in r["claim"])
+    text = "{}x ± 0.1x (3 timing rounds): fp32 / bf16 CPU time per optimizer step; CPU: x (bf16 in hardware: {})"
+    check_rows(path, [{**row, "holds": "yes", "measured": text.format(2.2, True)}])
+    check_rows(path, [{**row, "holds": "no", "measured": text.format(0.4, False)}])
+    for holds, ratio, native in [("no", 0.4, True), ("yes", 2.2, False)]:
+        with pytest.raises(AssertionError, match=f"holds '{holds}'"):
+            check_rows(path, [{**row, "holds": holds, "measured": text.format(ratio, native)}])
+
+
 def test_the_lab_summary_counts_every_committed_notebook():
     """python notebooks/lab.py: a line per notebook and a total, measured "yes" rows by control kind."""
     sys.path.insert(0, str(ROOT / "notebooks"))
