@@ -248,9 +248,7 @@ def test_a_crash_storm_ends_with_the_uninterrupted_runs_losses_and_tensors(workd
     assert kills == 25, f"the run finished after {kills} kills: give it more steps"
     cut_at = len(losses(out))  # how far the 25 lives took it, printed against the whole run's records
     last = subprocess.run(command(out), cwd=workdir, capture_output=True, text=True, timeout=600)
-    # the last kill may land after the final check was logged (its plot and samples come after): the run is finished,
-    # and the same command says so rather than training again
-    assert last.returncode == 0 or "holds a finished run" in last.stderr, last.stderr
+    assert last.returncode == 0, last.stderr
     print(
         f"{kills} kills, {mid_write} of them while a checkpoint was being written; cut at {cut_at} records of "
         f"{len(losses(reference))}"
