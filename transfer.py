@@ -744,7 +744,8 @@ def _shape_of(state_dict):
 def fit_to_run(source_gpt_config, state_dict, run_gpt_config, source_description, say=print):
     """(the GPTConfig to build the run's model with, the state dict fitted to it), or a ValueError naming
     what differs. The source's shape and architecture must be the run's, but for two things:
-    - block_size may be smaller than the source's: the first block_size rows of wpe are kept; never larger.
+    - block_size may be smaller than the source's, never larger: GPT-2 keeps the first block_size rows of wpe;
+      Llama's rotary positions have no table, so its tensors are kept whole.
     - vocab_size is the source's. HF's GPT-2 has 50257 rows where our runs pad to 50304; padding it with rows
       of zeros would score those ids logit 0, far above GPT-2's large negative logits, and hand them most of
       the probability. So the model is built with the source's rows, padded or not. Both must pad to the
@@ -765,13 +766,11 @@ def fit_to_run(source_gpt_config, state_dict, run_gpt_config, source_description
     if source["block_size"] < run_gpt_config.block_size:
         differ.append("block_size")
     if differ:
-        cropped = (
-            " (a block_size up to the source's is fine: its positions are cropped)" if "block_size" in differ else ""
-        )
+        hint = " (a block_size up to the source's is fine)" if "block_size" in differ else ""
         raise ValueError(
             f"--init_from {source_description} holds {', '.join(f'{k} {source[k]}' for k in differ)}; this run has "
             f"{', '.join(f'{k} {getattr(run_gpt_config, k)}' for k in differ)}: "
-            f"pass {' '.join(_flag(k, source[k]) for k in differ)}" + cropped
+            f"pass {' '.join(_flag(k, source[k]) for k in differ)}" + hint
         )
     padded = padded_vocab_size(run_gpt_config.vocab_size)  # the run's tokenizer's vocabulary, padded (it may be)
     if padded_vocab_size(source["vocab_size"]) != padded:
@@ -781,11 +780,15 @@ def fit_to_run(source_gpt_config, state_dict, run_gpt_config, source_description
         )
     gpt_config = replace(run_gpt_config, vocab_size=source["vocab_size"])
     if source["block_size"] > run_gpt_config.block_size:
-        state_dict = {**state_dict, "wpe.weight": state_dict["wpe.weight"][: run_gpt_config.block_size]}
-        say(
-            f"--init_from {source_description}: its {source['block_size']} positions cropped to this run's "
-            f"block_size {run_gpt_config.block_size}"
+        shorter = (
+            f"--init_from {source_description} holds {source['block_size']} positions; this run's block_size is "
+            f"{run_gpt_config.block_size}: "
         )
+        if gpt_config.arch == "gpt2":  # a learned table: its first block_size rows are the positions this run uses
+            state_dict = {**state_dict, "wpe.weight": state_dict["wpe.weight"][: run_gpt_config.block_size]}
+            say(shorter + f"its position table cropped to the first {run_gpt_config.block_size} rows")
+        else:  # rotary positions are a formula of the position: a shorter block changes no tensor
+            say(shorter + "its rotary positions need no table, so every tensor is kept as it is")
     with torch.device("meta"):  # the model's shapes, without memory or init
         expected = GPT(gpt_config).state_dict()
     for name, tensor in expected.items():

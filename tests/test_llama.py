@@ -14,7 +14,7 @@ import cost
 from data import get_tokenizer
 import train
 import transfer
-from conftest import needs_gpt2, save_bpe_tokenizer, write_word_corpus
+from conftest import SHAKESPEARE, needs_gpt2, needs_shakespeare, save_bpe_tokenizer, write_word_corpus
 from files import file_sha256
 from parallel.layout import check_layout
 from model import GPT, GPTConfig, KVCache, apply_rope, padded_vocab_size, rope_angles
@@ -279,6 +279,84 @@ def test_a_named_llama_base_brings_its_config_and_tokenizer(tmp_path, monkeypatc
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         assert transfer.fetch_named_base("tiny-llama") == str(folder)
     assert printed.getvalue() == ""  # fetched once: the next start reads the folder
+
+
+@pytest.fixture(scope="module")
+def longer_base(tmp_path_factory):
+    """A random LlamaForCausalLM with GPT-2's 50257 ids and 128 positions, more than the runs below take, and an
+    untied head, as a user's base often is; prepared once with its Shakespeare token files, so ranks never race."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=50257, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
+    )  # fmt: skip
+    root = tmp_path_factory.mktemp("longer-base")
+    transformers.LlamaForCausalLM(config).save_pretrained(root / "base")
+    return root
+
+
+def on_a_shorter_block(root, out, *extra):
+    """The flags of a run from the longer base on 64 positions: no model flag but --block_size."""
+    # fmt: off
+    return [str(a) for a in [
+        "--init_from", root / "base", "--tokenizer", "gpt2", "--source", SHAKESPEARE, "--data_dir", root / "data",
+        "--out_dir", out, "--block_size", 64, "--max_iters", 12, "--dtype", "float32", "--learning_rate", 3e-3,
+        "--log_interval", 1, "--eval_interval", 6, "--eval_iters", 2, "--num_samples", 0, "--dist_timeout", 60,
+        *extra,
+    ]]
+    # fmt: on
+
+
+@needs_gpt2
+@needs_shakespeare
+def test_a_llama_base_with_more_positions_trains_samples_and_exports_on_a_shorter_block(longer_base):
+    """A base of 128 rotary positions on a block of 64: no table to crop, so its tensors load as they are. It trains
+    12 steps, its greedy text is transformers' (with the KV cache and without), and its export reloads."""
+    transformers = pytest.importorskip("transformers")
+    out = longer_base / "single"
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        train.main(on_a_shorter_block(longer_base, out, "--batch_size", 4))
+    assert "holds 128 positions; this run's block_size is 64: its rotary positions need no table" in printed.getvalue()
+    run = json.loads((out / "run.json").read_text())["GPTConfig"]
+    assert (run["arch"], run["block_size"], run["n_kv_head"], run["tie_embeddings"]) == ("llama", 64, 2, False)
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()][-1] == 12
+    train.main(["--export_hf", str(longer_base / "export"), "--out_dir", str(out)])
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(longer_base / "export").eval()
+    _, state = checkpoint.load_latest(out / "ckpt")
+    ours = GPT(GPTConfig(**{**run, "vocab_size": 50257})).eval()
+    ours.load_state_dict(state["model"])
+    tokens = torch.randint(0, 50257, (2, 64))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(tokens).logits, ours(tokens)[0], rtol=0, atol=1e-4)
+    tokenizer = get_tokenizer("gpt2")
+    prompt = "ROMEO:"
+    expected = theirs.generate(torch.tensor([tokenizer.encode(prompt)]), max_new_tokens=12, do_sample=False)
+    for kv_cache in ("true", "false"):
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            train.main(["--sample", "--out_dir", str(out), "--prompt", prompt, "--top_k", "1", "--max_new_tokens",
+                        "12", "--num_samples", "1", "--kv_cache", kv_cache])  # fmt: skip
+        assert tokenizer.decode(expected[0].tolist()) in printed.getvalue(), kv_cache
+
+
+@needs_gpt2
+@needs_shakespeare
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "world_size, layout",
+    [(4, ["--batch_size", 2, "--dp", 2, "--tp", 2]), (2, ["--batch_size", 4, "--dp", 1, "--pp", 2])],
+    ids=["dp2xtp2", "pp2"],
+)
+def test_the_shorter_block_takes_the_single_process_steps_on_other_layouts(longer_base, world_size, layout):
+    """The same base and block on dp2 x tp2 (the base's 50257 vocabulary rows cut by TP) and pp2."""
+    from test_data_parallel import assert_same_run, train_ranks
+
+    single = longer_base / "reference"
+    if not (single / "run.json").exists():
+        train.main(on_a_shorter_block(longer_base, single, "--batch_size", 4))
+    out = longer_base / "-".join(map(str, layout))
+    train_ranks(world_size, on_a_shorter_block(longer_base, out, *layout), timeout=300)
+    assert_same_run(out, single)
 
 
 def test_sharded_safetensors_are_read_and_written(hf_llama, tmp_path):

@@ -178,16 +178,39 @@ def test_fit_to_run_refuses_another_shape_naming_both():
         transfer.fit_to_run(source_gpt_config, wrong, source_gpt_config, "out/a")
 
 
-def test_fit_to_run_crops_positions_and_keeps_the_source_vocabulary():
+LLAMA_SHAPED = dict(arch="llama", n_kv_head=2, tie_embeddings=False)
+
+
+@pytest.mark.parametrize("fields", [GPT2_SHAPED, LLAMA_SHAPED], ids=["gpt2", "llama"])
+def test_fit_to_run_takes_a_shorter_or_equal_block_and_refuses_a_longer_one(fields):
+    """Every block_size path of both architectures: shorter (GPT-2's position table cropped, Llama's rotary
+    positions left as they are), the same (the tensors as they came), longer (refused by name). Each fitted model
+    gives the source's logits on the positions both hold."""
+    source, source_gpt_config = small_model(**fields)  # block_size 32
+    source.eval()
+    idx = torch.randint(0, 256, (2, 32))
+    for block_size, message in [(16, "holds 32 positions; this run's block_size is 16"), (32, None)]:
+        said = []
+        run_gpt_config = replace(source_gpt_config, block_size=block_size)
+        gpt_config, state_dict = transfer.fit_to_run(
+            source_gpt_config, source.state_dict(), run_gpt_config, "x", said.append
+        )
+        assert gpt_config == run_gpt_config
+        assert (message in said[0]) if message else said == []
+        model = GPT(gpt_config).eval()
+        model.load_state_dict(state_dict)
+        with torch.no_grad():
+            torch.testing.assert_close(model(idx[:, :block_size])[0], source(idx[:, :block_size])[0])
+    with pytest.raises(ValueError, match=r"holds block_size 32; this run has block_size 48: pass --block_size 32"):
+        transfer.fit_to_run(source_gpt_config, source.state_dict(), replace(source_gpt_config, block_size=48), "x")
+
+
+def test_fit_to_run_keeps_the_source_vocabulary():
     source, source_gpt_config = small_model(vocab_size=250, **GPT2_SHAPED)  # unpadded, as HF's 50257; both pad to 256
     source.eval()
-    said = []
     run_gpt_config = replace(source_gpt_config, vocab_size=256, block_size=16)
-    gpt_config, state_dict = transfer.fit_to_run(
-        source_gpt_config, source.state_dict(), run_gpt_config, "x", said.append
-    )
+    gpt_config, state_dict = transfer.fit_to_run(source_gpt_config, source.state_dict(), run_gpt_config, "x", print)
     assert gpt_config == replace(run_gpt_config, vocab_size=250)
-    assert "its 32 positions cropped to this run's block_size 16" in said[0]
     model = GPT(gpt_config).eval()
     model.load_state_dict(state_dict)
     idx = torch.randint(0, 250, (2, 16))
