@@ -69,7 +69,8 @@ def merge_block(out, lse, block_out, block_lse):
     log-sum-exp is lse (B, H, Tq), merged with one more block's (block_out, block_lse) -> (out, lse) over both.
 
     softmax over all keys = each part's softmax reweighted by its share of the total sum: a part whose scores sum
-    (in exp) to e^lse gets e^(lse - merged), where e^merged = e^lse + e^block_lse."""
+    (in exp) to e^lse gets e^(lse - merged), where e^merged = e^lse + e^block_lse. Stable at any scale of scores:
+    a log-sum-exp past 88.7 overflows e^lse in fp32, and one below -103 underflows it to 0."""
     # exercise ring_attention: begin
     merged = torch.logaddexp(lse, block_lse)  # log(e^lse + e^block_lse), without overflow
     out = out * (lse - merged).exp().unsqueeze(-1) + block_out * (block_lse - merged).exp().unsqueeze(-1)

@@ -53,6 +53,33 @@ def test_merging_blocks_gives_the_softmax_over_all_keys(blocks):
     torch.testing.assert_close(lse, whole_lse, rtol=0, atol=1e-5)
 
 
+def far_from_unit_scale(scale):
+    """attention_inputs with scores far from 0: "large", q times 40, so the rows' log-sum-exp pass 100 (exp of
+    which overflows fp32 past 88.7); "very negative", every q component >= 1 and k's <= -40, so every score lies
+    below -110 (exp of which underflows fp32 to 0 below -103.3)."""
+    q, k, v, q_positions, k_positions = attention_inputs(seed=2)
+    if scale == "large":
+        return 40 * q, k, v, q_positions, k_positions
+    return q.abs() + 1, -40 * (k.abs() + 1), v, q_positions, k_positions
+
+
+@pytest.mark.parametrize("scale", ["large", "very negative"])
+def test_merging_blocks_far_from_unit_scale_neither_overflows_nor_underflows(scale):
+    """The merge's sums in exp overflow or underflow fp32 at these scores, though the softmax over all keys (one
+    block_attention, which subtracts each row's largest score) is well defined: the merge must match it."""
+    q, k, v, q_positions, k_positions = far_from_unit_scale(scale)
+    whole_out, whole_lse = block_attention(q, k, v, q_positions, k_positions)
+    edge = whole_lse.max() if scale == "large" else whole_lse.min()
+    assert (edge > 100) if scale == "large" else (edge < -110), f"the inputs' log-sum-exp reaches {edge:.1f}"
+    out, lse = merged_over(q, k, v, q_positions, k_positions, [[3, 4], [0, 1, 2, 8, 9], [5, 6, 7, 10, 11]])
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all(), (
+        f"with the log-sum-exp of the scores reaching {edge:.0f}, the merged output or log-sum-exp is not finite: "
+        "a sum of exponentials of these overflows or underflows fp32; carry its log instead"
+    )
+    torch.testing.assert_close(out, whole_out, rtol=0, atol=1e-4)
+    torch.testing.assert_close(lse, whole_lse, rtol=1e-6, atol=1e-4)
+
+
 def test_a_block_with_nothing_to_see_changes_nothing():
     """Keys later than every query: the merge keeps the running output and sum as they were."""
     q, k, v, q_positions, k_positions = attention_inputs()
