@@ -37,6 +37,7 @@ import math
 import os
 import statistics
 import sys
+import textwrap
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -48,7 +49,7 @@ from evaluation import benchmark_scores, evaluate, read_benchmark
 from parallel.grid import ProcessGrid
 from parallel.layout import ShardedModel
 from model import GPTConfig
-from run_folder import fill_new_fields, identity_defaults, read_jsonl, recorded_gpt_config
+from run_folder import COMMAND_RECORDS, fill_new_fields, identity_defaults, read_jsonl, recorded_gpt_config
 from run_setup import open_token_streams, pick_device
 from sample import single_device_model
 
@@ -86,6 +87,7 @@ class RunCurves:
     skipped: int = 0  # steps fp16's loss scaler skipped
     incidents: list = field(default_factory=list)
     injected: list = field(default_factory=list)  # the faults --inject planted (injected.json)
+    computed_in: list = field(default_factory=list)  # [[first step, dtype]] of each start (run.json; [] if older)
 
     @property
     def ln_vocab(self):
@@ -114,9 +116,9 @@ def read_run(folder):
     records = [r for r in read_jsonl(os.path.join(folder, "metrics.jsonl")) if not r.get("eval_only")]
     if not any("loss" in r for r in records):
         raise ValueError(f"{folder}: metrics.jsonl holds no logged step yet; read it once the run has logged one")
-    identity = {k: v for k, v in recorded.items() if k != "config"}
+    identity = {k: v for k, v in recorded.items() if k not in COMMAND_RECORDS}
     identity = fill_new_fields(identity, identity_defaults(GPTConfig(), TrainConfig()))  # an older run.json
-    run = RunCurves(folder, identity, recorded.get("config", {}))
+    run = RunCurves(folder, identity, recorded.get("config", {}), computed_in=recorded.get("computed_in", []))
     for r in records:
         if "loss" in r:
             run.train[r["step"]], run.lr[r["step"]] = r["loss"], r["lr"]
@@ -256,17 +258,29 @@ def stretches_out(values, series, rule):
     return found
 
 
-def jumps(values, series, rule):
-    """[(step, deviation)] of single logged points above the band by more than rule["jump"] x its edge, outside any
-    stretch out of it: the chapter's mid-run jump, which one bad batch makes and the next step may already have
-    undone. (A jump that the spike detector caught is an incident instead: the runbook rolled it back before it
-    was logged.)"""
+def jumps(values, series, rule, before=math.inf):
+    """[(step, deviation)] of single logged points before step `before` above the band by more than rule["jump"] x
+    its edge, outside any stretch out of it: the chapter's mid-run jump, which one bad batch makes and the next step
+    may already have undone. (A jump that the spike detector caught is an incident instead: the runbook rolled it
+    back before it was logged.) A single point is one batch's loss, judged against what the band logged at that
+    step: from a runbook's skip on, the run reads other batches at the band's logged steps (data_shifted_from)."""
     stretches = stretches_out(values, series, rule)
     return [
         (t, d)
         for t, d in deviations(values, series, rule)
-        if d > rule["jump"] * rule["z"] and not any(a <= t <= b for a, b, _ in stretches)
+        if t < before and d > rule["jump"] * rule["z"] and not any(a <= t <= b for a, b, _ in stretches)
     ]
+
+
+def data_shifted_from(run):
+    """(the first step whose batch is not the one a run without incidents reads there, the batches skipped), or
+    (None, 0): the runbook rolls back to a checkpoint and skips the rows up to the incident, so from the step it
+    restored on, the run reads each batch that many steps earlier than it would have."""
+    actions = [i["action"] for i in run.incidents if "action" in i]
+    if not actions:
+        return None, 0
+    rows = sum(end - start for start, end in (a["skipped_rows"] for a in actions))
+    return min(a["restored_step"] for a in actions), rows / run.settings["global_batch"]
 
 
 def flagged(values, series, rule):
@@ -424,79 +438,138 @@ def late_grad_norm(grad_norms, steps):
     return statistics.median(grad_norms[t] for t in late if t in grad_norms)
 
 
-def likely_causes(run, band, shape, jumped=()):
-    """The chapter's causes of an abnormal curve under a heading, most frequent first (bad data; an LR too high where
-    the loss is high; numeric precision; a hardware bit flip), each with the evidence this run's files hold for it."""
-    incidents = run.incidents
-    responses = [i.get("response") for i in incidents]
-    if incidents:
+# the chapter's causes of an abnormal curve, in its order of frequency, and what each --inject fault stands for
+CAUSES = ("bad data", "an LR too high where the loss is high", "numeric precision", "a hardware bit flip")
+PLANTED_AS = {"spike": "bad data", "nan": "a hardware bit flip"}  # faults.py: garbage for a batch; a NaN weight
+# how strongly a run's files point at a cause: planted by --inject; pointed at (the runbook's cure, a setting the
+# band does not share where the run left it, notebook 05's grad-norm sign of a data plateau); consistent with it
+EVIDENCE = {3: "planted", 2: "pointed at", 1: "consistent with it", 0: "no sign of it"}
+
+
+def likely_causes(run, band, shape, left=False, jumped=()):
+    """The chapter's causes under a heading, ordered by the evidence this run's files hold for each (EVIDENCE), the
+    chapter's order of frequency among equals, each with that evidence in words. left: the run left the band."""
+    planted = {PLANTED_AS[f.split("@")[0]] for f in run.injected if f.split("@")[0] in PLANTED_AS}
+    found = {
+        "bad data": data_evidence(run, band, shape, jumped),
+        "an LR too high where the loss is high": lr_evidence(run, band, left),
+        "numeric precision": precision_evidence(run),
+        "a hardware bit flip": bit_flip_evidence(run),
+    }
+    for cause in planted:  # what --inject planted (injected.json) outranks whatever else the files show
+        found[cause] = 3, f"injected.json names {', '.join(run.injected)}; " + found[cause][1]
+    ranked = sorted(CAUSES, key=lambda cause: (-found[cause][0], CAUSES.index(cause)))
+    return [
+        "what the chapter names as causes, by this run's evidence (planted, pointed at, consistent, none; the "
+        "chapter's order of frequency among equals):",
+        *(f"{n}. {cause} ({EVIDENCE[found[cause][0]]}): {found[cause][1]}" for n, cause in enumerate(ranked, 1)),
+    ]
+
+
+def data_evidence(run, band, shape, jumped):
+    """(strength, words) for bad data: did the runbook's skip end the incidents? a jump? a plateau's grad norm?"""
+    if run.incidents:
+        responses = [i.get("response") for i in run.incidents]
         retried = [r for r in responses[1:] if r in ("lower_lr", "rewarm")]
-        data = f"the runbook rolled back and skipped the batches before step {incidents[0]['step']}; " + (
+        words = f"the runbook rolled back and skipped the batches before step {run.incidents[0]['step']}; " + (
             f"it came back ({', '.join(retried)} then): more than one bad batch, or not the data"
             if retried
             else "it did not come back, as one bad batch would behave"
         )
-        data += "; the runbook then stopped the run" if "stop" in responses else ""
-    elif jumped:
-        data = f"one point far above the band at step {jumped[0][0]}, undone by the next: as one bad batch behaves"
-    elif shape.endswith("plateau") and band:
+        words += "; the runbook then stopped the run" if "stop" in responses else ""
+        # a skip that ended it points at the data, unless the loss was non-finite: the rollback restores the
+        # weights too, which ends a flipped bit's NaN as well
+        cured = not retried and "stop" not in responses
+        nonfinite = any(i["detector"] == "nonfinite" for i in run.incidents)
+        return (2 if cured and not nonfinite else 1), words
+    if jumped:
+        return 1, f"one point far above the band at step {jumped[0][0]}, undone by the next: as one bad batch behaves"
+    if shape.endswith("plateau") and band:
         # notebook 05, section 1a: a curve stalled by its data sits at the best the data allow, its gradient noise
-        steps = [t for t in band["grad_norm"]["step"] if t in run.grad_norm]
-        mine = late_grad_norm(run.grad_norm, steps)
-        seeds = [late_grad_norm(dict(zip(band["grad_norm"]["step"], row)), steps) for row in band["grad_norm"]["runs"]]
+        mine, seeds = plateau_grad_norms(run, band)
+        under = mine < min(seeds)
         reading = (
             "under all of them: a model at the best its data allow"
-            if mine < min(seeds)
+            if under
             else "within or above them: a gradient that still points somewhere (the LR, rather)"
         )
-        data = (
-            f"a plateau, the grad norm {mine:.2f} over the last quarter, the band's {min(seeds):.2f}-{max(seeds):.2f}"
-        )
-        data += f", {reading}"
-    elif shape == "early plateau":
-        data = "a plateau while the LR is high: data with nothing more to teach (shuffled, repeated) stalls a curve"
-    else:
-        data = "no incident or jump in this run's files points at a batch"
-    return [
-        "what the chapter says it most likely is, most frequent first:",
-        f"1. bad data: {data}",
-        f"2. an LR too high where the loss is high: {lr_evidence(run, band)}",
-        f"3. numeric precision: {precision_evidence(run)}",
-        f"4. a hardware bit flip: {bit_flip_evidence(run)}",
-    ]
+        band_range = f"{min(seeds):.2f}-{max(seeds):.2f}"
+        words = f"a plateau, the grad norm {mine:.2f} over the last quarter, the band's {band_range}, {reading}"
+        return (2 if under else 0), words
+    if shape == "early plateau":
+        return 1, "a plateau while the LR is high: data with nothing more to teach (shuffled, repeated) stalls a curve"
+    return 0, "no incident or jump in this run's files points at a batch"
 
 
-def lr_evidence(run, band):
-    """The run's LR against the band's, and at its first incident; what the runbook did to it."""
+def plateau_grad_norms(run, band):
+    """(the run's median grad norm over the last quarter of the steps it shares with the band, each seed's)."""
+    steps = [t for t in band["grad_norm"]["step"] if t in run.grad_norm]
+    seeds = [late_grad_norm(dict(zip(band["grad_norm"]["step"], row)), steps) for row in band["grad_norm"]["runs"]]
+    return late_grad_norm(run.grad_norm, steps), seeds
+
+
+def lr_evidence(run, band, left):
+    """(strength, words) for the LR: the run's settings against the band's (a cause where the run left the band),
+    the LR at its first incident, what the runbook's lowering or re-warming did."""
     words = f"peak LR {run.settings['learning_rate']:g}"
-    if band and run.settings["learning_rate"] != band["settings"]["learning_rate"]:
+    differing = [k for k in SETTINGS if band and run.settings[k] != band["settings"][k]]
+    if "learning_rate" in differing:
         ratio = run.settings["learning_rate"] / band["settings"]["learning_rate"]
         words += f", {ratio:g}x the band's {band['settings']['learning_rate']:g}"
+    if others := [k for k in differing if k != "learning_rate"]:
+        named = ", ".join(f"{k} {run.settings[k]:g} (the band's {band['settings'][k]:g})" for k in others)
+        words += f"; its schedule differs from the band's: {named}"
+        if run.settings["warmup_iters"] < band["settings"]["warmup_iters"]:
+            words += " (a shorter warmup: the peak LR reached sooner, while the loss is still high)"
+        words += "; the run left the band, so these settings are a cause" if left else "; the run stayed in the band"
     if run.incidents:
         first = run.incidents[0]["step"]
         before = [t for t in run.lr if t <= first]
         words += f"; the LR near the first incident {run.lr[max(before)]:.2g}" if before else ""
-    lowered = [i["step"] for i in run.incidents if i.get("response") == "lower_lr"]
-    return words + (f"; the runbook lowered it at step {lowered[0]}" if lowered else "")
+    responses = [i.get("response") for i in run.incidents]
+    lowered = [i["step"] for i in run.incidents if i.get("response") in ("lower_lr", "rewarm")]
+    if lowered:
+        cured = responses[-1] in ("lower_lr", "rewarm")  # no incident after the runbook took the LR down
+        words += f"; the runbook lowered it at step {lowered[0]}" + (", and no incident followed" if cured else "")
+    else:
+        cured = False
+    return (2 if (differing and left) or cured else 0), words
 
 
 def precision_evidence(run):
-    dtype = run.settings["dtype"]
-    return {
-        "float32": "float32 throughout: no precision boundary in play",
-        "auto": "--dtype auto: bfloat16 autocast on GPUs (and CPUs) that have it, float32 elsewhere; rarely the cause",
-        "bfloat16": "bfloat16 autocast with fp32 master weights and loss sums: rarely the cause today",
-        "float16": f"float16 with loss scaling, {run.skipped} step(s) skipped for overflow",
-    }.get(dtype, f"--dtype {dtype}")
+    """(strength, words) for numeric precision: the dtype this run computed in, which --dtype auto resolves by the
+    hardware (run.json's "computed_in"), and fp16's skipped steps."""
+    requested = run.settings["dtype"]
+    used = ", ".join(f"{dtype} from step {step}" for step, dtype in run.computed_in)
+    if len(run.computed_in) == 1:
+        used = run.computed_in[0][1]
+    if requested == "auto":
+        said = (
+            f"--dtype auto, which this run resolved to {used}"
+            if used
+            else "--dtype auto; this run's files do not say what it resolved to (bfloat16 where the hardware has "
+            "it, float16 on GPUs without it, float32 on other CPUs)"
+        )
+    else:
+        said = f"--dtype {requested}"
+    dtypes = {dtype for _, dtype in run.computed_in} or {requested}
+    if "float16" in dtypes:
+        return (1 if run.skipped else 0), f"{said}: loss scaling, {run.skipped} step(s) skipped for overflow"
+    if "bfloat16" in dtypes:
+        return 0, f"{said}: bfloat16 autocast with fp32 master weights and loss sums, rarely the cause today"
+    if dtypes == {"float32"}:
+        return 0, f"{said}: float32 throughout, no precision boundary in play"
+    return 0, f"{said}: rarely the cause"
 
 
 def bit_flip_evidence(run):
+    """(strength, words) for a hardware bit flip: a single non-finite loss that a rollback ended."""
     nonfinite = [i["step"] for i in run.incidents if i["detector"] == "nonfinite"]
     if len(nonfinite) == 1 and len(run.incidents) == 1:
-        return (
+        return 1, (
             f"a non-finite loss at step {nonfinite[0]} that did not return: replay that batch to tell data from a flip"
         )
-    return "rarest of all, and nothing here singles it out"
+    return 0, "rarest of all, and nothing here singles it out"
 
 
 @dataclass
@@ -505,6 +578,7 @@ class Reading:
     verdict: str  # the last line: "verdict: ..."
     normal: bool | None  # None: no band to judge by
     stretches: list = field(default_factory=list)  # [(first step, last step, side)] out of the band
+    jumps: list = field(default_factory=list)  # [(step, deviation)] of single points far above it
 
     @property
     def left(self):
@@ -513,7 +587,8 @@ class Reading:
 
 
 def read_curve(run, band=None, why_no_band=""):
-    """The reading of one run: its phase, its start, its place in the band, the evidence and a verdict."""
+    """The reading of one run: its phase, its start, its place in the band, the evidence and a verdict that leads
+    with what decides it."""
     shape, shape_words = phase(run)
     lines = [f"run {run.folder}: {len(run.train)} logged steps, to step {max(run.train)}", first_loss_words(run)]
     lines.append(shape_words)
@@ -539,11 +614,20 @@ def read_curve(run, band=None, why_no_band=""):
         problems = [p for p in problems if not p.startswith("its shape")] + [
             "a plateau above the band: the data or the LR"
         ]
-    if problems:
-        lines += likely_causes(run, band, shape, jumped)
-        return Reading(lines, f"verdict: not normal: {'; '.join(problems)}", False, stretches)
     p = val_p(run, band)
-    return Reading(lines, f"verdict: normal ({f'p = {p[2]:.2f}' if p else 'no val step shared'})", True, stretches)
+    if problems or (p and p[2] < P_ALARM):
+        lines += likely_causes(run, band, shape, bool(stretches), jumped)
+        # what decides it first: the longest stretch out of the band (band_lines' first problem), then the final
+        # val loss where its p-value alarms; where it does not, the p-value closes the line
+        final = f"val loss {p[1]:.4f} at step {p[0]}, p = {p[2]:.2g}" if p else "no val step shared with the band"
+        if p and p[2] < P_ALARM:
+            problems.insert(1 if stretches else 0, final)
+        else:
+            problems.append(final)
+        return Reading(lines, f"verdict: not normal: {'; '.join(problems)}", False, stretches, jumped)
+    return Reading(
+        lines, f"verdict: normal ({f'p = {p[2]:.2f}' if p else 'no val step shared'})", True, stretches, jumped
+    )
 
 
 def incidents_named(run):
@@ -551,7 +635,9 @@ def incidents_named(run):
 
 
 def band_lines(run, band):
-    """(lines, problems, the stretches out of the band, the jumps) of a run read against its band."""
+    """(lines, problems, the stretches out of the band, the jumps) of a run read against its band. The problems
+    lead with the longest stretch out of the band: a short one early (a faster warmup) decides less than a long one
+    later. The final val loss's p-value is read_curve's to place."""
     rule, series = band["rule"], band["train"]
     shared = [t for t in series["step"] if t in run.train]
     if not shared:
@@ -575,23 +661,33 @@ def band_lines(run, band):
     problems = []
     stretches = stretches_out(run.train, series, rule)
 
-    def duration(start, end):  # to the first logged step back inside (or one past the last)
+    def duration(stretch):  # to the first logged step back inside (or one past the last)
+        start, end, _ = stretch
         return next((t for t in run.train if t > end), end + 1) - start
 
-    for start, end, side in stretches[:3]:
-        lines.append(f"left the band at step {start}, {side} it, for {duration(start, end)} steps (to step {end})")
+    for stretch in stretches[:3]:
+        start, end, side = stretch
+        lines.append(f"left the band at step {start}, {side} it, for {duration(stretch)} steps (to step {end})")
     if len(stretches) > 3:
         lines.append(f"... and {len(stretches) - 3} more stretches out of it")
     if stretches:
-        start, end, side = stretches[0]
-        problems.append(f"left the band at step {start} for {duration(start, end)} steps, {side} it")
+        longest = max(stretches, key=duration)  # the first of the longest
+        problems.append(f"left the band at step {longest[0]} for {duration(longest)} steps, {longest[2]} it")
         if len(stretches) > 1:
-            longest = max(stretches[1:], key=lambda st: duration(st[0], st[1]))
+            first = stretches[0]
             problems[-1] += (
-                f", then {len(stretches) - 1} more time(s), the longest {longest[2]} it from step {longest[0]} for "
-                f"{duration(longest[0], longest[1])} steps"
+                f", the longest of {len(stretches)} stretches out of it (the first at step {first[0]}, {first[2]} it, "
+                f"for {duration(first)} steps)"
             )
-    jumped = jumps(run.train, series, rule)
+    shifted, batches = data_shifted_from(run)
+    if shifted is not None:
+        lines.append(
+            f"from step {shifted} on the run reads each batch {batches:g} step{'' if batches == 1 else 's'} earlier "
+            "than a run without its "
+            "incidents, so its logged points are other batches than the band's: single points there are not judged "
+            "as jumps, stretches out of the band are"
+        )
+    jumped = jumps(run.train, series, rule, before=math.inf if shifted is None else shifted)
     if jumped:
         shown = ", ".join(f"step {t} ({run.train[t]:.3f}, {d:+.0f} std)" for t, d in jumped[:3])
         lines.append(f"jumped above the band: {shown}" + (f" and {len(jumped) - 3} more" if len(jumped) > 3 else ""))
@@ -601,8 +697,6 @@ def band_lines(run, band):
         step, value, p_value = p
         where = "its last" if step == max(run.val) else f"the last the band shares; the run goes on to {max(run.val)}"
         lines.append(f"val loss {value:.4f} at step {step} ({where}): p = {p_value:.2f} against the band's seeds")
-        if p_value < P_ALARM:
-            problems.append(f"val loss {value:.4f} at step {step}, p = {p_value:.2g}")
     return lines, problems, stretches, jumped
 
 
@@ -610,15 +704,22 @@ def band_lines(run, band):
 # The pictures
 
 
-def plot_reading(run, band, reading, path):
+def reading_figure(run, band, reading):
     """The run's train and val loss over the band (its edge, mean, and the seeds' 5% and 95% quantiles), incidents
-    in red, the stretch out of the band shaded."""
+    in red, the stretches out of the band shaded, each jump marked; the verdict, whole, as its title. The loss axis
+    spans the second half of the steps (the band's, or the run's without one), where runs of a recipe differ by
+    hundredths: the start near ln V lies above it, and a point above it is drawn at its top edge, its value beside."""
     from matplotlib.figure import Figure  # no pyplot: drawing to a file leaves a notebook's plotting alone
 
-    fig = Figure(figsize=(10, 4.2))
+    title = textwrap.fill(reading.verdict, 120)
+    fig = Figure(figsize=(12, 4.2 + 0.18 * title.count("\n")), layout="constrained")
     ax = fig.subplots()
+    steps = band["train"]["step"] if band else list(run.train)
+    second_half = [t for t in steps if t >= steps[0] + (steps[-1] - steps[0]) / 2]
+    jumped = {t for t, _ in reading.jumps}  # drawn at the axis' top edge, not stretching the axis
+    points = [*run.train.items(), *run.val.items()]
+    shown = [loss for t, loss in points if t >= second_half[0] and t not in jumped]
     if band:
-        steps = band["train"]["step"]
         mean, s = edge(band["train"], band["rule"])
         z = band["rule"]["z"]
         ax.fill_between(
@@ -630,17 +731,26 @@ def plot_reading(run, band, reading, path):
                 steps, band["train"][q], ":", color="tab:blue", lw=0.6, label="seeds' 5-95%" if q == "q05" else None
             )
         ax.plot(band["val"]["step"], band["val"]["mean"], "s", color="tab:blue", ms=4, label="band's val mean")
+        late = len(steps) - len(second_half)
+        shown += [*(mean - z * s)[late:], *(mean + z * s)[late:]]
     ax.plot(list(run.train), list(run.train.values()), color="black", lw=1, label="this run: train loss")
     ax.plot(list(run.val), list(run.val.values()), "o-", color="tab:orange", ms=4, label="this run: val loss")
-    ax.axhline(run.ln_vocab, color="gray", ls=":", label="ln V")
+    low, high = min(shown), max(shown)
+    low, high = low - 0.15 * (high - low), high + 0.15 * (high - low)
+    ax.set_ylim(low, high)
     for k, (start, end, _) in enumerate(reading.stretches):
         ax.axvspan(start, end, color="tab:red", alpha=0.12, label="out of the band" if k == 0 else None)
+    for k, (t, d) in enumerate(reading.jumps):
+        y = min(run.train[t], high)
+        ax.plot(t, y, "v" if y < run.train[t] else "x", color="tab:red", ms=8, label="jump" if k == 0 else None)
+        ax.annotate(f"{run.train[t]:.2f} ({d:+.0f} std)", (t, y), color="tab:red", fontsize=8, va="top", ha="left")
     for k, incident in enumerate(run.incidents):
         ax.axvline(incident["step"], color="red", alpha=0.7, label="incident" if k == 0 else None)
-        ax.annotate(incident["detector"], (incident["step"], run.ln_vocab), color="red", rotation=90, va="top")
-    ax.set(xlabel="step", ylabel="loss", title=reading.verdict[:110])
-    ax.legend(fontsize=8, loc="upper right")
-    fig.savefig(path, dpi=100)
+        ax.annotate(incident["detector"], (incident["step"], high), color="red", rotation=90, va="top")
+    ax.set(xlabel="step", ylabel=f"loss (the second half's range; ln V = {run.ln_vocab:.2f} above)")
+    ax.set_title(title, fontsize=9, loc="left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes: the curves stay in view
+    return fig
 
 
 # ----------------------------------------------------------------------------
@@ -699,9 +809,17 @@ def compare_runs(run_dirs, band_path="", device="cpu", say=print):
             )
     held = {run.folder: set(checkpoint.list_steps(os.path.join(run.folder, "ckpt"))) for run in runs}
     steps = sorted(set.intersection(*held.values()))
+    holds = "; ".join(f"{name} holds {steps_named(sorted(s))}" for name, s in held.items())
     if not steps:
+        raise ValueError(f"the runs share no checkpoint step: {holds}")
+    if steps == [0]:
+        raise ValueError(f"the runs share only step 0, before any training: nothing to compare ({holds})")
+    longer = max(held, key=lambda name: max(held[name]))
+    if steps[-1] < steps[0] + 2 * (max(held[longer]) - steps[0]) / 3:
         raise ValueError(
-            f"the runs share no checkpoint step: {'; '.join(f'{n} holds {sorted(s)}' for n, s in held.items())}"
+            f"the runs share checkpoint steps up to {steps[-1]} only, before the last third of {longer}'s "
+            f"{max(held[longer])} steps, where its curve has settled; a verdict there would judge early wiggles "
+            f"({holds}). Compare runs that reach the same steps, or go on with the shorter one (--max_iters)"
         )
     evaluation = fixed_evaluation(runs[0], say)
     say(f"{len(steps)} shared checkpoint steps, each evaluated on {runs[0].folder}'s {evaluation[1]} val batches")
@@ -718,6 +836,13 @@ def compare_runs(run_dirs, band_path="", device="cpu", say=print):
     if gap > 2 * noise:
         return results, f"verdict: {ranked[0]} ahead by {gap:.4f} (noise {noise:.4f})"
     return results, f"verdict: tied within noise (gap {gap:.4f}, noise {noise:.4f}; ahead needs twice the noise)"
+
+
+def steps_named(steps):
+    """'steps 0, 100, 200' or, for many, 'steps 0, 100, 200, ..., 1800, 1900, 2000 (21 in all)'."""
+    if len(steps) <= 8:
+        return "steps " + ", ".join(map(str, steps))
+    return f"steps {', '.join(map(str, steps[:3]))}, ..., {', '.join(map(str, steps[-3:]))} ({len(steps)} in all)"
 
 
 def plot_comparison(results, path):
@@ -778,7 +903,7 @@ def main(argv=None):
             band, why = find_band(run.identity, run.preset, args.band)
             reading = read_curve(run, band, why)
             print("\n".join(reading.lines + anchor_lines(args.band or os.path.join(BANDS_DIR, f"{run.preset}.json"))))
-            plot_reading(run, band, reading, args.plot or os.path.join(run.folder, "curves.png"))
+            reading_figure(run, band, reading).savefig(args.plot or os.path.join(run.folder, "curves.png"), dpi=100)
             verdict = reading.verdict
     except ValueError as e:
         sys.exit(f"error: {e}")

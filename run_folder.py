@@ -1,7 +1,8 @@
 """The run's folder: one run per out_dir, and the JSON-lines logs in it.
 
 A run writes run.json (what makes it this run; under "config", the
-configuration it was trained with, which `--config OUT/run.json` repeats),
+configuration it was trained with, which `--config OUT/run.json` repeats; under
+"computed_in", the dtype each start computed in),
 metrics.jsonl, incidents.jsonl, injected.json, metrics.png, pipeline.png,
 samples.txt and ckpt/ into its out_dir (and curves.py its plots, curves.png and
 compare.png); the job that runs it keeps lock.json
@@ -148,25 +149,34 @@ def data_changes(old, new):
     return [] if same else [f"source: {old.get('source')} -> {new['source']}"]
 
 
+COMMAND_RECORDS = ("config", "computed_in")  # what run.json holds beside the identity (record_config)
+
+
 def record_identity(out_dir, identity):
-    """Write the run's identity into run.json, keeping the configuration recorded there (record_config)."""
+    """Write the run's identity into run.json, keeping what the commands that trained it recorded (record_config)."""
     path = os.path.join(out_dir, "run.json")
     kept = {}
     if os.path.exists(path):
         with open(path) as f:
-            kept = {k: v for k, v in json.load(f).items() if k == "config"}
+            kept = {k: v for k, v in json.load(f).items() if k in COMMAND_RECORDS}
     write_json_atomic(path, {**identity, **kept})
 
 
-def record_config(out_dir, config):
-    """Add to run.json the configuration of the command that trains this run, in config.py's config-file format,
-    under "config", so that `python train.py --config OUT/run.json` repeats the run. It is not part of the
-    identity: prepare_out_dir compares only the identity's keys, so another layout or a larger max_iters still
-    continues the run, and the command that does records its own configuration here."""
+def record_config(out_dir, config, step, compute_dtype):
+    """Add to run.json what the command that trains this run from `step` on brings: its configuration in
+    config.py's config-file format under "config", so that `python train.py --config OUT/run.json` repeats the
+    run; and under "computed_in" the dtype it computes in ([[first step, "bfloat16"], ...], an entry more where a
+    resume computes in another: --dtype auto resolves by the hardware), which the curve reader names. Neither is
+    part of the identity: prepare_out_dir compares only the identity's keys, so another layout or a larger
+    max_iters still continues the run, and the command that does records its own configuration here."""
     path = os.path.join(out_dir, "run.json")
     with open(path) as f:
-        identity = {k: v for k, v in json.load(f).items() if k != "config"}
-    write_json_atomic(path, {**identity, "config": config})
+        recorded = json.load(f)
+    computed_in = [entry for entry in recorded.get("computed_in", []) if entry[0] < step]  # a rollback's redo
+    if not computed_in or computed_in[-1][1] != compute_dtype:
+        computed_in.append([step, compute_dtype])
+    identity = {k: v for k, v in recorded.items() if k not in COMMAND_RECORDS}
+    write_json_atomic(path, {**identity, "config": config, "computed_in": computed_in})
 
 
 def is_finished(metrics_path, step, max_iters):

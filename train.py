@@ -156,8 +156,9 @@ def train(preset, configs):
     with run.watch:  # the stop signals, heartbeats and the folder's lock, until the job ends (cluster.py)
         cfg, monitor = run.configs.train, run.monitor
         step = start(run)  # 0, or where the newest checkpoint left off
-        # run.json's "config": this command's settings, which `--config OUT/run.json` repeats
-        run_on_rank0(lambda: record_config(run.out_dir, config_file_form(preset, configs)), run.is_rank0)
+        # run.json's "config": this command's settings, which `--config OUT/run.json` repeats; and its dtype
+        dtype = str(run.dtype).removeprefix("torch.")
+        run_on_rank0(lambda: record_config(run.out_dir, config_file_form(preset, configs), step, dtype), run.is_rank0)
         measure_state_at_the_first_update(run)
         throughput = Throughput(run.tokens_per_step)
         while True:

@@ -4,6 +4,7 @@ The default run reads synthetic curves, seeded; `-m integration` trains planted 
 of 8 seeds, 5 healthy new seeds, an LR x10, shuffled data, an injected spike, another data order), reads each,
 compares checkpoints, and runs bench/bands.py and the command line end to end."""
 
+import json
 import math
 import os
 import shutil
@@ -100,17 +101,143 @@ def test_one_batch_of_garbage_is_a_jump(band):
     assert "a jump at step 90 to 5.545" in reading.verdict and reading.verdict.startswith("verdict: not normal")
 
 
+def causes_of(reading):
+    """{cause: (its rank from 1, the evidence's strength in words)} of the reader's ranked causes."""
+    first = next(i for i, line in enumerate(reading.lines) if line.startswith("what the chapter names as causes"))
+    ranked = [line.split(". ", 1)[1] for line in reading.lines[first + 1 : first + 1 + len(curves.CAUSES)]]
+    return {line.split(" (")[0]: (n, line.split(" (")[1].split("):")[0]) for n, line in enumerate(ranked, 1)}
+
+
+def skipped_at(run, step, restored, detector="nonfinite", response="skip"):
+    """run with the runbook's record of one incident at `step`: rolled back to `restored`, one batch skipped."""
+    action = {"restored_step": restored, "skipped_rows": [8 * step, 8 * step + 8]}
+    run.incidents.append({"step": step, "detector": detector, "response": response, "action": action})
+    return run
+
+
 def test_the_settings_a_user_changed_are_named_with_the_band(band):
     reading = curves.read_curve(synthetic_run(101, offset=(0, -0.3), learning_rate=2e-2), band)
     assert "settings that differ from the band's: learning_rate 0.02 (the band's 0.002)" in reading.lines
-    causes = reading.lines[reading.lines.index("what the chapter says it most likely is, most frequent first:") + 1 :]
-    assert [c.split(":")[0] for c in causes] == [
-        "1. bad data",
-        "2. an LR too high where the loss is high",
-        "3. numeric precision",
-        "4. a hardware bit flip",
-    ]
-    assert "10x the band's 0.002" in causes[1]
+    causes = causes_of(reading)
+    assert causes["an LR too high where the loss is high"] == (1, "pointed at")  # the run left the band: a cause
+    assert [causes[c][0] for c in curves.CAUSES[::2]] == [2, 3]  # the rest in the chapter's order
+    assert "10x the band's 0.002" in next(line for line in reading.lines if line.startswith("1. an LR too high"))
+
+
+def test_a_setting_that_differs_is_a_cause_where_the_run_left_the_band(band):
+    no_warmup = curves.read_curve(synthetic_run(101, offset=(40, 0.4), warmup_iters=0), band)
+    assert causes_of(no_warmup)["an LR too high where the loss is high"] == (1, "pointed at")
+    said = next(line for line in no_warmup.lines if line.startswith("1. an LR too high"))
+    assert "warmup_iters 0 (the band's 20)" in said and "so these settings are a cause" in said
+    # flagged for one point only, inside the band: the setting is named, the batch ranks first
+    jumped = curves.read_curve(synthetic_run(101, jump_at=90, warmup_iters=0), band)
+    assert causes_of(jumped)["bad data"] == (1, "consistent with it")
+    assert causes_of(jumped)["an LR too high where the loss is high"][1] == "no sign of it"
+
+
+def test_planted_faults_and_the_runbooks_cure_rank_the_causes(band):
+    nan = skipped_at(synthetic_run(101), 100, 100)
+    nan.injected = ["nan@100"]
+    assert causes_of(curves.read_curve(nan, band))["a hardware bit flip"] == (1, "planted")
+    spike = skipped_at(synthetic_run(101), 100, 100, detector="spike")
+    spike.injected = ["spike@100"]
+    assert causes_of(curves.read_curve(spike, band))["bad data"] == (1, "planted")
+    # nothing planted: a skip that ended a loss spike points at the batch; a non-finite loss that a rollback ended
+    # may be a batch or a flipped bit (the rollback restores the weights too), equal evidence, the chapter's order
+    assert causes_of(curves.read_curve(skipped_at(synthetic_run(101), 100, 100, "spike"), band))["bad data"] == (
+        1,
+        "pointed at",
+    )
+    causes = causes_of(curves.read_curve(skipped_at(synthetic_run(101), 100, 100), band))
+    assert causes["bad data"] == (1, "consistent with it") and causes["a hardware bit flip"] == (
+        2,
+        "consistent with it",
+    )
+    lowered = skipped_at(skipped_at(synthetic_run(101), 60, 60, "spike"), 80, 60, "spike", response="lower_lr")
+    assert causes_of(curves.read_curve(lowered, band))["an LR too high where the loss is high"] == (1, "pointed at")
+
+
+def test_no_single_point_is_judged_after_a_runbook_skip(band):
+    """After the skip the run reads each batch a step earlier than the band's seeds would: a point at a logged step
+    is another batch than the band logged there, so only stretches are judged from the restored step on."""
+    after = curves.read_curve(skipped_at(synthetic_run(101, jump_at=150), 120, 110), band)
+    assert after.jumps == [] and "a jump" not in after.verdict
+    assert "from step 110 on the run reads each batch 1 step earlier than a run without its incidents" in "\n".join(
+        after.lines
+    )
+    before = curves.read_curve(skipped_at(synthetic_run(101, jump_at=90), 120, 110), band)
+    assert [t for t, _ in before.jumps] == [90]
+    moved = curves.read_curve(skipped_at(synthetic_run(101, offset=(150, 0.5)), 120, 110), band)
+    assert moved.left[0] == 150  # a stretch out of the band still is one
+
+
+def test_the_verdict_leads_with_the_longest_stretch_and_ends_with_the_p_value(band):
+    run = synthetic_run(101)
+    for t in run.train:  # a short stretch below early (a faster warmup, say), a long one above late
+        run.train[t] += -0.6 if 10 <= t < 16 else 0.5 if t >= 100 else 0.0
+    run.val = {t: v + 0.5 * (t >= 100) for t, v in run.val.items()}
+    reading = curves.read_curve(run, band)
+    assert reading.verdict.startswith(
+        "verdict: not normal: left the band at step 100 for 100 steps, above it, the longest of 2 stretches out of it "
+        "(the first at step 10, below it, for 6 steps)"
+    ), reading.verdict
+    step, value, p = curves.val_p(run, band)
+    assert f"for 6 steps); val loss {value:.4f} at step {step}, p = {p:.2g}; " in reading.verdict
+    healthy = curves.read_curve(synthetic_run(102), band)
+    assert (
+        healthy.normal and healthy.verdict == f"verdict: normal (p = {curves.val_p(synthetic_run(102), band)[2]:.2f})"
+    )
+
+
+def test_the_precision_line_says_which_dtype_the_run_computed_in():
+    run = synthetic_run(101)
+    run.settings["dtype"] = "auto"
+    for computed_in, said in [
+        ([[0, "bfloat16"]], "--dtype auto, which this run resolved to bfloat16: bfloat16 autocast"),
+        ([[0, "bfloat16"], [120, "float32"]], "resolved to bfloat16 from step 0, float32 from step 120"),
+        ([[0, "float16"]], "resolved to float16: loss scaling, 0 step(s) skipped"),
+        ([], "--dtype auto; this run's files do not say what it resolved to"),
+    ]:
+        run.computed_in = computed_in
+        assert said in curves.precision_evidence(run)[1]
+
+
+def test_the_figure_holds_the_whole_verdict_and_marks_every_jump(band):
+    run = synthetic_run(101, jump_at=150)
+    reading = curves.read_curve(run, band)
+    ax = curves.reading_figure(run, band, reading).axes[0]
+    assert ax.get_title(loc="left").replace("\n", " ") == reading.verdict
+    low, high = ax.get_ylim()  # the second half's range: the start near ln V and the jump lie above it
+    assert high < run.ln_vocab and low < min(v for t, v in run.train.items() if t >= 100)
+    (marker,) = [line for line in ax.get_lines() if line.get_label() == "jump"]
+    assert list(marker.get_xdata()) == [150] and list(marker.get_ydata()) == [high]  # at the edge, its value beside
+    assert any(text.get_text().startswith(f"{math.log(256):.2f}") for text in ax.texts)
+
+
+def run_folder_with_checkpoints(folder, steps):
+    """A run folder as compare reads it before evaluating: run.json, one logged step, ckpt/ with those steps."""
+    run = synthetic_run(1)
+    os.makedirs(folder / "ckpt")
+    write_json_atomic(str(folder / "run.json"), {**run.identity, "config": {"preset": "tiny"}})
+    record = {"step": 0, "loss": 5.5, "lr": 1e-3, "grad_norm": 1.0, "grad_norm_z": 0.0}
+    (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    for step in steps:
+        os.makedirs(folder / "ckpt" / f"step_{step:07d}")
+    return str(folder)
+
+
+def test_compare_refuses_runs_that_share_no_step_of_the_longer_ones_last_third(tmp_path):
+    short = run_folder_with_checkpoints(tmp_path / "short", [0, 400, 500, 600])
+    long = run_folder_with_checkpoints(tmp_path / "long", [0, 1800, 1900, 2000])
+    with pytest.raises(SystemExit, match=r"share only step 0, before any training.*short holds steps 0, 400, 500, 600"):
+        curves.main(["compare", short, long])
+    longer = run_folder_with_checkpoints(tmp_path / "longer", [0, 200, 400, 600, 1900, 2000])
+    with pytest.raises(
+        ValueError,
+        match=r"share checkpoint steps up to 600 only, before the last third of .*longer's 2000 steps.*"
+        r"longer holds steps 0, 200, 400, 600, 1900, 2000",
+    ):
+        curves.compare_runs([short, longer])
 
 
 def test_a_plateau_above_the_band_points_at_the_data_or_the_lr(band):
@@ -214,6 +341,8 @@ def planted(tmp_path_factory):
         folders |= {f"healthy_{s}": run(f"healthy_{s}", s) for s in range(101, 106)}
     folders["lr10"] = run("lr10", 101, "--learning_rate", 2e-2, "--min_lr", 2e-3)
     folders["spike"] = run("spike", 101, "--inject", "spike@120")
+    folders["nan"] = run("nan", 101, "--inject", "nan@110")
+    folders["no_warmup"] = run("no_warmup", 101, "--warmup_iters", 0)
     folders["order"] = run("order", 101, order=202)
     shuffled = root / "shuffled_data"  # notebook 05's data plateau: train.bin's bytes shuffled, val.bin kept
     shuffled.mkdir()
@@ -264,6 +393,30 @@ def test_planted_spike_is_flagged_at_its_step_with_the_incident(planted):
     reading = reading_of(planted, "spike")
     assert not reading.normal and "incident: spike at step 120" in reading.verdict
     assert "faults planted by --inject (injected.json): spike@120" in reading.lines
+
+
+@pytest.mark.integration
+def test_a_planted_nan_weight_is_the_first_cause_and_no_point_after_the_skip_is_a_jump(planted):
+    folders, *_ = planted
+    run = curves.read_run(folders["nan"])
+    reading = curves.read_curve(run, planted[1])
+    assert causes_of(reading)["a hardware bit flip"] == (1, "planted")
+    (action,) = [incident["action"] for incident in run.incidents]
+    restored, (start, end) = action["restored_step"], action["skipped_rows"]
+    assert all(t < restored for t, _ in reading.jumps)
+    batches = (end - start) // 8  # the rows skipped, in global batches of 8: each read that many steps earlier
+    assert f"from step {restored} on the run reads each batch {batches} steps earlier" in "\n".join(reading.lines)
+    assert reading.verdict.startswith("verdict: not normal: incident: nonfinite at step 110")
+    assert run.computed_in == [[0, "float32"]]  # run.json records the dtype the run computed in
+
+
+@pytest.mark.integration
+def test_a_planted_run_without_warmup_names_the_warmup_as_a_cause(planted):
+    reading = reading_of(planted, "no_warmup")
+    assert not reading.normal and reading.left is not None, reading.verdict
+    assert causes_of(reading)["an LR too high where the loss is high"] == (1, "pointed at")
+    said = next(line for line in reading.lines if line.startswith("1. an LR too high"))
+    assert "warmup_iters 0 (the band's 30)" in said
 
 
 @pytest.mark.integration
