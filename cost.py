@@ -393,7 +393,7 @@ def _all_reduce_under_load(sizes, gpt_config, rows, repeats=30):
 
 def measure_cpu(gpt_config, rows, ranks):
     """This machine as a 'GPU': each of `ranks` processes gets cores / ranks threads (as
-    parallel.init_distributed gives them). peak_flops: fp32 matmul FLOP/s of that many threads
+    parallel.grid.init_distributed gives them). peak_flops: fp32 matmul FLOP/s of that many threads
     at the model's MLP shape, (rows, C) @ (C, 4C). The link: what an all-reduce between 2 local
     processes adds to a loop that also computes, as in training (alone, gloo on loopback is several
     times faster than between two busy processes on shared cores). A 2-rank ring all-reduce is 2

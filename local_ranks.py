@@ -5,7 +5,7 @@
 
 Each rank is a child process with the environment torchrun would give it
 (RANK, WORLD_SIZE, LOCAL_RANK, ... on 127.0.0.1 and a free port), so the code
-under test starts exactly as under torchrun (parallel.init_distributed) and talks
+under test starts exactly as under torchrun (parallel.grid.init_distributed) and talks
 over gloo. On Linux the children are forked, so they start at once from a
 process that has already imported torch, where torchrun pays a fresh interpreter
 and `import torch` per rank (DESIGN.md has the times). fork does not exist on Windows and is
@@ -32,7 +32,7 @@ def free_port():
 
 def _rank_main(rank, world_size, port, fn, args, results):
     # A forked child of a multi-threaded parent hangs in OpenMP unless it drops to one thread first
-    # (parallel.init_distributed then gives it cores / local ranks).
+    # (parallel.grid.init_distributed then gives it cores / local ranks).
     torch.set_num_threads(1)
     os.environ.update(
         RANK=str(rank),

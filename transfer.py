@@ -1,18 +1,20 @@
-"""Weights in and out of a run: safetensors files, Hugging Face's GPT-2 layout, pretrained starts, exports.
+"""Weights in and out of a run: safetensors files, Hugging Face's GPT-2 and Llama layouts, pretrained starts, exports.
 
     python train.py --preset gpt2-small --init_from gpt2 --source my_texts/   # start from OpenAI's GPT-2
     python train.py --export_hf out/hf --out_dir out/gpt2-run                 # a folder transformers and lm-eval load
 
 In: `initial_weights` reads a run's out_dir (its newest healthy checkpoint), a
-Hugging Face GPT-2 folder or .safetensors file, or a named GPT-2 (downloaded
-once, sha256-checked), and `fit_to_run` checks the weights fit the run's model.
-Out: `export_hf` writes a run's weights as a transformers GPT2LMHeadModel folder
-with GPT-2's tokenizer files, which `lm_eval --model hf` scores.
+Hugging Face GPT-2 or Llama folder or .safetensors file, or a named base
+(downloaded once, sha256-checked), and `fit_to_run` checks the weights fit the
+run's model. Out: `export_hf` writes a run's weights as a transformers folder
+(GPT2LMHeadModel or LlamaForCausalLM) with its tokenizer files, which
+`lm_eval --model hf` scores.
 
-safetensors is read and written here in under a hundred lines of our own: the format is
-an 8-byte little-endian header length N, N bytes of JSON header ({name: {dtype,
-shape, data_offsets}}, plus an optional "__metadata__" of strings), then the
-tensors' raw little-endian bytes at those offsets. Writing it ourselves keeps the
+safetensors is read and written here by code of our own (read_safetensors,
+write_safetensors, a sharded folder's index): the format is an 8-byte
+little-endian header length N, N bytes of JSON header ({name: {dtype, shape,
+data_offsets}}, plus an optional "__metadata__" of strings), then the tensors'
+raw little-endian bytes at those offsets. Writing it ourselves keeps the
 run-time dependencies at torch, numpy, tiktoken and matplotlib, and shows that a
 weights file is nothing more. (The tests check it against the safetensors package.)
 """

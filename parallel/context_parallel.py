@@ -166,7 +166,7 @@ class RingSelfAttention(CausalSelfAttention):
 
 
 class ContextParallelPositions(nn.Module):
-    """Learned positions (GPT-2's wpe) of this rank's positions: model.forward asks for its T/cp and gets the
+    """Learned positions (GPT-2's wpe) of this rank's positions: GPT.forward asks for its T/cp and gets the
     rows of the positions it holds. The table is whole on every rank."""
 
     def __init__(self, positions, local):

@@ -1,5 +1,5 @@
-"""The process grid: torchrun's environment read in one place, the ranks laid out as dp x pp x tp, and the
-coordination the loop needs so that no rank waits forever for one that gave up.
+"""The process grid: torchrun's environment read in one place, the ranks laid out as dp x pp x cp x tp,
+and the coordination the loop needs so that no rank waits forever for one that gave up.
 
 The same code runs as a simulation on one CPU (gloo over loopback) and for real on GPUs (NCCL), started by torchrun:
 

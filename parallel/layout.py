@@ -1,7 +1,7 @@
 """The layout: how the ranks share the model out, checked in one place, and the model as this rank holds it.
 
-A layout is the ParallelConfig's flags (--dp, --tp, --pp, --dp_mode, --bucket_mb, --zero, --micro_batches,
---schedule, --recompute). Two functions hold all of it:
+A layout is the ParallelConfig's flags (--dp, --tp, --pp, --cp, --sequence_parallel, --dp_mode, --bucket_mb, --zero,
+--micro_batches, --schedule, --virtual_stages, --recompute). Two functions hold all of it:
 
     check_layout(layout, gpt_config, batch_size, world_size, dtype)   every rule, in one order, naming the flag
     model_for_rank(whole, grid, layout, batch_size, dtype)            the model as this rank holds it (RankModel)

@@ -314,7 +314,7 @@ class SequenceParallelEmbedding(VocabParallelEmbedding):
 
 
 class SequenceParallelPositions(nn.Module):
-    """Learned positions (GPT-2's wpe) for this rank's T/tp positions: model.forward asks for all T and adds them to
+    """Learned positions (GPT-2's wpe) for this rank's T/tp positions: GPT.forward asks for all T and adds them to
     the embedding's (B, T/tp, C). The table stays whole on every rank; each rank's gradient holds its rows."""
 
     def __init__(self, positions, grid):

@@ -119,7 +119,7 @@ class ShardedBuckets(BucketedDataParallel):
 
     def gradients(self):
         """[(parameter, this rank's piece of its averaged gradient)]: the grad norm sums their squares over the
-        DP group (parallel.global_grad_norm's sharded_over_dp)."""
+        DP group (data_parallel.global_grad_norm's sharded_over_dp)."""
         return [(piece.parameter, piece.weights.grad) for piece in self.pieces]
 
     def gather_parameters(self):

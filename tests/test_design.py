@@ -1,15 +1,24 @@
-"""DESIGN.md's import tree, checked against the code so that it cannot drift.
+"""DESIGN.md's import tree and the names our texts give, checked against the code so that they cannot drift.
 
 The tree is DESIGN.md's first fenced block: a line for each module of ours, `importer.py ──> imported.py, ...` (a long
 list goes on over the next lines; `──> (none)` where it imports none of ours; notes in parentheses), every arrow
 pointing to a line further down. The code's imports are read with ast, not run, so an import inside a function counts
 too. Our modules are the .py files at the repository's root and in its packages (folders with __init__.py): `import
-parallel.zero`, `from parallel import zero` and, inside the package, `from .zero import X` all name parallel/zero.py."""
+parallel.zero`, `from parallel import zero` and, inside the package, `from .zero import X` all name parallel/zero.py.
+
+Every module a text of ours names must exist: in each docstring of our code and scripts, each preset, DESIGN.md, the
+README and docs/, a file path (`parallel/grid.py`, `bench/bands.py`, a bare `grid.py`) must be a file, and a dotted
+name that starts at a module of ours (`parallel.grid.init_distributed`, `transfer.fit_to_run`, `grid.Launch`) must
+resolve, its first name after the module an attribute of it."""
 
 import ast
+import importlib
 import importlib.util
+import json
 import re
+import sysconfig
 from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +86,87 @@ def test_no_import_cycle():
         TopologicalSorter(code_graph()).prepare()
     except CycleError as error:  # error.args[1] lists each file before a file that imports it
         pytest.fail("an import cycle among our modules: " + " ──> ".join(reversed(error.args[1])), pytrace=False)
+
+
+# ----------------------------------------------------------------------------
+# The names our texts give
+
+
+def texts_of_ours():
+    """[(file, text)]: every docstring of our code and scripts, every string of a preset, and the Markdown."""
+    texts = []
+    scripts = [*ROOT.glob("*.py"), *ROOT.glob("parallel/*.py"), *ROOT.glob("bench/*.py"), *ROOT.glob("exercises/*.py")]
+    for path in [*scripts, ROOT / "notebooks" / "lab.py"]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                texts += [(path, ast.get_docstring(node, clean=False) or "")]
+    for path in ROOT.glob("presets/*.json"):
+        texts += [(path, json.dumps(json.loads(path.read_text())))]
+    return texts + [
+        (path, path.read_text()) for path in [ROOT / "DESIGN.md", ROOT / "README.md", *ROOT.glob("docs/*.md")]
+    ]
+
+
+OUR_MODULES = {path.stem: path.stem for path in ROOT.glob("*.py")} | {"parallel": "parallel"}
+OUR_MODULES |= {path.stem: f"parallel.{path.stem}" for path in ROOT.glob("parallel/*.py") if path.stem != "__init__"}
+STDLIB = sysconfig.get_paths()["stdlib"]
+OTHERS_FILES = {"hellaswag.py": "llm.c's and build-nanogpt's HellaSwag scorer"}  # named as another project's
+FILE_PATH = re.compile(r"(?<![\w./-])((?:[\w-]+/)*[\w-]+\.py)\b")
+DOTTED_NAME = re.compile(r"(?<![\w./-])(" + "|".join(sorted(OUR_MODULES, key=len, reverse=True)) + r")((?:\.\w+)+)")
+NOT_AN_ATTRIBUTE = re.compile(r"(py|json|jsonl|bin|png|txt|md|safetensors|pt|ipynb|toml)$")  # data.bin: a file
+
+
+def has_attribute(module, name):
+    try:
+        return hasattr(importlib.import_module(module), name)
+    except ImportError:  # a module it imports was renamed: the name does not resolve either
+        return False
+
+
+def unresolved(source, text):
+    """What `text` (found in the file `source`) names that does not exist, each as `kind name`."""
+    ours = {path.name for path in ROOT.rglob("*.py")}
+    problems = []
+    for name in FILE_PATH.findall(text):
+        places = [source.parent / name, ROOT / name, Path(STDLIB) / name]
+        if not any(place.is_file() for place in places) and name not in ours | OTHERS_FILES.keys():
+            problems.append(f"file {name}")
+    for module, attributes in DOTTED_NAME.findall(text):
+        module, names = OUR_MODULES[module], attributes[1:].split(".")
+        while names and (ROOT / module.replace(".", "/") / f"{names[0]}.py").is_file():  # parallel.grid: a module
+            module += "." + names.pop(0)
+        if names and not NOT_AN_ATTRIBUTE.match(names[0]) and not has_attribute(module, names[0]):
+            problems.append(f"name {module}.{names[0]}")
+    return problems
+
+
+def test_every_module_a_text_names_exists():
+    problems = sorted(
+        {f"{source.relative_to(ROOT)}: {p}" for source, text in texts_of_ours() for p in unresolved(source, text)}
+    )
+    if problems:
+        pytest.fail("our texts name what the code does not hold:\n  " + "\n  ".join(problems), pytrace=False)
+
+
+def test_a_renamed_module_or_a_moved_function_is_caught():
+    here = ROOT / "parallel" / "__init__.py"
+    assert unresolved(here, "grid.py, parallel/grid.py, parallel.grid.init_distributed, transfer.fit_to_run") == []
+    assert unresolved(here, "grids.py, parallel.py, parallel.init_distributed, transfer.fit") == [
+        "file grids.py",
+        "file parallel.py",
+        "name parallel.init_distributed",
+        "name transfer.fit",
+    ]
+
+
+def test_the_reading_order_lists_every_parallel_file_and_the_layout_every_flag():
+    import parallel
+    import parallel.grid
+    import parallel.layout
+
+    listed = re.findall(r"^    (\w+\.py) ", parallel.__doc__, re.MULTILINE)
+    files = sorted(path.name for path in ROOT.glob("parallel/*.py") if path.name != "__init__.py")
+    assert sorted(listed) == files, "parallel/__init__.py's reading order must list each file of parallel/ once"
+    flags = {f"--{field}" for field in parallel.grid.ParallelConfig.__dataclass_fields__} - {"--dist_timeout"}
+    missing = flags - set(re.findall(r"--\w+", parallel.layout.__doc__.split("Two functions")[0]))
+    assert not missing, f"parallel/layout.py's list of layout flags lacks {sorted(missing)}"
