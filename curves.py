@@ -63,8 +63,10 @@ P_ALARM = 0.01  # a final val loss where fewer than 1 in 100 seeds of the recipe
 MIN_POINTS = 12  # logged steps before a curve has a shape: three per quarter
 NEAR_LN_V = 0.05  # a first loss within 5% of ln V is a uniform guess
 TAIL_RATIO = 3  # a curve is in its tail once it falls 3x slower per step than in its first quarter
-# where a recipe's settings differ from the band's, the reader names them (the ones a user tunes)
-SETTINGS = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "max_iters", "grad_clip", "weight_decay")
+# where a recipe's settings differ from the band's, the reader names them (the ones a user tunes); the first four
+# shape the LR, and are the LR's evidence where a run's loss stays above the band
+LR_SCHEDULE = ("learning_rate", "min_lr", "warmup_iters", "lr_decay_iters")
+SETTINGS = (*LR_SCHEDULE, "max_iters", "grad_clip", "weight_decay")
 
 
 # ----------------------------------------------------------------------------
@@ -263,7 +265,7 @@ def jumps(values, series, rule, before=math.inf):
     its edge, outside any stretch out of it: the chapter's mid-run jump, which one bad batch makes and the next step
     may already have undone. (A jump that the spike detector caught is an incident instead: the runbook rolled it
     back before it was logged.) A single point is one batch's loss, judged against what the band logged at that
-    step: from a runbook's skip on, the run reads other batches at the band's logged steps (data_shifted_from)."""
+    step: from a runbook's skip on, the run reads other batches at the band's logged steps (data_shifts)."""
     stretches = stretches_out(values, series, rule)
     return [
         (t, d)
@@ -272,15 +274,16 @@ def jumps(values, series, rule, before=math.inf):
     ]
 
 
-def data_shifted_from(run):
-    """(the first step whose batch is not the one a run without incidents reads there, the batches skipped), or
-    (None, 0): the runbook rolls back to a checkpoint and skips the rows up to the incident, so from the step it
-    restored on, the run reads each batch that many steps earlier than it would have."""
-    actions = [i["action"] for i in run.incidents if "action" in i]
-    if not actions:
-        return None, 0
-    rows = sum(end - start for start, end in (a["skipped_rows"] for a in actions))
-    return min(a["restored_step"] for a in actions), rows / run.settings["global_batch"]
+def data_shifts(run):
+    """[(step, batches)]: from each step a runbook's rollback restored on, how many steps earlier than a run without
+    incidents the run reads each batch, all the skips so far counted. The runbook rolls back to a checkpoint and
+    skips the rows up to the incident, so each skip moves every later batch to an earlier step; [] without one."""
+    shifts, skipped_rows = [], 0
+    for action in sorted((i["action"] for i in run.incidents if "action" in i), key=lambda a: a["restored_step"]):
+        start, end = action["skipped_rows"]
+        skipped_rows += end - start
+        shifts.append((action["restored_step"], skipped_rows / run.settings["global_batch"]))
+    return shifts
 
 
 def flagged(values, series, rule):
@@ -306,9 +309,15 @@ def val_p(run, band):
         return None
     step = shared[-1]
     seeds = [row[band["val"]["step"].index(step)] for row in band["val"]["runs"]]
+    return step, run.val[step], p_against(run.val[step], seeds)
+
+
+def p_against(value, seeds):
+    """The two-sided p-value of `value` as one more seed of the recipe whose final losses are `seeds`: Student's t
+    with K - 1 degrees of freedom of (value - mean) / (std · √(1 + 1/K)), a prediction interval."""
     k = len(seeds)
-    spread = max(statistics.stdev(seeds), 1e-12) * math.sqrt(1 + 1 / k)
-    return step, run.val[step], student_t_p((run.val[step] - statistics.fmean(seeds)) / spread, k - 1)
+    spread = max(statistics.stdev(seeds), 1e-12) * math.sqrt(1 + 1 / k)  # 1e-12: K identical seeds
+    return student_t_p((value - statistics.fmean(seeds)) / spread, k - 1)
 
 
 def find_band(identity, preset, path=""):
@@ -443,21 +452,22 @@ CAUSES = ("bad data", "an LR too high where the loss is high", "numeric precisio
 PLANTED_AS = {"spike": "bad data", "nan": "a hardware bit flip"}  # faults.py: garbage for a batch; a NaN weight
 # how strongly a run's files point at a cause: planted by --inject; pointed at (the runbook's cure, a setting the
 # band does not share where the run left it, notebook 05's grad-norm sign of a data plateau); consistent with it
-EVIDENCE = {3: "planted", 2: "pointed at", 1: "consistent with it", 0: "no sign of it"}
+PLANTED, POINTED_AT, CONSISTENT, NO_SIGN = 3, 2, 1, 0
+EVIDENCE = {PLANTED: "planted", POINTED_AT: "pointed at", CONSISTENT: "consistent with it", NO_SIGN: "no sign of it"}
 
 
-def likely_causes(run, band, shape, left=False, jumped=()):
+def likely_causes(run, band, shape, stretches=(), jumped=()):
     """The chapter's causes under a heading, ordered by the evidence this run's files hold for each (EVIDENCE), the
-    chapter's order of frequency among equals, each with that evidence in words. left: the run left the band."""
+    chapter's order of frequency among equals, each with that evidence in words. stretches: out of the band."""
     planted = {PLANTED_AS[f.split("@")[0]] for f in run.injected if f.split("@")[0] in PLANTED_AS}
     found = {
         "bad data": data_evidence(run, band, shape, jumped),
-        "an LR too high where the loss is high": lr_evidence(run, band, left),
+        "an LR too high where the loss is high": lr_evidence(run, band, stretches),
         "numeric precision": precision_evidence(run),
         "a hardware bit flip": bit_flip_evidence(run),
     }
     for cause in planted:  # what --inject planted (injected.json) outranks whatever else the files show
-        found[cause] = 3, f"injected.json names {', '.join(run.injected)}; " + found[cause][1]
+        found[cause] = PLANTED, f"injected.json names {', '.join(run.injected)}; " + found[cause][1]
     ranked = sorted(CAUSES, key=lambda cause: (-found[cause][0], CAUSES.index(cause)))
     return [
         "what the chapter names as causes, by this run's evidence (planted, pointed at, consistent, none; the "
@@ -481,9 +491,12 @@ def data_evidence(run, band, shape, jumped):
         # weights too, which ends a flipped bit's NaN as well
         cured = not retried and "stop" not in responses
         nonfinite = any(i["detector"] == "nonfinite" for i in run.incidents)
-        return (2 if cured and not nonfinite else 1), words
+        return (POINTED_AT if cured and not nonfinite else CONSISTENT), words
     if jumped:
-        return 1, f"one point far above the band at step {jumped[0][0]}, undone by the next: as one bad batch behaves"
+        return (
+            CONSISTENT,
+            f"one point far above the band at step {jumped[0][0]}, undone by the next: as one bad batch behaves",
+        )
     if shape.endswith("plateau") and band:
         # notebook 05, section 1a: a curve stalled by its data sits at the best the data allow, its gradient noise
         mine, seeds = plateau_grad_norms(run, band)
@@ -495,10 +508,13 @@ def data_evidence(run, band, shape, jumped):
         )
         band_range = f"{min(seeds):.2f}-{max(seeds):.2f}"
         words = f"a plateau, the grad norm {mine:.2f} over the last quarter, the band's {band_range}, {reading}"
-        return (2 if under else 0), words
+        return (POINTED_AT if under else NO_SIGN), words
     if shape == "early plateau":
-        return 1, "a plateau while the LR is high: data with nothing more to teach (shuffled, repeated) stalls a curve"
-    return 0, "no incident or jump in this run's files points at a batch"
+        return (
+            CONSISTENT,
+            "a plateau while the LR is high: data with nothing more to teach (shuffled, repeated) stalls a curve",
+        )
+    return NO_SIGN, "no incident or jump in this run's files points at a batch"
 
 
 def plateau_grad_norms(run, band):
@@ -508,11 +524,12 @@ def plateau_grad_norms(run, band):
     return late_grad_norm(run.grad_norm, steps), seeds
 
 
-def lr_evidence(run, band, left):
-    """(strength, words) for the LR: the run's settings against the band's (a cause where the run left the band),
-    the LR at its first incident, what the runbook's lowering or re-warming did."""
+def lr_evidence(run, band, stretches):
+    """(strength, words) for the LR: the run's LR schedule against the band's (a cause where the run left the band,
+    on either side: a schedule of its own moves the whole curve), the LR at its first incident, what the runbook's
+    lowering or re-warming did. Other settings that differ (grad_clip, say) are named by band_lines, not here."""
     words = f"peak LR {run.settings['learning_rate']:g}"
-    differing = [k for k in SETTINGS if band and run.settings[k] != band["settings"][k]]
+    differing = [k for k in settings_differing(run, band) if k in LR_SCHEDULE]
     if "learning_rate" in differing:
         ratio = run.settings["learning_rate"] / band["settings"]["learning_rate"]
         words += f", {ratio:g}x the band's {band['settings']['learning_rate']:g}"
@@ -521,19 +538,25 @@ def lr_evidence(run, band, left):
         words += f"; its schedule differs from the band's: {named}"
         if run.settings["warmup_iters"] < band["settings"]["warmup_iters"]:
             words += " (a shorter warmup: the peak LR reached sooner, while the loss is still high)"
-        words += "; the run left the band, so these settings are a cause" if left else "; the run stayed in the band"
+    if differing:
+        words += "; the run left the band, so these settings are a cause" if stretches else "; it stayed in the band"
     if run.incidents:
         first = run.incidents[0]["step"]
         before = [t for t in run.lr if t <= first]
         words += f"; the LR near the first incident {run.lr[max(before)]:.2g}" if before else ""
     responses = [i.get("response") for i in run.incidents]
-    lowered = [i["step"] for i in run.incidents if i.get("response") in ("lower_lr", "rewarm")]
-    if lowered:
-        cured = responses[-1] in ("lower_lr", "rewarm")  # no incident after the runbook took the LR down
-        words += f"; the runbook lowered it at step {lowered[0]}" + (", and no incident followed" if cured else "")
-    else:
-        cured = False
-    return (2 if (differing and left) or cured else 0), words
+    taken_down = [(i["step"], i["response"]) for i in run.incidents if i.get("response") in ("lower_lr", "rewarm")]
+    cured = bool(taken_down) and responses[-1] in ("lower_lr", "rewarm")  # no incident after it took the LR down
+    if taken_down:
+        step, response = taken_down[0]
+        words += f"; the runbook {'lowered' if response == 'lower_lr' else 're-warmed'} it at step {step}"
+        words += ", and no incident followed" if cured else ""
+    return (POINTED_AT if (differing and stretches) or cured else NO_SIGN), words
+
+
+def settings_differing(run, band):
+    """The settings (SETTINGS) this run holds other than its band's, in SETTINGS' order; none without a band."""
+    return [k for k in SETTINGS if band and run.settings[k] != band["settings"][k]]
 
 
 def precision_evidence(run):
@@ -541,7 +564,7 @@ def precision_evidence(run):
     hardware (run.json's "computed_in"), and fp16's skipped steps."""
     requested = run.settings["dtype"]
     used = ", ".join(f"{dtype} from step {step}" for step, dtype in run.computed_in)
-    if len(run.computed_in) == 1:
+    if len(run.computed_in) == 1 and run.computed_in[0][0] == 0:  # one dtype from the first step on
         used = run.computed_in[0][1]
     if requested == "auto":
         said = (
@@ -554,22 +577,24 @@ def precision_evidence(run):
         said = f"--dtype {requested}"
     dtypes = {dtype for _, dtype in run.computed_in} or {requested}
     if "float16" in dtypes:
-        return (1 if run.skipped else 0), f"{said}: loss scaling, {run.skipped} step(s) skipped for overflow"
+        return (
+            CONSISTENT if run.skipped else NO_SIGN
+        ), f"{said}: loss scaling, {run.skipped} step(s) skipped for overflow"
     if "bfloat16" in dtypes:
-        return 0, f"{said}: bfloat16 autocast with fp32 master weights and loss sums, rarely the cause today"
+        return NO_SIGN, f"{said}: bfloat16 autocast with fp32 master weights and loss sums, rarely the cause today"
     if dtypes == {"float32"}:
-        return 0, f"{said}: float32 throughout, no precision boundary in play"
-    return 0, f"{said}: rarely the cause"
+        return NO_SIGN, f"{said}: float32 throughout, no precision boundary in play"
+    return NO_SIGN, f"{said}: rarely the cause"
 
 
 def bit_flip_evidence(run):
     """(strength, words) for a hardware bit flip: a single non-finite loss that a rollback ended."""
     nonfinite = [i["step"] for i in run.incidents if i["detector"] == "nonfinite"]
     if len(nonfinite) == 1 and len(run.incidents) == 1:
-        return 1, (
+        return CONSISTENT, (
             f"a non-finite loss at step {nonfinite[0]} that did not return: replay that batch to tell data from a flip"
         )
-    return 0, "rarest of all, and nothing here singles it out"
+    return NO_SIGN, "rarest of all, and nothing here singles it out"
 
 
 @dataclass
@@ -616,7 +641,7 @@ def read_curve(run, band=None, why_no_band=""):
         ]
     p = val_p(run, band)
     if problems or (p and p[2] < P_ALARM):
-        lines += likely_causes(run, band, shape, bool(stretches), jumped)
+        lines += likely_causes(run, band, shape, stretches, jumped)
         # what decides it first: the longest stretch out of the band (band_lines' first problem), then the final
         # val loss where its p-value alarms; where it does not, the p-value closes the line
         final = f"val loss {p[1]:.4f} at step {p[0]}, p = {p[2]:.2g}" if p else "no val step shared with the band"
@@ -655,9 +680,9 @@ def band_lines(run, band):
     ]
     if max(run.train) > series["step"][-1]:
         lines.append(f"steps past the band's last ({series['step'][-1]}) to {max(run.train)}: not judged")
-    differing = [f"{k} {run.settings[k]} (the band's {v})" for k, v in band["settings"].items() if run.settings[k] != v]
-    if differing:
-        lines.append(f"settings that differ from the band's: {', '.join(differing)}")
+    if differing := settings_differing(run, band):
+        named = ", ".join(f"{k} {run.settings[k]} (the band's {band['settings'][k]})" for k in differing)
+        lines.append(f"settings that differ from the band's: {named}")
     problems = []
     stretches = stretches_out(run.train, series, rule)
 
@@ -679,15 +704,14 @@ def band_lines(run, band):
                 f", the longest of {len(stretches)} stretches out of it (the first at step {first[0]}, {first[2]} it, "
                 f"for {duration(first)} steps)"
             )
-    shifted, batches = data_shifted_from(run)
-    if shifted is not None:
+    if shifts := data_shifts(run):
+        earlier = ", then ".join(f"{n:g} step{'' if n == 1 else 's'} from step {t}" for t, n in shifts)
         lines.append(
-            f"from step {shifted} on the run reads each batch {batches:g} step{'' if batches == 1 else 's'} earlier "
-            "than a run without its "
-            "incidents, so its logged points are other batches than the band's: single points there are not judged "
-            "as jumps, stretches out of the band are"
+            f"the run reads each batch earlier than a run without its incidents ({earlier}), so its logged points "
+            "there are other batches than the band's: single points there are not judged as jumps, stretches out "
+            "of the band are"
         )
-    jumped = jumps(run.train, series, rule, before=math.inf if shifted is None else shifted)
+    jumped = jumps(run.train, series, rule, before=shifts[0][0] if shifts else math.inf)
     if jumped:
         shown = ", ".join(f"step {t} ({run.train[t]:.3f}, {d:+.0f} std)" for t, d in jumped[:3])
         lines.append(f"jumped above the band: {shown}" + (f" and {len(jumped) - 3} more" if len(jumped) > 3 else ""))
@@ -696,7 +720,7 @@ def band_lines(run, band):
     if p:
         step, value, p_value = p
         where = "its last" if step == max(run.val) else f"the last the band shares; the run goes on to {max(run.val)}"
-        lines.append(f"val loss {value:.4f} at step {step} ({where}): p = {p_value:.2f} against the band's seeds")
+        lines.append(f"val loss {value:.4f} at step {step} ({where}): p = {p_value:.2g} against the band's seeds")
     return lines, problems, stretches, jumped
 
 
@@ -707,18 +731,20 @@ def band_lines(run, band):
 def reading_figure(run, band, reading):
     """The run's train and val loss over the band (its edge, mean, and the seeds' 5% and 95% quantiles), incidents
     in red, the stretches out of the band shaded, each jump marked; the verdict, whole, as its title. The loss axis
-    spans the second half of the steps (the band's, or the run's without one), where runs of a recipe differ by
-    hundredths: the start near ln V lies above it, and a point above it is drawn at its top edge, its value beside."""
+    spans the second half of the steps the run reached (of the band's, or the run's without one), where runs of a
+    recipe differ by hundredths: the start near ln V lies above it, and a point above it is drawn at its top edge,
+    its value beside."""
     from matplotlib.figure import Figure  # no pyplot: drawing to a file leaves a notebook's plotting alone
 
     title = textwrap.fill(reading.verdict, 120)
     fig = Figure(figsize=(12, 4.2 + 0.18 * title.count("\n")), layout="constrained")
     ax = fig.subplots()
     steps = band["train"]["step"] if band else list(run.train)
-    second_half = [t for t in steps if t >= steps[0] + (steps[-1] - steps[0]) / 2]
+    reached = [t for t in steps if t <= max(run.train)] or steps  # a run read early: the half of it so far
+    half = reached[0] + (reached[-1] - reached[0]) / 2
     jumped = {t for t, _ in reading.jumps}  # drawn at the axis' top edge, not stretching the axis
     points = [*run.train.items(), *run.val.items()]
-    shown = [loss for t, loss in points if t >= second_half[0] and t not in jumped]
+    shown = [loss for t, loss in points if t >= half and t not in jumped]
     if band:
         mean, s = edge(band["train"], band["rule"])
         z = band["rule"]["z"]
@@ -731,8 +757,8 @@ def reading_figure(run, band, reading):
                 steps, band["train"][q], ":", color="tab:blue", lw=0.6, label="seeds' 5-95%" if q == "q05" else None
             )
         ax.plot(band["val"]["step"], band["val"]["mean"], "s", color="tab:blue", ms=4, label="band's val mean")
-        late = len(steps) - len(second_half)
-        shown += [*(mean - z * s)[late:], *(mean + z * s)[late:]]
+        late = [i for i, t in enumerate(steps) if half <= t <= reached[-1]]
+        shown += [*(mean - z * s)[late], *(mean + z * s)[late]]
     ax.plot(list(run.train), list(run.train.values()), color="black", lw=1, label="this run: train loss")
     ax.plot(list(run.val), list(run.val.values()), "o-", color="tab:orange", ms=4, label="this run: val loss")
     low, high = min(shown), max(shown)
@@ -794,6 +820,26 @@ def evaluate_checkpoints(run, steps, evaluation, device):
     return results
 
 
+def steps_to_compare(held):
+    """The checkpoint steps the runs share ({run folder: its checkpoint steps}), or a ValueError naming the steps
+    each holds where a verdict on them would judge nothing (step 0 alone: models before any training) or the early
+    curve (no shared step in the last third of the longer run, counted from its step 0)."""
+    steps = sorted(set.intersection(*map(set, held.values())))
+    holds = "; ".join(f"{name} holds {steps_named(sorted(s))}" for name, s in held.items())
+    if not steps:
+        raise ValueError(f"the runs share no checkpoint step: {holds}")
+    if steps == [0]:
+        raise ValueError(f"the runs share only step 0, before any training: nothing to compare ({holds})")
+    longer = max(held, key=lambda name: max(held[name]))
+    if steps[-1] < 2 * max(held[longer]) / 3:
+        raise ValueError(
+            f"the runs share checkpoint steps up to {steps[-1]} only, before the last third of {longer}'s "
+            f"{max(held[longer])} steps, where its curve has settled; a verdict there would judge early wiggles "
+            f"({holds}). Compare runs that reach the same steps, or go on with the shorter one (--max_iters)"
+        )
+    return steps
+
+
 def compare_runs(run_dirs, band_path="", device="cpu", say=print):
     """(results {run: {step: {"val_loss", "acc_norm"?}}}, verdict line) of runs' checkpoints at the steps they
     share, on the first run's evaluation (its val rows, its benchmark). The verdict reads the val loss over the last
@@ -807,20 +853,7 @@ def compare_runs(run_dirs, band_path="", device="cpu", say=print):
             raise ValueError(
                 f"{run.folder} and {runs[0].folder} trained on other data or blocks: one evaluation cannot judge both"
             )
-    held = {run.folder: set(checkpoint.list_steps(os.path.join(run.folder, "ckpt"))) for run in runs}
-    steps = sorted(set.intersection(*held.values()))
-    holds = "; ".join(f"{name} holds {steps_named(sorted(s))}" for name, s in held.items())
-    if not steps:
-        raise ValueError(f"the runs share no checkpoint step: {holds}")
-    if steps == [0]:
-        raise ValueError(f"the runs share only step 0, before any training: nothing to compare ({holds})")
-    longer = max(held, key=lambda name: max(held[name]))
-    if steps[-1] < steps[0] + 2 * (max(held[longer]) - steps[0]) / 3:
-        raise ValueError(
-            f"the runs share checkpoint steps up to {steps[-1]} only, before the last third of {longer}'s "
-            f"{max(held[longer])} steps, where its curve has settled; a verdict there would judge early wiggles "
-            f"({holds}). Compare runs that reach the same steps, or go on with the shorter one (--max_iters)"
-        )
+    steps = steps_to_compare({run.folder: checkpoint.list_steps(os.path.join(run.folder, "ckpt")) for run in runs})
     evaluation = fixed_evaluation(runs[0], say)
     say(f"{len(steps)} shared checkpoint steps, each evaluated on {runs[0].folder}'s {evaluation[1]} val batches")
     results = {run.folder: evaluate_checkpoints(run, steps, evaluation, device) for run in runs}

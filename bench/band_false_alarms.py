@@ -4,7 +4,7 @@ over the band's own seeds held out in turn, for the final val loss's p-value and
     python bench/band_false_alarms.py [--band bands/shakespeare.json] [RUN ...]
 
 Each of the band's K seeds is a healthy run of another seed and data order, judged against the other K - 1:
-- the p-value: its final val loss against the others' (Student's t, K - 2 degrees of freedom, as curves.val_p);
+- the p-value: its final val loss against the others' (Student's t, K - 2 degrees of freedom, curves.p_against);
   counted below 0.05 and below curves.P_ALARM, where the reader says "not normal";
 - the edge: z calibrated on the K - 1 alone (curves.calibrate, each of them against the other K - 2), then the
   held-out seed's train curve judged by that rule (curves.flagged: out of the band PERSIST points in a row, or a
@@ -15,9 +15,7 @@ Prints a table; docs/curves.md quotes it.
 """
 
 import argparse
-import math
 import os
-import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,9 +28,7 @@ from data import read_json  # noqa: E402
 def held_out_p(val, k):
     """The p-value of seed k's final val loss against the band's other seeds (val: the band's val summary)."""
     seeds = [row[-1] for row in val["runs"]]
-    mine, others = seeds[k], seeds[:k] + seeds[k + 1 :]
-    spread = statistics.stdev(others) * math.sqrt(1 + 1 / len(others))
-    return curves.student_t_p((mine - statistics.fmean(others)) / spread, len(others) - 1)
+    return curves.p_against(seeds[k], seeds[:k] + seeds[k + 1 :])
 
 
 def held_out_edge(train, k):

@@ -54,8 +54,8 @@ def test_merging_blocks_gives_the_softmax_over_all_keys(blocks):
 
 
 def far_from_unit_scale(scale):
-    """attention_inputs with scores far from 0: "large", q times 40, so the rows' log-sum-exp pass 100 (exp of
-    which overflows fp32 past 88.7); "very negative", every q component >= 1 and k's <= -40, so every score lies
+    """attention_inputs with scores far from 0: "large", q times 40, so the largest rows' log-sum-exp pass 100
+    (exp of which overflows fp32 past 88.7); "very negative", every q component >= 1 and k's <= -40, so every score lies
     below -110 (exp of which underflows fp32 to 0 below -103.3)."""
     q, k, v, q_positions, k_positions = attention_inputs(seed=2)
     if scale == "large":

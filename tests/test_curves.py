@@ -116,12 +116,18 @@ def skipped_at(run, step, restored, detector="nonfinite", response="skip"):
 
 
 def test_the_settings_a_user_changed_are_named_with_the_band(band):
-    reading = curves.read_curve(synthetic_run(101, offset=(0, -0.3), learning_rate=2e-2), band)
+    reading = curves.read_curve(synthetic_run(101, offset=(0, 0.3), learning_rate=2e-2), band)
     assert "settings that differ from the band's: learning_rate 0.02 (the band's 0.002)" in reading.lines
     causes = causes_of(reading)
-    assert causes["an LR too high where the loss is high"] == (1, "pointed at")  # the run left the band: a cause
+    assert causes["an LR too high where the loss is high"] == (1, "pointed at")  # above the band: a cause
     assert [causes[c][0] for c in curves.CAUSES[::2]] == [2, 3]  # the rest in the chapter's order
     assert "10x the band's 0.002" in next(line for line in reading.lines if line.startswith("1. an LR too high"))
+    # below the band is out of it too: the schedule moved the curve; a setting that is not the LR's is no LR
+    ahead = causes_of(curves.read_curve(synthetic_run(101, offset=(0, -0.3), learning_rate=2e-2), band))
+    assert ahead["an LR too high where the loss is high"] == (1, "pointed at")
+    clipped = curves.read_curve(synthetic_run(101, offset=(0, 0.3), grad_clip=0.5), band)
+    assert "settings that differ from the band's: grad_clip 0.5 (the band's 1.0)" in clipped.lines
+    assert causes_of(clipped)["an LR too high where the loss is high"][1] == "no sign of it"
 
 
 def test_a_setting_that_differs_is_a_cause_where_the_run_left_the_band(band):
@@ -162,13 +168,14 @@ def test_no_single_point_is_judged_after_a_runbook_skip(band):
     is another batch than the band logged there, so only stretches are judged from the restored step on."""
     after = curves.read_curve(skipped_at(synthetic_run(101, jump_at=150), 120, 110), band)
     assert after.jumps == [] and "a jump" not in after.verdict
-    assert "from step 110 on the run reads each batch 1 step earlier than a run without its incidents" in "\n".join(
-        after.lines
-    )
+    shift = "the run reads each batch earlier than a run without its incidents (1 step from step 110)"
+    assert shift in "\n".join(after.lines)
     before = curves.read_curve(skipped_at(synthetic_run(101, jump_at=90), 120, 110), band)
     assert [t for t, _ in before.jumps] == [90]
     moved = curves.read_curve(skipped_at(synthetic_run(101, offset=(150, 0.5)), 120, 110), band)
     assert moved.left[0] == 150  # a stretch out of the band still is one
+    twice = curves.read_curve(skipped_at(skipped_at(synthetic_run(101), 60, 50), 150, 140), band)
+    assert "(1 step from step 50, then 2 steps from step 140)" in "\n".join(twice.lines)  # each skip adds one
 
 
 def test_the_verdict_leads_with_the_longest_stretch_and_ends_with_the_p_value(band):
@@ -196,6 +203,7 @@ def test_the_precision_line_says_which_dtype_the_run_computed_in():
         ([[0, "bfloat16"]], "--dtype auto, which this run resolved to bfloat16: bfloat16 autocast"),
         ([[0, "bfloat16"], [120, "float32"]], "resolved to bfloat16 from step 0, float32 from step 120"),
         ([[0, "float16"]], "resolved to float16: loss scaling, 0 step(s) skipped"),
+        ([[700, "bfloat16"]], "resolved to bfloat16 from step 700:"),  # a run.json from before the record began
         ([], "--dtype auto; this run's files do not say what it resolved to"),
     ]:
         run.computed_in = computed_in
@@ -212,6 +220,11 @@ def test_the_figure_holds_the_whole_verdict_and_marks_every_jump(band):
     (marker,) = [line for line in ax.get_lines() if line.get_label() == "jump"]
     assert list(marker.get_xdata()) == [150] and list(marker.get_ydata()) == [high]  # at the edge, its value beside
     assert any(text.get_text().startswith(f"{math.log(256):.2f}") for text in ax.texts)
+    early = synthetic_run(101)  # read at step 80 of the band's 200: the axis spans its own second half
+    early.train = {t: v for t, v in early.train.items() if t <= 80}
+    early.val = {t: v for t, v in early.val.items() if t <= 80}
+    low, high = curves.reading_figure(early, band, curves.read_curve(early, band)).axes[0].get_ylim()
+    assert low < min(early.train.values()) and high > max(v for t, v in early.train.items() if t >= 40)
 
 
 def run_folder_with_checkpoints(folder, steps):
@@ -238,6 +251,13 @@ def test_compare_refuses_runs_that_share_no_step_of_the_longer_ones_last_third(t
         r"longer holds steps 0, 200, 400, 600, 1900, 2000",
     ):
         curves.compare_runs([short, longer])
+
+
+def test_compare_takes_the_shared_steps_from_the_longer_runs_last_third_on():
+    assert curves.steps_to_compare({"a": [0, 1400], "b": [0, 1400, 2000]}) == [0, 1400]  # 1400 >= 2/3 of 2000
+    assert curves.steps_to_compare({"a": [2000], "b": [1000, 2000, 3000]}) == [2000]  # at 2/3 of 3000 exactly
+    with pytest.raises(ValueError, match="up to 1300 only, before the last third of b's 2000 steps"):
+        curves.steps_to_compare({"a": [0, 1300], "b": [0, 1300, 2000]})
 
 
 def test_a_plateau_above_the_band_points_at_the_data_or_the_lr(band):
@@ -405,7 +425,9 @@ def test_a_planted_nan_weight_is_the_first_cause_and_no_point_after_the_skip_is_
     restored, (start, end) = action["restored_step"], action["skipped_rows"]
     assert all(t < restored for t, _ in reading.jumps)
     batches = (end - start) // 8  # the rows skipped, in global batches of 8: each read that many steps earlier
-    assert f"from step {restored} on the run reads each batch {batches} steps earlier" in "\n".join(reading.lines)
+    assert f"reads each batch earlier than a run without its incidents ({batches} steps from step {restored})" in (
+        "\n".join(reading.lines)
+    )
     assert reading.verdict.startswith("verdict: not normal: incident: nonfinite at step 110")
     assert run.computed_in == [[0, "float32"]]  # run.json records the dtype the run computed in
 

@@ -109,6 +109,7 @@ def texts_of_ours():
 
 OUR_MODULES = {path.stem: path.stem for path in ROOT.glob("*.py")} | {"parallel": "parallel"}
 OUR_MODULES |= {path.stem: f"parallel.{path.stem}" for path in ROOT.glob("parallel/*.py") if path.stem != "__init__"}
+OUR_FILE_NAMES = {path.name for path in ROOT.rglob("*.py")}  # a bare name: a file of ours wherever it lies
 STDLIB = sysconfig.get_paths()["stdlib"]
 OTHERS_FILES = {"hellaswag.py": "llm.c's and build-nanogpt's HellaSwag scorer"}  # named as another project's
 FILE_PATH = re.compile(r"(?<![\w./-])((?:[\w-]+/)*[\w-]+\.py)\b")
@@ -125,11 +126,10 @@ def has_attribute(module, name):
 
 def unresolved(source, text):
     """What `text` (found in the file `source`) names that does not exist, each as `kind name`."""
-    ours = {path.name for path in ROOT.rglob("*.py")}
     problems = []
     for name in FILE_PATH.findall(text):
         places = [source.parent / name, ROOT / name, Path(STDLIB) / name]
-        if not any(place.is_file() for place in places) and name not in ours | OTHERS_FILES.keys():
+        if not any(place.is_file() for place in places) and name not in OUR_FILE_NAMES | OTHERS_FILES.keys():
             problems.append(f"file {name}")
     for module, attributes in DOTTED_NAME.findall(text):
         module, names = OUR_MODULES[module], attributes[1:].split(".")
