@@ -1,6 +1,6 @@
 """Configuration: one dataclass per concern, named presets, and the command line that sets them.
 
-Every field of GPTConfig (model.py), DataConfig (data.py), ParallelConfig
+Every field of GPTConfig (model.py), DataConfig (data.py), Layout
 (parallel/grid.py) and the dataclasses below is a flag, `--name value`, type-checked;
 defaults < preset < --config file < command line. nanoGPT's names mean the same here.
 A config file (JSON, or TOML on Python 3.11+) holds the same settings, one table
@@ -25,7 +25,7 @@ except ModuleNotFoundError:  # Python 3.10: JSON config files only
 
 from data import DataConfig
 from model import GPTConfig
-from parallel.grid import ParallelConfig
+from parallel.grid import Layout
 from transfer import hf_folder_config, hf_tokenizer_of
 
 # ----------------------------------------------------------------------------
@@ -174,7 +174,7 @@ class Configs:
     model: GPTConfig
     data: DataConfig
     train: TrainConfig
-    parallel: ParallelConfig
+    parallel: Layout  # the [parallel] table of a config file
     recovery: RecoveryConfig
     sample: SampleConfig
     benchmark: BenchmarkConfig

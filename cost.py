@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from model import GPTConfig, stage_layers
+from parallel.grid import Layout
 
 # ----------------------------------------------------------------------------
 # The model: parameters and FLOPs in closed form
@@ -81,8 +82,8 @@ MODELS = {
 }
 
 
-def parameters_on_rank(gpt_config, tp=1, pp=1, stage=0):
-    """Closed form of the parameters one rank holds (stage `stage` of pp, a 1/tp slice of its
+def parameters_on_rank(gpt_config, layout=Layout(), stage=0):
+    """Closed form of the parameters one rank of the layout holds (stage `stage` of pp, a 1/tp slice of its
     matrices); with the defaults, the whole model's count, GPT(gpt_config).num_params().
 
     A block's matrices are cut by tp, its norms stay whole on every TP rank: attention's q (C^2), k and v
@@ -92,7 +93,7 @@ def parameters_on_rank(gpt_config, tp=1, pp=1, stage=0):
     positions (gpt2); the last stage the final norm, and the head's matrix where it is not the first stage's
     embedding itself: a copy of the tied one on a later stage, or an untied head of its own."""
     C, V, H = gpt_config.n_embd, gpt_config.vocab_size, gpt_config.hidden
-    kv = gpt_config.kv_width
+    kv, tp, pp = gpt_config.kv_width, layout.tp, layout.pp
     mlp_matrices = 3 if gpt_config.arch == "llama" else 2
     norm = 0 if gpt_config.norm == "none" else C * (2 if gpt_config.norm == "layernorm" and gpt_config.bias else 1)
     matrices = C * (C + 2 * kv) + C * C + mlp_matrices * C * H
@@ -130,9 +131,9 @@ def lookup_parameters(gpt_config):
     return positions + (0 if gpt_config.tie_embeddings else gpt_config.vocab_size * gpt_config.n_embd)
 
 
-def fullest_rank_parameters(gpt_config, tp, pp):
+def fullest_rank_parameters(gpt_config, layout):
     """The parameters of the rank that holds the most (the first stage, with the embedding and positions)."""
-    return max(parameters_on_rank(gpt_config, tp, pp, s) for s in range(pp))
+    return max(parameters_on_rank(gpt_config, layout, s) for s in range(layout.pp))
 
 
 def flops_per_token(gpt_config):
@@ -145,24 +146,8 @@ def flops_per_token(gpt_config):
     # exercise flops_per_token: end
 
 
-def comm_bytes_per_step(
-    gpt_config,
-    *,
-    dp,
-    tp,
-    pp,
-    stage,
-    batch_size,
-    accumulation,
-    compute_bytes,
-    zero=0,
-    recompute=False,
-    sequence_parallel=False,
-    micro_batches=1,
-    cp=1,
-    virtual_stages=1,
-):
-    """Closed form of the bytes a rank of pipeline stage `stage` hands to each dimension's
+def comm_bytes_per_step(gpt_config, layout, *, stage, batch_size, accumulation, compute_bytes):
+    """Closed form of the bytes a rank of the layout's pipeline stage `stage` hands to each dimension's
     communication in one optimizer step (what comm_count.counted counts), with the step's
     formula: {dimension: (bytes, formula)}.
 
@@ -195,6 +180,9 @@ def comm_bytes_per_step(
           reduce-scatter of it (ZeRO-2: every micro-step) and an all-gather of the updated weights; under
           FSDP2 (zero 3) its reduce-scatter alone is counted (its all-gathers carry weights, not gradients).
     """
+    dp, tp, pp, cp, zero = layout.dp, layout.tp, layout.pp, layout.cp, layout.zero_stage
+    recompute, sequence_parallel = layout.recompute, layout.sequence_parallel
+    micro_batches, virtual_stages = layout.pipeline_micro_batches, layout.virtual_stages
     B, T, C, A = batch_size, gpt_config.block_size // cp, gpt_config.n_embd, accumulation
     first_block, end_block = stage_layers(gpt_config.n_layer, pp)[stage]
     L, first, last = end_block - first_block, stage == 0, stage == pp - 1
@@ -243,7 +231,7 @@ def comm_bytes_per_step(
             + f", A={A} B={B} T={T} C={C}"
         )
     if dp > 1:
-        held = parameters_on_rank(gpt_config, tp, pp, stage)
+        held = parameters_on_rank(gpt_config, layout, stage)
         scatters = A if zero == 2 else 1  # ZeRO-2 reduces every micro-step's gradient
         ours = zero in (1, 2)  # FSDP2 (stage 3) counts its reduce-scatters only: its all-gathers carry weights
         dp_bytes = (4 * scatters + 4 if ours else 4) * held
@@ -257,7 +245,7 @@ def comm_bytes_per_step(
     cp_bytes, cp_how = 0, "none: a group of 1"
     if cp > 1:
         kv = gpt_config.kv_width // tp  # this TP rank's key/value width
-        held = parameters_on_rank(gpt_config, tp, pp, stage)
+        held = parameters_on_rank(gpt_config, layout, stage)
         cp_bytes = A * (L * (cp - 1) * (2 + recompute) * 2 * B * T * kv * compute_bytes + micro_batches * 4 * held)
         cp_how = (
             f"A x [L x (cp - 1) x {2 + recompute} x 2 B T kv x {compute_bytes} (keys and values around the ring) + "
@@ -267,42 +255,19 @@ def comm_bytes_per_step(
     return {"dp": (dp_bytes, dp_how), "tp": (tp_bytes, tp_how), "pp": (pp_bytes, pp_how), "cp": (cp_bytes, cp_how)}
 
 
-def busiest_stage_comm_bytes(
-    gpt_config,
-    *,
-    dp,
-    tp,
-    pp,
-    batch_size,
-    accumulation,
-    compute_bytes,
-    zero=0,
-    recompute=False,
-    sequence_parallel=False,
-    micro_batches=1,
-    cp=1,
-    virtual_stages=1,
-):
+def busiest_stage_comm_bytes(gpt_config, layout, *, batch_size, accumulation, compute_bytes):
     """{dimension: (bytes, formula)} per step, in closed form, of the stage that sends the most in it
     (what train.py logs as comm_bytes_* and prints beside the counts)."""
     per_stage = [
         comm_bytes_per_step(
             gpt_config,
-            dp=dp,
-            tp=tp,
-            pp=pp,
+            layout,
             stage=stage,
             batch_size=batch_size,
             accumulation=accumulation,
             compute_bytes=compute_bytes,
-            zero=zero,
-            recompute=recompute,
-            sequence_parallel=sequence_parallel,
-            micro_batches=micro_batches,
-            cp=cp,
-            virtual_stages=virtual_stages,
         )
-        for stage in range(pp)
+        for stage in range(layout.pp)
     ]
     return {
         d: max((stage[d] for stage in per_stage), key=lambda closed_form: closed_form[0])
@@ -436,10 +401,10 @@ def state_bytes_formula(dp=1, zero=0):
     return f"{terms} = {state_bytes_per_parameter(dp, zero):g} B"
 
 
-def fullest_rank_state_bytes(gpt_config, dp=1, tp=1, pp=1, zero=0):
-    """Closed form of the training state on the rank that holds the most (train.py prints it beside
+def fullest_rank_state_bytes(gpt_config, layout):
+    """Closed form of the training state on the rank of the layout that holds the most (train.py prints it beside
     monitor.state_bytes at the first update)."""
-    return state_bytes_per_parameter(dp, zero) * fullest_rank_parameters(gpt_config, tp, pp)
+    return state_bytes_per_parameter(layout.dp, layout.zero_stage) * fullest_rank_parameters(gpt_config, layout)
 
 
 @dataclass(frozen=True)
@@ -454,24 +419,11 @@ class Memory:
         return self.state + self.activations
 
 
-def memory_per_gpu(
-    gpt_config,
-    tp,
-    pp,
-    micro_batch_rows,
-    in_flight,
-    recompute=False,
-    activation_bytes=2,
-    dp=1,
-    zero=0,
-    sequence_parallel=False,
-    cp=1,
-    fused_ring=True,
-):
+def memory_per_gpu(gpt_config, layout, micro_batch_rows, in_flight, activation_bytes=2, fused_ring=True):
     """Bytes on the fullest device of a layout, as a Memory.
 
     state: 16 B per parameter held (the stage with the embedding holds the most), less what ZeRO's
-    stage `zero` shares out over the dp ranks (state_bytes_per_parameter).
+    stage (the layout's zero_stage) shares out over the dp ranks (state_bytes_per_parameter).
     activations: per layer and micro-batch of b rows, s b h (10 + 24/t) bytes at 16 bits under TP
     of t without sequence parallelism (Korthikanti et al. 2022, whose 5 a s / h more for the
     (s, s) attention scores a fused attention kernel never stores: model.py calls SDPA), or only
@@ -488,7 +440,14 @@ def memory_per_gpu(
     ring kernel keeps them (fused_ring). context_parallel.ring_attention, written to be read, rebuilds each block's
     scores in backward too, but autograd keeps every merge's running output and block output, fp32: 8 h (cp - 1) / tp
     bytes a position more on the ring's last rank, whose every step merges a whole block (fused_ring=False)."""
-    state = fullest_rank_state_bytes(gpt_config, dp, tp, pp, zero)
+    tp, pp, cp, recompute, sequence_parallel = (
+        layout.tp,
+        layout.pp,
+        layout.cp,
+        layout.recompute,
+        layout.sequence_parallel,
+    )
+    state = fullest_rank_state_bytes(gpt_config, layout)
     s, b, h = gpt_config.block_size // cp, micro_batch_rows, gpt_config.n_embd
     kv = gpt_config.kv_width
     llama = gpt_config.arch == "llama"
@@ -513,9 +472,7 @@ def memory_per_gpu(
 
 @dataclass
 class Plan:
-    dp: int
-    tp: int
-    pp: int
+    layout: Layout  # dp x tp x pp, with the recomputation and ZeRO stage planned
     micro_batches: int  # per optimizer step on each dp rank: a pipeline's micro-batches, or accumulation steps
     fits: bool
     memory_gb_per_gpu: float
@@ -525,9 +482,7 @@ class Plan:
     parts: dict  # seconds per step: compute, bubble, tp, pp, dp (the part backward does not hide)
 
 
-def plan_layout(
-    gpt_config, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute=False, compute_bytes=2, zero=0
-):
+def plan_layout(gpt_config, hw, layout, batch_rows, micro_batch_rows, mfu, compute_bytes=2):
     """The step time and memory of one layout of dp x tp x pp devices, batch_rows sequences per step.
 
     Each dp rank runs batch_rows / dp rows as m micro-batches of micro_batch_rows (a pipeline's
@@ -544,11 +499,13 @@ def plan_layout(
           after the schedule. Under ZeRO its two halves come apart: the reduce-scatter overlaps as the
           all-reduce did (ZeRO-2: one per micro-batch, each with its own backward), the all-gather of the
           updated weights waits for the update. A pipeline's layouts get ZeRO-1 when ZeRO-2 is asked.
-    Memory: the state under ZeRO's stage `zero` (state_bytes_per_parameter), and the activations.
+    Memory: the state under the layout's ZeRO stage (state_bytes_per_parameter), and the activations.
     The bubble: a pipeline idles p - 1 micro-batch slots, each the slowest stage's compute and
     communication for one micro-batch: (p - 1) / (m + p - 1) of the step when communication is free.
     A ring all-reduce of P bytes over n devices sends 2 (n - 1) / n P per device in 2 (n - 1) messages."""
-    zero = 1 if zero == 2 and pp > 1 else zero  # layout.check_layout refuses ZeRO-2 with a pipeline (zero.py says why)
+    if layout.zero == 2 and layout.pp > 1:  # layout.check_layout refuses ZeRO-2 with a pipeline (zero.py says why)
+        layout = replace(layout, zero=1)
+    dp, tp, pp, zero, recompute = layout.dp, layout.tp, layout.pp, layout.zero, layout.recompute
     m = batch_rows // dp // micro_batch_rows
     tokens = batch_rows * gpt_config.block_size // dp  # per dp rank and step
     C, T, V = gpt_config.n_embd, gpt_config.block_size, gpt_config.vocab_size
@@ -570,7 +527,7 @@ def plan_layout(
     tp_seconds = m * (((4 + recompute) * layers + 2) * all_reduce(activation, tp, link(tp)) + loss_sums)
     pp_seconds = 0.0 if pp == 1 else 2 * m * (activation / link(tp * pp) + hw.latency)
     bubble = (pp - 1) * (compute + tp_seconds + pp_seconds) / m
-    gradients = 4 * fullest_rank_parameters(gpt_config, tp, pp)
+    gradients = 4 * fullest_rank_parameters(gpt_config, layout)
     dp_full = all_reduce(gradients, dp, link(dp * tp * pp))
     last_bucket = min(1.0, 25 * 2**20 / gradients)
     reduced = dp_full / 2 if zero else dp_full  # ZeRO: the reduce-scatter half; its all-gather comes after
@@ -579,13 +536,13 @@ def plan_layout(
     parts = {"compute": compute, "bubble": bubble, "tp": tp_seconds, "pp": pp_seconds, "dp": dp_seconds}
     step = sum(parts.values())
     in_flight = min(pp, m)  # 1F1B's first stage
-    memory = memory_per_gpu(gpt_config, tp, pp, micro_batch_rows, in_flight, recompute, compute_bytes, dp, zero).total
+    memory = memory_per_gpu(gpt_config, layout, micro_batch_rows, in_flight, compute_bytes).total
     achieved = flops_per_token(gpt_config) * batch_rows * T / (dp * tp * pp) / step / hw.peak_flops
-    return Plan(dp, tp, pp, m, memory <= hw.memory, memory / 1e9, step, batch_rows * T / step, achieved, parts)
+    return Plan(layout, m, memory <= hw.memory, memory / 1e9, step, batch_rows * T / step, achieved, parts)
 
 
 def layouts(gpt_config, gpus, batch_rows, micro_batch_rows):
-    """Every (dp, tp, pp) with dp tp pp = gpus that the model and the batch allow: tp divides the
+    """Every Layout of dp x tp x pp = gpus that the model and the batch allow: tp divides the
     heads, every stage gets a block, every dp rank gets whole micro-batches."""
     found = []
     for tp in range(1, gpus + 1):
@@ -597,7 +554,7 @@ def layouts(gpt_config, gpus, batch_rows, micro_batch_rows):
                 and pp <= gpt_config.n_layer
                 and batch_rows % (dp * micro_batch_rows) == 0
             ):
-                found.append((dp, tp, pp))
+                found.append(Layout(dp=dp, tp=tp, pp=pp))
     return found
 
 
@@ -606,27 +563,15 @@ def long_context_rows(gpt_config, ways, lengths, micro_batch_rows=1, activation_
     (no recomputation, one micro-batch of micro_batch_rows sequences) and the bytes it sends, under TP, TP with
     sequence parallelism, and context parallelism; and the training state each keeps (TP cuts the weights, CP
     keeps them whole). -> [{"T", "activations": {name: bytes}, "comm": {name: bytes}, "state": {name: bytes}}]"""
-    cuts = {"tp": dict(tp=ways), "tp+sp": dict(tp=ways, sequence_parallel=True), "cp": dict(cp=ways)}
+    cuts = {"tp": Layout(tp=ways), "tp+sp": Layout(tp=ways, sequence_parallel=True), "cp": Layout(cp=ways)}
     rows = []
     for T in lengths:
         shape = replace(gpt_config, block_size=T)
         row = {"T": T, "activations": {}, "comm": {}, "state": {}}
         for name, cut in cuts.items():
-            tp, cp, sp = cut.get("tp", 1), cut.get("cp", 1), cut.get("sequence_parallel", False)
-            memory = memory_per_gpu(
-                shape, tp, 1, micro_batch_rows, 1, activation_bytes=activation_bytes, sequence_parallel=sp, cp=cp
-            )
+            memory = memory_per_gpu(shape, cut, micro_batch_rows, 1, activation_bytes)
             sent = comm_bytes_per_step(
-                shape,
-                dp=1,
-                tp=tp,
-                pp=1,
-                stage=0,
-                batch_size=micro_batch_rows,
-                accumulation=1,
-                compute_bytes=activation_bytes,
-                sequence_parallel=sp,
-                cp=cp,
+                shape, cut, stage=0, batch_size=micro_batch_rows, accumulation=1, compute_bytes=activation_bytes
             )
             row["activations"][name], row["state"][name] = memory.activations, memory.state
             row["comm"][name] = sent["tp"][0] + sent["cp"][0]
@@ -665,8 +610,8 @@ def print_long_context(gpt_config, name, ways, micro_batch_rows):
 def rank_layouts(gpt_config, hw, gpus, batch_rows, micro_batch_rows, mfu, recompute=False, zero=0):
     """All layouts, planned: the ones that fit first, fastest first."""
     plans = [
-        plan_layout(gpt_config, hw, dp, tp, pp, batch_rows, micro_batch_rows, mfu, recompute, zero=zero)
-        for dp, tp, pp in layouts(gpt_config, gpus, batch_rows, micro_batch_rows)
+        plan_layout(gpt_config, hw, replace(layout, recompute=recompute, zero=zero), batch_rows, micro_batch_rows, mfu)
+        for layout in layouts(gpt_config, gpus, batch_rows, micro_batch_rows)
     ]
     if not plans:
         raise ValueError(
@@ -682,7 +627,7 @@ def min_model_parallel(gpt_config, hw, most=4096):
     """The fewest devices (tp x pp, up to `most`) whose share of the 16 B/parameter state fits one device, or None."""
     for size in range(1, most + 1):
         if any(
-            16 * fullest_rank_parameters(gpt_config, tp, size // tp) <= hw.memory
+            16 * fullest_rank_parameters(gpt_config, Layout(tp=tp, pp=size // tp)) <= hw.memory
             for tp in range(1, size + 1)
             if size % tp == 0 and gpt_config.n_head % tp == 0 and size // tp <= gpt_config.n_layer
         ):
@@ -735,8 +680,7 @@ def checkpoint_economics(params, gpus, write_bandwidth, gpu_mtbf_hours, restart_
 
 def account_lines(
     gpt_config,
-    tp,
-    pp,
+    layout,
     micro_batch_rows,
     in_flight,
     max_iters,
@@ -744,39 +688,23 @@ def account_lines(
     activation_bytes,
     step_seconds,
     usd_per_gpu_hour=2.0,
-    dp=1,
-    zero=0,
-    recompute=False,
     measured_activations=None,
-    sequence_parallel=False,
-    cp=1,
 ):
     """Lines of a run's cost account before it trains: compute, memory per device, and time.
     measured_activations: the peak bytes autograd kept in a measured step (monitor.SavedActivations)."""
     N, tokens = parameters_on_rank(gpt_config), max_iters * tokens_per_step
     flops = flops_per_token(gpt_config) * tokens
-    memory = memory_per_gpu(
-        gpt_config,
-        tp,
-        pp,
-        micro_batch_rows,
-        in_flight,
-        recompute,
-        activation_bytes,
-        dp,
-        zero,
-        sequence_parallel=sequence_parallel,
-        cp=cp,
-        fused_ring=False,  # this run's own ring attention
-    )
+    # fused_ring=False: this run's own ring attention keeps its merges
+    memory = memory_per_gpu(gpt_config, layout, micro_batch_rows, in_flight, activation_bytes, fused_ring=False)
     h100_hours = flops / (0.4 * GPUS["H100"].peak_flops) / 3600
     gib = 2**30
     return [
         f"parameters: {N / 1e6:.2f}M; planned tokens: {tokens / 1e6:.1f}M ({tokens / N:.1f} per parameter)",
         f"training compute: {flops:.3g} FLOPs (6 N D = {6 * N * tokens:.3g}, plus attention)",
         f"memory per device: weights + grads + AdamW {memory.state / gib:.3f} GiB "
-        f"({state_bytes_formula(dp, zero)} per parameter held) + activations ~{memory.activations / gib:.3f}"
-        + (" (recomputed)" if recompute else "")
+        f"({state_bytes_formula(layout.dp, layout.zero_stage)} per parameter held) + activations "
+        f"~{memory.activations / gib:.3f}"
+        + (" (recomputed)" if layout.recompute else "")
         + (f"; measured in one step: {measured_activations / gib:.3f}" if measured_activations is not None else ""),
         f"measured forward + backward: {step_seconds * 1e3:.0f} ms per step "
         f"-> ~{step_seconds * max_iters / 60:.1f} min for {max_iters} steps on this device",
@@ -896,7 +824,7 @@ def main(argv=None):
     except ValueError as e:
         sys.exit(f"error: {e}")
     if args.json:
-        print(json.dumps(asdict(report), indent=1))
+        print(json.dumps(json_form(report), indent=1))
     else:
         print_account(report, args.top)
 
@@ -962,7 +890,7 @@ def account(args):
         gpt_config, hw, args.gpus, batch_rows, args.micro_batch_rows, args.mfu, args.recompute, args.zero
     )
     fitting = [p for p in plans if p.fits]
-    in_node = [p for p in fitting if p.tp <= hw.per_node]  # the sensible cuts: TP on the fast links
+    in_node = [p for p in fitting if p.layout.tp <= hw.per_node]  # the sensible cuts: TP on the fast links
     flops = flops_per_token(gpt_config) * tokens
     # The account: FLOPs / (peak x MFU), as published runs are reckoned, MFU being what the whole run
     # achieves. The planner runs the compute alone at that MFU and adds each layout's bubble and the
@@ -990,11 +918,9 @@ def account(args):
         best_layout_gpu_hours=tokens / best.tokens_per_s * args.gpus / 3600 if best else None,
         best_layout_cost_usd=tokens / best.tokens_per_s * args.gpus / 3600 * args.usd_per_gpu_hour if best else None,
         best_layout_achieved_mfu=best.achieved_mfu if best else None,
-        state_gb_best_layout=(
-            fullest_rank_state_bytes(gpt_config, best.dp, best.tp, best.pp, args.zero) / 1e9 if best else None
-        ),
+        state_gb_best_layout=(fullest_rank_state_bytes(gpt_config, best.layout) / 1e9 if best else None),
         zero1_state_gb_best_layout=(
-            fullest_rank_state_bytes(gpt_config, best.dp, best.tp, best.pp, 1) / 1e9 if best else None
+            fullest_rank_state_bytes(gpt_config, replace(best.layout, zero=1)) / 1e9 if best else None
         ),
         spread=best.tokens_per_s / fitting[-1].tokens_per_s - 1 if best else None,
         spread_tp_in_node=in_node[0].tokens_per_s / in_node[-1].tokens_per_s - 1 if in_node else None,
@@ -1003,6 +929,15 @@ def account(args):
         ),
         layouts=plans,
     )
+
+
+def json_form(report):
+    """The account as --json prints it: each plan's layout as its dp, tp, pp, zero and recompute beside the plan."""
+    account = asdict(report)
+    for plan in account["layouts"]:
+        layout = plan.pop("layout")
+        plan.update({key: layout[key] for key in ("dp", "tp", "pp", "zero", "recompute")})
+    return account
 
 
 def _amount(x):
@@ -1061,7 +996,7 @@ def print_account(report, top):
     for p in report.layouts[:top]:
         parts = " | ".join(f"{p.parts[k]:.3g}" for k in ("compute", "bubble", "tp", "pp", "dp"))
         print(
-            f"{p.dp:>5} {p.tp:>3} {p.pp:>3} {p.micro_batches:>5} {'yes' if p.fits else 'no':>5} "
+            f"{p.layout.dp:>5} {p.layout.tp:>3} {p.layout.pp:>3} {p.micro_batches:>5} {'yes' if p.fits else 'no':>5} "
             f"{p.memory_gb_per_gpu:>7.1f} {p.step_seconds:>8.3g} {p.tokens_per_s:>12,.0f}   {parts}"
         )
     c = report.checkpoint

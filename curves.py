@@ -46,8 +46,8 @@ import checkpoint
 from config import BenchmarkConfig, DataConfig, RecoveryConfig, TrainConfig
 from data import default_data_dir, get_tokenizer, load_meta, read_json
 from evaluation import benchmark_scores, evaluate, read_benchmark
-from parallel.grid import ProcessGrid
-from parallel.layout import ShardedModel
+from parallel.grid import Layout, ProcessGrid
+from parallel.layout import model_for_rank
 from model import GPTConfig
 from run_folder import COMMAND_RECORDS, fill_new_fields, identity_defaults, read_jsonl, recorded_gpt_config
 from run_setup import open_token_streams, pick_device
@@ -799,7 +799,7 @@ def fixed_evaluation(run, say):
     # one process reading the run's global batch in its micro-batches: the rows of any layout's evaluations
     micro_batch = run.settings["global_batch"] // train_cfg.gradient_accumulation_steps
     one_process = replace(train_cfg, batch_size=micro_batch)
-    grid = ProcessGrid(1, 1, 1)
+    grid = ProcessGrid()
     _, streams, batches = open_token_streams(None, {"val": data_dir}, meta, one_process, block_size, grid, say)
     examples = read_benchmark(BenchmarkConfig(**run.config.get("benchmark", {})))
     return streams["val"], batches, get_tokenizer(meta["tokenizer"]), examples
@@ -808,12 +808,12 @@ def fixed_evaluation(run, say):
 def evaluate_checkpoints(run, steps, evaluation, device):
     """{step: {"val_loss": ..., and "acc_norm" where there is a benchmark}} of the run's checkpoints at `steps`."""
     stream, batches, tokenizer, examples = evaluation
-    grid = ProcessGrid(1, 1, 1)
+    grid = ProcessGrid()
     results = {}
     for step in steps:
         _, state = checkpoint.load_chosen(os.path.join(run.folder, "ckpt"), step, device)
         model = single_device_model(recorded_gpt_config(state["config"]), state["model"], device)
-        results[step] = {"val_loss": evaluate(ShardedModel(model, grid), stream, batches, grid)}
+        results[step] = {"val_loss": evaluate(model_for_rank(model, grid, Layout(), batches), stream, batches, grid)}
         if examples:
             scores = benchmark_scores(model, tokenizer, examples, device, contextlib.nullcontext())
             results[step]["acc_norm"] = scores["acc_norm"]

@@ -193,7 +193,7 @@ def start_processes(configs):
     init_distributed(layout.dist_timeout, launch)
     if launch.torchrun:
         end_with_launcher(launch.rank)  # an orphan would train on beside the next job in its folder (cluster.py)
-    grid = ProcessGrid(layout.dp, layout.tp, layout.pp, launch.rank, launch.world_size, layout.dist_timeout, layout.cp)
+    grid = ProcessGrid(layout, launch.rank, launch.world_size)
     say = print if grid.rank == 0 else (lambda *args, **kwargs: None)
     # every generator a checkpoint saves, so that two runs of one command save the same states
     random.seed(cfg.seed)

@@ -359,20 +359,14 @@ def print_cost_account(run):
     model.clear_gradients()
     for line in cost.account_lines(
         run.configs.model,
-        run.grid.tp,
-        run.grid.pp,
+        run.configs.parallel,
         cfg.batch_size // model.micro_batches,
         model.in_flight,
         cfg.max_iters,
         run.tokens_per_step,
         run.dtype.itemsize,
         step_seconds,
-        dp=run.grid.dp,
-        zero=model.zero_stage,
-        recompute=run.configs.parallel.recompute,
         measured_activations=saved.peak,
-        sequence_parallel=run.configs.parallel.sequence_parallel,
-        cp=run.grid.cp,
     ):
         run.say("cost: " + line)
 
@@ -651,36 +645,28 @@ def measure_state_at_the_first_update(run):
 
 def print_state_beside_closed_form(run, record):
     """The state bytes of the first update, on the fullest rank, beside cost.py's closed form."""
-    grid, zero = run.grid, run.model.zero_stage
+    layout = run.configs.parallel
     measured = torch.tensor(run.measured_state, dtype=torch.int64, device=run.model.device)
     if dist.is_initialized():
         dist.all_reduce(measured, op=dist.ReduceOp.MAX)
     record["state_bytes"] = measured.item()
-    closed_form = cost.fullest_rank_state_bytes(run.configs.model, grid.dp, grid.tp, grid.pp, zero)
+    closed_form = cost.fullest_rank_state_bytes(run.configs.model, layout)
     run.say(
         f"state at the first update, on the fullest rank: measured {record['state_bytes']:,} B | closed form "
-        f"{closed_form:,.0f} B = {cost.state_bytes_formula(grid.dp, zero)} per parameter held"
+        f"{closed_form:,.0f} B = {cost.state_bytes_formula(layout.dp, layout.zero_stage)} per parameter held"
     )
     run.measured_state = None
 
 
 def print_comm_beside_closed_form(run, record):
     """The communication of the first logged step, each dimension on its busiest rank, beside cost.py's closed form."""
-    cfg, grid = run.configs.train, run.grid
+    cfg = run.configs.train
     closed_forms = cost.busiest_stage_comm_bytes(
         run.configs.model,
-        dp=grid.dp,
-        tp=grid.tp,
-        pp=grid.pp,
+        run.configs.parallel,
         batch_size=cfg.batch_size,
         accumulation=cfg.gradient_accumulation_steps,
         compute_bytes=run.dtype.itemsize,
-        zero=run.model.zero_stage,
-        recompute=run.configs.parallel.recompute,
-        sequence_parallel=run.configs.parallel.sequence_parallel,
-        micro_batches=run.model.micro_batches,
-        cp=grid.cp,
-        virtual_stages=run.configs.parallel.virtual_stages,
     )  # {dimension: (bytes, formula)}
     run.say("communication of that step, payload bytes on the busiest rank: measured | closed form")
     for d, (closed_form, formula) in closed_forms.items():

@@ -18,6 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import cost  # noqa: E402
 from bench.layouts import measure_layout  # noqa: E402
+from parallel.grid import Layout  # noqa: E402
 
 MODEL = cost.MODELS["tiny"].gpt_config
 BATCH_ROWS = 16
@@ -41,11 +42,10 @@ def main():
     )
     rows = []
     for (dp, tp, pp), m in LAYOUTS:
-        measured = measure_layout(
-            (dp, tp, pp), steps=args.steps, gpt_config=MODEL, global_batch=BATCH_ROWS, micro_batches=m
-        )["step_seconds"]
+        layout = Layout(dp=dp, tp=tp, pp=pp, micro_batches=m)
+        measured = measure_layout(layout, steps=args.steps, gpt_config=MODEL, global_batch=BATCH_ROWS)["step_seconds"]
         plan = cost.plan_layout(
-            MODEL, hardware[dp * tp * pp], dp, tp, pp, BATCH_ROWS, BATCH_ROWS // dp // m, args.mfu, compute_bytes=4
+            MODEL, hardware[layout.world_size], layout, BATCH_ROWS, BATCH_ROWS // dp // m, args.mfu, compute_bytes=4
         )
         rows.append((measured, plan.step_seconds))
         parts = " | ".join(f"{1e3 * plan.parts[k]:.1f}" for k in ("compute", "bubble", "tp", "pp", "dp"))

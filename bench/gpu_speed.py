@@ -33,8 +33,8 @@ import run_setup  # noqa: E402
 import train  # noqa: E402
 from local_ranks import results_of, run_ranks  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from parallel.grid import ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
-from parallel.layout import ShardedModel  # noqa: E402
+from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
+from parallel.layout import model_for_rank  # noqa: E402
 
 # the gpt2-small preset: its model fields, the vocabulary padded as train.py pads it
 GPT2 = GPTConfig(
@@ -53,7 +53,8 @@ def measure(gpt_config, batch_size, steps, warmup, device_name, compile, attenti
     """One rank's (tokens/s of the whole group, peak memory GB of this rank), or None when it does not fit.
     Under local_ranks every rank calls it with torchrun's environment set; alone, it is rank 0 of 1."""
     launch = init_distributed(timeout_seconds=1800)
-    grid = ProcessGrid(launch.world_size, 1, 1, launch.rank, launch.world_size)
+    layout = Layout(dp=launch.world_size)
+    grid = ProcessGrid(layout, launch.rank, launch.world_size)
     device = torch.device(launch.device if launch.world_size > 1 else device_name)
     dtype = run_setup.pick_dtype("auto", device)
     preset = {k: v for k, v in config.PRESETS["gpt2-small"].items() if k in config.TrainConfig.__dataclass_fields__}
@@ -66,7 +67,8 @@ def measure(gpt_config, batch_size, steps, warmup, device_name, compile, attenti
         torch.cuda.reset_peak_memory_stats(device)
         synchronize = torch.cuda.synchronize
     try:
-        model = ShardedModel(GPT(gpt_config).to(device), grid, run_setup.autocast_context(device, dtype), compile)
+        autocast = run_setup.autocast_context(device, dtype)
+        model = model_for_rank(GPT(gpt_config).to(device), grid, layout, batch_size, dtype, autocast, compile)
         optimizer = run_setup.make_optimizer(model.module, cfg, device, model.dp)
         scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 

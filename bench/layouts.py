@@ -52,7 +52,7 @@ from model import GPT, GPTConfig  # noqa: E402
 from cost import comm_bytes_per_step  # noqa: E402
 from monitor import SavedActivations, state_bytes  # noqa: E402
 from parallel.comm_count import take_comm_bytes  # noqa: E402
-from parallel.grid import ParallelConfig, ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
+from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
 from parallel.pipeline import bubble_fraction  # noqa: E402
 
 MODEL = GPTConfig(block_size=64, vocab_size=256, n_layer=8, n_head=8, n_embd=128)
@@ -70,26 +70,22 @@ def factorizations(ranks):
     ]
 
 
-def one_rank(layout, steps, schedule, gpt_config, accumulation, global_batch, dtype, micro_batches, zero, sp, cp):
+def pipelined(dp, tp, pp, **fields):
+    """The Layout of dp x tp x pp this table measures: a pipeline cuts each step into MICRO_BATCHES micro-batches."""
+    return Layout(dp=dp, tp=tp, pp=pp, micro_batches=MICRO_BATCHES if pp > 1 else 1, **fields)
+
+
+def one_rank(layout, steps, gpt_config, accumulation, global_batch, dtype):
     """On one rank: warm up, time `steps` optimizer steps, then measure one more."""
     launch = init_distributed(300)
     try:
-        dp, tp, pp = layout
-        grid = ProcessGrid(dp, tp, pp, launch.rank, launch.world_size, cp=cp)
-        layout_cfg = ParallelConfig(
-            dp,
-            tp,
-            pp,
-            sequence_parallel=sp,
-            cp=cp,
-            micro_batches=micro_batches if pp > 1 else 1,
-            schedule=schedule,
-            zero=zero,
-        )
+        grid = ProcessGrid(layout, launch.rank, launch.world_size)
         torch.manual_seed(0)
-        cfg = TrainConfig(batch_size=global_batch // (dp * accumulation), gradient_accumulation_steps=accumulation)
+        cfg = TrainConfig(
+            batch_size=global_batch // (layout.dp * accumulation), gradient_accumulation_steps=accumulation
+        )
         autocast = run_setup.autocast_context(torch.device("cpu"), dtype)
-        model = model_for_rank(GPT(gpt_config), grid, layout_cfg, cfg.batch_size, dtype, autocast)
+        model = model_for_rank(GPT(gpt_config), grid, layout, cfg.batch_size, dtype, autocast)
         optimizer = run_setup.make_optimizer(model.module, cfg, model.device, model.dp)
         state = []  # monitor.state_bytes at the first update, then the hook goes (it would cost the timed steps)
 
@@ -120,17 +116,11 @@ def one_rank(layout, steps, schedule, gpt_config, accumulation, global_batch, dt
         held = sum(p.numel() for p in model.module.parameters())
         closed_form = comm_bytes_per_step(
             gpt_config,
-            dp=dp,
-            tp=tp,
-            pp=pp,
+            layout,
             stage=grid.pp_rank,
             batch_size=cfg.batch_size,
             accumulation=accumulation,
             compute_bytes=dtype.itemsize,
-            zero=zero,
-            sequence_parallel=sp,
-            micro_batches=layout_cfg.micro_batches,
-            cp=cp,
         )
         return {
             "grid": (grid.dp_rank, grid.pp_rank, grid.tp_rank),
@@ -147,36 +137,21 @@ def one_rank(layout, steps, schedule, gpt_config, accumulation, global_batch, dt
         destroy_distributed()
 
 
-def measure_layout(
-    layout,
-    steps=3,
-    schedule="1f1b",
-    gpt_config=MODEL,
-    accumulation=1,
-    global_batch=GLOBAL_BATCH,
-    dtype=torch.float32,
-    micro_batches=MICRO_BATCHES,
-    zero=0,
-    sequence_parallel=False,
-    cp=1,
-):
-    """One layout on dp * tp * pp * cp local ranks: a row of the table, as a dict (with each rank's own
+def measure_layout(layout, steps=3, gpt_config=MODEL, accumulation=1, global_batch=GLOBAL_BATCH, dtype=torch.float32):
+    """One Layout on its world_size local ranks: a row of the table, as a dict (with each rank's own
     measurements under "ranks"). global_batch sequences per step = dp ranks x accumulation
-    micro-steps x the rows of each; dtype is the autocast dtype (float32: none); micro_batches: a pipeline's;
-    zero: the ZeRO stage (0: none); sequence_parallel and cp as train.py's flags."""
-    dp, tp, pp = layout
-    args = (layout, steps, schedule, gpt_config, accumulation, global_batch, dtype, micro_batches, zero)
-    args += (sequence_parallel, cp)
-    if dp * tp * pp * cp == 1:  # one process: this one, with all its threads (a forked child must keep to one)
+    micro-steps x the rows of each; dtype is the autocast dtype (float32: none)."""
+    args = (layout, steps, gpt_config, accumulation, global_batch, dtype)
+    if layout.world_size == 1:  # one process: this one, with all its threads (a forked child must keep to one)
         ranks = [one_rank(*args)]
     else:
-        ranks = results_of(run_ranks(dp * tp * pp * cp, one_rank, *args, timeout=600))
+        ranks = results_of(run_ranks(layout.world_size, one_rank, *args, timeout=600))
     first = [r for r in ranks if r["grid"][0] == 0 and r["grid"][2] == 0 and r["cp_rank"] == 0]  # one rank a stage
     stages = sorted(first, key=lambda r: r["grid"][1])
-    m = micro_batches if pp > 1 else 1
+    pp, m = layout.pp, layout.pipeline_micro_batches
     return {
-        "dp": dp,
-        "tp": tp,
+        "dp": layout.dp,
+        "tp": layout.tp,
         "pp": pp,
         "step_seconds": max(r["seconds"] for r in ranks) / steps,
         "tokens_per_s": steps * global_batch * gpt_config.block_size / max(r["seconds"] for r in ranks),
@@ -206,21 +181,19 @@ def main():
         f"{'state MiB':>9} {'ZeRO-1':>7} {'ZeRO-2':>7} {'act MiB':>8} {'bubble':>7} {'formula':>7} "
         f"{'sp act':>7} {'cp act':>7} {'cp MiB':>7}"
     )
-    for layout in factorizations(args.ranks):
-        row = measure_layout(layout, args.steps)
+    for dp, tp, pp in factorizations(args.ranks):
+        row = measure_layout(pipelined(dp, tp, pp), args.steps)
         b = row["bytes"]
         zero = [  # ZeRO-2 is refused with a pipeline (zero.py says why)
-            f"{measure_layout(layout, 1, zero=stage)['state'] / mib:>7.2f}"
-            if layout[0] > 1 and (stage == 1 or layout[2] == 1)
+            f"{measure_layout(pipelined(dp, tp, pp, zero=stage), 1)['state'] / mib:>7.2f}"
+            if dp > 1 and (stage == 1 or pp == 1)
             else f"{'-':>7}"
             for stage in (1, 2)
         ]
-        dp, tp, pp = layout
-        sp = (
-            f"{measure_layout(layout, 1, sequence_parallel=True)['activations'] / mib:>7.2f}" if tp > 1 else f"{'-':>7}"
-        )
+        sp = pipelined(dp, tp, pp, sequence_parallel=True)
+        sp = f"{measure_layout(sp, 1)['activations'] / mib:>7.2f}" if tp > 1 else f"{'-':>7}"
         if dp > 1:  # the data-parallel ranks cut each sequence instead
-            cut = measure_layout((1, tp, pp), 1, cp=dp)
+            cut = measure_layout(pipelined(1, tp, pp, cp=dp), 1)
             cp = f"{cut['activations'] / mib:>7.2f} {cut['bytes']['cp'] / mib:>7.2f}"
             cp += "=" if cut["bytes_equal_formula"] else "!"
         else:

@@ -26,9 +26,8 @@ import train  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from cost import comm_bytes_per_step  # noqa: E402
 from parallel.comm_count import take_comm_bytes  # noqa: E402
-from parallel.data_parallel import BucketedDataParallel, NaiveDataParallel, data_parallel  # noqa: E402
-from parallel.grid import ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
-from parallel.layout import ShardedModel  # noqa: E402
+from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
+from parallel.layout import model_for_rank  # noqa: E402
 from local_ranks import results_of, run_ranks  # noqa: E402
 
 GLOBAL_BATCH, BLOCK = 16, 128
@@ -41,16 +40,16 @@ def timed_steps(mode, rank, world_size, steps, warmup, bucket_mb):
     torch.manual_seed(0)
     gpt = GPT(MODEL)
     cfg = config.TrainConfig(batch_size=GLOBAL_BATCH if mode in ("TP", "one process") else GLOBAL_BATCH // world_size)
-    if mode in ("bucketed DP", "naive DP"):
-        options = {"bucket_mb": bucket_mb} if mode == "bucketed DP" else {}
-        make_dp = data_parallel(BucketedDataParallel if mode == "bucketed DP" else NaiveDataParallel, **options)
-        model = ShardedModel(gpt, ProcessGrid(world_size, 1, 1, rank, world_size), make_dp=make_dp)
-    elif mode == "TP":
-        model = ShardedModel(gpt, ProcessGrid(1, world_size, 1, rank, world_size))
-    else:  # one process, or DDP: torch's own data parallelism wraps the forward of a one-rank layout
-        model = ShardedModel(gpt, ProcessGrid(1, 1, 1))
-        if mode == "DDP":
-            model.forward = torch.nn.parallel.DistributedDataParallel(gpt)
+    layout = {
+        "bucketed DP": Layout(dp=world_size, bucket_mb=bucket_mb),
+        "naive DP": Layout(dp=world_size, dp_mode="naive"),
+        "DDP": Layout(dp=world_size, dp_mode="ddp", bucket_mb=bucket_mb),
+        "TP": Layout(tp=world_size),
+    }.get(mode)
+    if layout is None:  # one process: each rank alone, outside the group
+        model = model_for_rank(gpt, ProcessGrid(), Layout(), cfg.batch_size)
+    else:
+        model = model_for_rank(gpt, ProcessGrid(layout, rank, world_size), layout, cfg.batch_size)
     optimizer = run_setup.make_optimizer(model.module, cfg, model.device, model.dp)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     generator = torch.Generator().manual_seed(rank)
@@ -117,7 +116,7 @@ def main():
         spread = f"{tokens / max(seconds[mode]):,.0f}-{tokens / min(seconds[mode]):,.0f}"
         print(f"{mode:<14} {tokens / median:>10,.0f} {1e3 * median / args.steps:>9.1f}   {spread}")
     closed_form, formula = comm_bytes_per_step(
-        MODEL, dp=1, tp=args.world_size, pp=1, stage=0, batch_size=GLOBAL_BATCH, accumulation=1, compute_bytes=4
+        MODEL, Layout(tp=args.world_size), stage=0, batch_size=GLOBAL_BATCH, accumulation=1, compute_bytes=4
     )["tp"]
     print(
         f"TP all-reduce bytes per step, per rank: counted {tp_bytes / 2**20:.2f} MiB, "

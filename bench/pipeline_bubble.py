@@ -34,7 +34,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import GPT, GPTConfig  # noqa: E402
 from local_ranks import results_of, run_ranks  # noqa: E402
-from parallel.grid import ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
+from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
 from parallel.pipeline import PipelineRank, bubble_fraction, plot_gantt, run_schedule, schedule_for  # noqa: E402
 
 BATCH, BLOCK, N_EMBD, BLOCKS_PER_STAGE = 32, 128, 256, 4  # >= 4 rows per micro-batch up to m = 8
@@ -44,7 +44,7 @@ def stage_timeline(p, m, schedule, chunks, repeats, batch=BATCH, block=BLOCK, n_
     """One rank: run the schedule 1 + repeats times, return every rank's timelines of the last repeats runs."""
     launch = init_distributed(120)
     try:
-        grid = ProcessGrid(1, 1, p, launch.rank, p)
+        grid = ProcessGrid(Layout(pp=p), launch.rank, p)
         torch.manual_seed(0)
         gpt_config = GPTConfig(block_size=block, vocab_size=256, n_layer=BLOCKS_PER_STAGE * p, n_head=4, n_embd=n_embd)
         rank = PipelineRank(GPT(gpt_config), launch.rank, p, chunks)

@@ -22,8 +22,8 @@ import run_setup  # noqa: E402
 import train  # noqa: E402
 from data import TokenStream  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from parallel.grid import ProcessGrid  # noqa: E402
-from parallel.layout import ShardedModel  # noqa: E402
+from parallel.grid import Layout, ProcessGrid  # noqa: E402
+from parallel.layout import model_for_rank  # noqa: E402
 
 
 def measure(compiled, steps, warmup, device, dtype, token_file):
@@ -31,9 +31,9 @@ def measure(compiled, steps, warmup, device, dtype, token_file):
     cfg = config.TrainConfig(**{k: v for k, v in preset.items() if k in config.TrainConfig.__dataclass_fields__})
     gpt_config = GPTConfig(**{k: v for k, v in preset.items() if k in GPTConfig.__dataclass_fields__})
     torch.manual_seed(0)
-    model = ShardedModel(
-        GPT(gpt_config).to(device), ProcessGrid(1, 1, 1), run_setup.autocast_context(device, dtype), compiled
-    )
+    autocast = run_setup.autocast_context(device, dtype)
+    whole = GPT(gpt_config).to(device)
+    model = model_for_rank(whole, ProcessGrid(), Layout(), cfg.batch_size, dtype, autocast, compiled)
     optimizer = run_setup.make_optimizer(model.module, cfg, device, model.dp)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     stream = TokenStream(token_file, "uint16", cfg.batch_size, gpt_config.block_size, lanes=cfg.lanes)

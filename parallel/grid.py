@@ -14,8 +14,12 @@ import torch
 import torch.distributed as dist
 
 
-@dataclass
-class ParallelConfig:
+@dataclass(frozen=True)
+class Layout:
+    """How the ranks share the model out: one value, its every field a flag (config.py), checked once by
+    layout.check_layout and passed whole to the grid, the rank's model, the closed forms (cost.py) and the benchmarks.
+    Frozen: a layout that passed its checks cannot change after them."""
+
     dp: int = 1  # data-parallel ranks: model copies, each reading its share of every batch
     tp: int = 1  # tensor-parallel ranks: one layer's matrices cut across them
     pp: int = 1  # pipeline stages: consecutive blocks on consecutive ranks
@@ -31,6 +35,18 @@ class ParallelConfig:
     micro_batches: int = 1  # pipeline: each batch_size batch is cut into this many micro-batches
     schedule: str = "1f1b"  # pipeline schedule: gpipe (all forwards, then all backwards) | 1f1b
     virtual_stages: int = 1  # interleaved 1F1B: model chunks a pipeline rank holds (pipeline.py); 1: one stage
+
+    @property
+    def world_size(self):  # one process per rank of the grid
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def zero_stage(self):  # the training state shared out over dp: 0 none, 1 moments, 2 and gradients, 3 and weights
+        return 3 if self.dp_mode == "fsdp" else self.zero
+
+    @property
+    def pipeline_micro_batches(self):  # the pieces a step's batch is cut into: a pipeline's m, else 1
+        return self.micro_batches if self.pp > 1 else 1
 
 
 # ----------------------------------------------------------------------------
@@ -95,16 +111,17 @@ def destroy_distributed():
 # The process grid
 
 
-def check_grid(dp, tp, pp, world_size, cp=1):
+def check_grid(layout, world_size):
     """Every size at least 1, and one process per rank of the grid: layout.check_layout's last rule, and
     ProcessGrid's own check."""
+    dp, tp, pp, cp = layout.dp, layout.tp, layout.pp, layout.cp
     for name, size in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp)):
         if size < 1:
             raise ValueError(f"--{name} {size} must be at least 1")
-    if dp * tp * pp * cp != world_size:
+    if layout.world_size != world_size:
         sizes, product = (f"{dp}*{tp}*{pp}", "dp*tp*pp") if cp == 1 else (f"{dp}*{tp}*{pp}*{cp}", "dp*tp*pp*cp")
         raise ValueError(
-            f"{product} = {sizes} = {dp * tp * pp * cp} but WORLD_SIZE = {world_size}: launch {dp * tp * pp * cp} "
+            f"{product} = {sizes} = {layout.world_size} but WORLD_SIZE = {world_size}: launch {layout.world_size} "
             f"processes (torchrun --nproc_per_node) or change --dp/--tp/--pp{'/--cp' if cp > 1 else ''}"
         )
 
@@ -118,23 +135,24 @@ class ProcessGrid:
     talks at every layer and needs the fast links inside a machine; CP next to it,
     at every attention; PP only between stages; DP once per step. Each rank belongs
     to one group per dimension; every rank creates every group (torch.distributed
-    requires it) and keeps its own. Each group's collectives wait at most timeout_seconds for a
+    requires it) and keeps its own. Each group's collectives wait at most the layout's dist_timeout for a
     missing rank (--dist_timeout), as the world's do: a new group's own default is 30 minutes.
     """
 
-    def __init__(self, dp, tp, pp, rank=0, world_size=1, timeout_seconds=None, cp=1):
-        check_grid(dp, tp, pp, world_size, cp)
-        self.timeout = None if timeout_seconds is None else timedelta(seconds=timeout_seconds)
+    def __init__(self, layout=Layout(), rank=0, world_size=1):
+        check_grid(layout, world_size)
+        self.timeout = timedelta(seconds=layout.dist_timeout)
+        dp, tp, pp, cp = layout.dp, layout.tp, layout.pp, layout.cp
         self.dp, self.tp, self.pp, self.cp, self.rank, self.world_size = dp, tp, pp, cp, rank, world_size
-        layout = torch.arange(world_size).view(dp, pp, cp, tp)
-        self.dp_rank, self.pp_rank, self.cp_rank, self.tp_rank = (int(i) for i in (layout == rank).nonzero()[0])
+        grid = torch.arange(world_size).view(dp, pp, cp, tp)  # the world rank at each (dp, pp, cp, tp) place
+        self.dp_rank, self.pp_rank, self.cp_rank, self.tp_rank = (int(i) for i in (grid == rank).nonzero()[0])
         here = (self.dp_rank, self.pp_rank, self.cp_rank, self.tp_rank)
 
         def line(axis):  # the ranks that differ from this one in one dimension only, in order
-            return layout[tuple(slice(None) if a == axis else i for a, i in enumerate(here))].tolist()
+            return grid[tuple(slice(None) if a == axis else i for a, i in enumerate(here))].tolist()
 
         def lines(axis):  # every such line of the grid: the groups of that dimension
-            return layout.movedim(axis, -1).reshape(-1, layout.shape[axis])
+            return grid.movedim(axis, -1).reshape(-1, grid.shape[axis])
 
         self.dp_ranks, self.pp_ranks, self.cp_ranks, self.tp_ranks = (line(axis) for axis in range(4))
         self.dp_group = self.tp_group = self.pp_group = self.cp_group = self.embedding_group = None

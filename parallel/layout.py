@@ -1,7 +1,8 @@
 """The layout: how the ranks share the model out, checked in one place, and the model as this rank holds it.
 
-A layout is the ParallelConfig's flags (--dp, --tp, --pp, --cp, --sequence_parallel, --dp_mode, --bucket_mb, --zero,
---micro_batches, --schedule, --virtual_stages, --recompute). Two functions hold all of it:
+A layout is one frozen value, parallel.grid.Layout, whose fields are the flags --dp, --tp, --pp, --cp,
+--sequence_parallel, --dp_mode, --bucket_mb, --zero, --micro_batches, --schedule, --virtual_stages, --recompute
+(and --dist_timeout). Two functions hold all of it:
 
     check_layout(layout, gpt_config, batch_size, world_size, dtype)   every rule, in one order, naming the flag
     model_for_rank(whole, grid, layout, batch_size, dtype)            the model as this rank holds it (RankModel)
@@ -29,7 +30,7 @@ from parallel.data_parallel import (
     zero_stage_of,
 )
 from parallel.grid import ProcessGrid, check_grid
-from parallel.pipeline import SCHEDULES, PipelineModel
+from parallel.pipeline import SCHEDULES, PipelineModel, PipelineRank
 from parallel.tensor_parallel import tensor_parallel
 from parallel.torch_engines import DDPModel, FSDPModel
 from parallel.zero import Zero1DataParallel, Zero2DataParallel
@@ -86,28 +87,17 @@ class RankModel(Protocol):
 
 
 class ShardedModel:
-    """A rank that runs every layer of the GPT: all of each matrix (tp = 1), or its
-    tensor-parallel slices (tp > 1); gradients averaged over the dp replicas by the engine
-    make_dp builds (data_parallel: NaiveDataParallel, BucketedDataParallel, or ZeRO's)."""
+    """A rank that runs every layer of the GPT: all of each matrix (tp = 1), or its tensor-parallel slices
+    (cuts), at every position or at its share of each sequence (positions, under cp); gradients averaged
+    over the dp replicas by its DP engine (dp: NaiveDataParallel, BucketedDataParallel, ZeRO's, or None).
+    model_for_rank builds it, each parallelism applied in plain view."""
 
-    def __init__(
-        self,
-        model,
-        grid,
-        autocast=contextlib.nullcontext(),
-        compile=False,
-        make_dp=data_parallel(BucketedDataParallel),
-        sequence_parallel=False,
-    ):
-        self.cuts = tensor_parallel(model, grid, sequence_parallel)  # each rank keeps its slices; {} when tp = 1
-        self.positions = context_parallel(model, grid, sequence_parallel)  # this rank's of each sequence; None: all
-        self.module, self.grid, self.autocast = model, grid, autocast
+    def __init__(self, model, grid, cuts, positions, dp, autocast=contextlib.nullcontext(), compile=False):
+        self.module, self.grid, self.cuts, self.positions, self.dp = model, grid, cuts, positions, dp
+        self.autocast, self.forward = autocast, torch.compile(model) if compile else model
         self.micro_batches = self.in_flight = 1  # one forward per micro-step (a pipeline cuts it into more)
         self.device = next(model.parameters()).device
-        self.forward = torch.compile(model) if compile else model
-        average_over_cp(model.parameters(), grid)  # before the DP engine's hooks: it averages the cp mean
-        self.dp = make_dp(model, grid)
-        self.zero_stage = zero_stage_of(self.dp)
+        self.zero_stage = zero_stage_of(dp)
 
     def forward_backward(self, x, y, loss_weight, sync=True):
         if self.dp is not None:
@@ -138,7 +128,7 @@ class ShardedModel:
 
 
 def check_layout(layout, gpt_config, batch_size, world_size, dtype):
-    """Name a layout (a ParallelConfig) that cannot work for this model (a GPTConfig), batch_size rows per
+    """Name a layout (a Layout) that cannot work for this model (a GPTConfig), batch_size rows per
     micro-step, world_size processes and the compute dtype, before any process group exists. The engine
     first (it decides which other flags may combine), then the cuts, then the processes to launch."""
     dp, tp, pp, cp = layout.dp, layout.tp, layout.pp, layout.cp
@@ -258,33 +248,43 @@ def check_layout(layout, gpt_config, batch_size, world_size, dtype):
             "step): pass --dtype bfloat16 or float32"
         )
     # the grid: every size at least 1, and one process per rank of dp x pp x cp x tp
-    check_grid(dp, tp, pp, world_size, cp)
+    check_grid(layout, world_size)
 
 
 def model_for_rank(
     whole, grid, layout, batch_size, dtype=torch.float32, autocast=contextlib.nullcontext(), compile=False
 ):
     """The model as this rank holds it (a layout.RankModel), cut from the whole single-device GPT by the layout
-    (a ParallelConfig, checked first): under --dp_mode ddp or fsdp, torch's own engine; else a pipeline stage when
-    pp > 1, or every layer (whole, or TP slices), with the DP engine of --dp_mode, or ZeRO's of --zero. dtype: the
-    compute dtype that autocast runs (fp16 is refused where its loss scaling cannot work)."""
+    (a Layout, checked first): under --dp_mode ddp or fsdp, torch's own engine; else each parallelism in turn,
+    in place, innermost first: TP's slices, CP's positions, PP's stages, then the DP engine of --dp_mode, or
+    ZeRO's of --zero, over what this rank holds. dtype: the compute dtype that autocast runs (fp16 is refused
+    where its loss scaling cannot work)."""
     check_layout(layout, whole.config, batch_size, grid.world_size, dtype)
     whole.recompute = layout.recompute
     if layout.dp_mode == "ddp":
         return DDPModel(whole, grid, autocast, compile, layout.bucket_mb)
     if layout.dp_mode == "fsdp":
         return FSDPModel(whole, grid, autocast, compile)
+    cuts = tensor_parallel(whole, grid, layout.sequence_parallel)  # TP: {name: Cut} of this rank's slices; {} at tp 1
+    positions = context_parallel(whole, grid, layout.sequence_parallel)  # CP: its positions of each sequence, or None
+    module = whole
+    if layout.pp > 1:  # PP: only this rank's stages, v chunks when interleaved; the activations between them cut by SP
+        sequence_shards = grid.tp if layout.sequence_parallel else 1
+        module = PipelineRank(whole, grid.pp_rank, grid.pp, layout.virtual_stages, sequence_shards)
+    average_over_cp(module.parameters(), grid)  # before the DP engine's hooks: it averages the cp mean
+    # DP: a stage's gradients are complete only when its schedule ends, so a pipeline launches every bucket there
+    dp = data_parallel_engine(layout)(module, grid, overlap=layout.pp == 1)
+    if layout.pp > 1:
+        return PipelineModel(module, grid, cuts, positions, dp, layout, whole.config.n_embd, autocast)
+    return ShardedModel(module, grid, cuts, positions, dp, autocast, compile)
+
+
+def data_parallel_engine(layout):
+    """make(module, grid, overlap): the hand-written DP engine the layout names (ZeRO's stage, or --dp_mode's)."""
     if layout.zero:
-        make_dp = data_parallel(ZERO_STAGES[layout.zero], bucket_mb=layout.bucket_mb)
-    elif layout.dp_mode == "bucketed":
-        make_dp = data_parallel(BucketedDataParallel, bucket_mb=layout.bucket_mb)
-    elif layout.dp_mode == "naive":
-        make_dp = data_parallel(NaiveDataParallel)
-    else:
-        raise ValueError(f"--dp_mode {layout.dp_mode!r}: no engine")  # check_layout names the choices first
-    sp = layout.sequence_parallel
-    if grid.pp > 1:
-        return PipelineModel(
-            whole, grid, layout.schedule, layout.micro_batches, autocast, make_dp, sp, layout.virtual_stages
-        )
-    return ShardedModel(whole, grid, autocast, compile, make_dp, sp)
+        return data_parallel(ZERO_STAGES[layout.zero], bucket_mb=layout.bucket_mb)
+    if layout.dp_mode == "bucketed":
+        return data_parallel(BucketedDataParallel, bucket_mb=layout.bucket_mb)
+    if layout.dp_mode == "naive":
+        return data_parallel(NaiveDataParallel)
+    raise ValueError(f"--dp_mode {layout.dp_mode!r}: no engine")  # check_layout names the choices first

@@ -41,15 +41,12 @@ import torch.nn as nn
 
 from model import run_blocks, stage_layers
 from parallel.comm_count import counted
-from parallel.context_parallel import average_over_cp, context_parallel, cut_sequences, mean_over_cp
+from parallel.context_parallel import cut_sequences, mean_over_cp
 from parallel.data_parallel import (
-    BucketedDataParallel,
     clear_gradients,
-    data_parallel,
     sharded_grad_norm,
     zero_stage_of,
 )
-from parallel.tensor_parallel import tensor_parallel
 
 # ----------------------------------------------------------------------------
 # Schedules: the order of one stage's operations
@@ -471,42 +468,23 @@ def plot_gantt(timeline, path, title):
 
 
 class PipelineModel:
-    """The model as a pipeline rank holds it: its stage, or its v chunks when interleaved (their matrices cut
-    across the TP group when tp > 1), run under a schedule over micro_batches micro-batches; gradients averaged
-    over the dp replicas of the rank.
-    It answers the training loop's interface, layout.RankModel."""
+    """The model as a pipeline rank holds it: its stage, or its v chunks when interleaved (module, a PipelineRank:
+    their matrices cut across the TP group when tp > 1, cuts), run under the layout's schedule over its
+    micro-batches; gradients averaged over the dp replicas of the rank by its DP engine (dp). model_for_rank
+    builds it. It answers the training loop's interface, layout.RankModel."""
 
-    def __init__(
-        self,
-        model,
-        grid,
-        schedule="1f1b",
-        micro_batches=1,
-        autocast=contextlib.nullcontext(),
-        make_dp=data_parallel(BucketedDataParallel),
-        sequence_parallel=False,
-        virtual_stages=1,
-    ):
-        self.cuts = tensor_parallel(model, grid, sequence_parallel)  # {single-device name: Cut}; {} when tp = 1
-        self.positions = context_parallel(model, grid, sequence_parallel)  # this rank's of each sequence; None: all
-        shards = grid.tp if sequence_parallel else 1  # how many ways the activations between stages are cut
-        # only its stages (their TP slices): one, or virtual_stages chunks when interleaved
-        self.module = PipelineRank(model, grid.pp_rank, grid.pp, virtual_stages, shards)
-        average_over_cp(self.module.parameters(), grid)  # the rank's, with its copy of the tied matrix
-        self.grid, self.micro_batches, self.autocast = grid, micro_batches, autocast
-        self.device = next(self.module.parameters()).device
-        self.n_embd, self.virtual_stages = model.config.n_embd, virtual_stages
-        self.schedule = schedule if virtual_stages == 1 else f"interleaved {schedule}, v={virtual_stages}"
-        scheduled = schedule_for(schedule, virtual_stages)
-        check_schedule(scheduled, grid.pp, micro_batches, virtual_stages)
-        self.order = scheduled(grid.pp, micro_batches, grid.pp_rank)
-        # whole stages' worth of activations this rank keeps at once (a chunk holds 1/v of a stage's layers)
-        self.in_flight = peak_activations(self.order) / virtual_stages
+    def __init__(self, module, grid, cuts, positions, dp, layout, n_embd, autocast=contextlib.nullcontext()):
+        self.module, self.grid, self.cuts, self.positions, self.dp = module, grid, cuts, positions, dp
+        self.micro_batches, self.virtual_stages, self.n_embd = layout.micro_batches, layout.virtual_stages, n_embd
+        self.autocast, self.device = autocast, next(module.parameters()).device
+        v = layout.virtual_stages
+        self.schedule = layout.schedule if v == 1 else f"interleaved {layout.schedule}, v={v}"
+        scheduled = schedule_for(layout.schedule, v)
+        check_schedule(scheduled, grid.pp, self.micro_batches, v)
+        self.order = scheduled(grid.pp, self.micro_batches, grid.pp_rank)
+        self.in_flight = peak_activations(self.order) / v  # whole stages' worth kept at once (a chunk is 1/v of one)
         self.records = []  # this rank's timeline of the latest step
-        # A stage runs backward once per micro-batch, so its gradients are complete only at the end
-        # of the schedule: there (overlap=False) every DP bucket is launched at once.
-        self.dp = make_dp(self.module, grid, overlap=False)
-        self.zero_stage = zero_stage_of(self.dp)
+        self.zero_stage = zero_stage_of(dp)
 
     def _from_last_stage(self, loss):
         """The loss lives on the last stage; every stage gets it, to log and to judge incidents alike."""

@@ -14,9 +14,9 @@ import train
 from config import parse_args
 from local_ranks import run_ranks
 from model import GPT, GPTConfig, manual_causal_attention
-from parallel.grid import ProcessGrid, destroy_distributed, init_distributed
-from parallel.layout import ShardedModel
-from parallel.pipeline import PipelineModel, run_schedule
+from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed
+from parallel.layout import model_for_rank
+from parallel.pipeline import run_schedule
 
 
 def random_qkv(B, H, T, head_size, seed=0):
@@ -376,7 +376,7 @@ def test_manual_attention_model_equals_sdpa_model():
 def _manual_attention_on_ranks(tp, pp):
     """This rank's loss (or None off the last stage) and gradients against the single-device sdpa model."""
     launch = init_distributed(30)
-    grid = ProcessGrid(1, tp, pp, launch.rank, launch.world_size)
+    grid = ProcessGrid(Layout(tp=tp, pp=pp), launch.rank, launch.world_size)
     with seeded_global_generator(0):
         single = GPT(GPTConfig(**SMALL))
     with seeded_global_generator(0):
@@ -385,11 +385,11 @@ def _manual_attention_on_ranks(tp, pp):
     _, loss = single(x, y)
     loss.backward()
     if pp == 1:
-        model = ShardedModel(manual, grid)
+        model = model_for_rank(manual, grid, Layout(tp=tp), 4)
         _, rank_loss = model.module(x, y)
         rank_loss.backward()
     else:
-        model = PipelineModel(manual, grid, "1f1b", 2)
+        model = model_for_rank(manual, grid, Layout(tp=tp, pp=pp, micro_batches=2), 4)
         rank_loss, _, _ = run_schedule(model.module, model.order, x, y, 2, grid, SMALL["n_embd"])
         model.reduce_gradients()
     blocks = model.module.blocks if pp == 1 else [b for chunk in model.module.chunks for b in chunk.blocks]

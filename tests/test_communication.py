@@ -6,34 +6,39 @@ import gc
 import pytest
 import torch
 
-from bench.layouts import measure_layout
+from bench.layouts import measure_layout, pipelined
 from model import GPT, GPTConfig
 from cost import parameters_on_rank
 from monitor import SavedActivations
+from parallel.grid import Layout
 
 SMALL = GPTConfig(block_size=8, vocab_size=101, n_layer=4, n_head=4, n_embd=32)  # V = 101: padded to a multiple of tp
 
 
 @pytest.mark.parametrize(
-    "layout, gpt_config, dtype, schedule",
+    "layout, gpt_config, dtype",
     [
-        ((2, 2, 2), SMALL, torch.float32, "1f1b"),
-        ((1, 2, 4), GPTConfig(**{**vars(SMALL), "bias": True, "norm": "layernorm"}), torch.bfloat16, "gpipe"),
-        ((2, 4, 1), SMALL, torch.float32, "1f1b"),
+        (pipelined(2, 2, 2), SMALL, torch.float32),
+        (
+            pipelined(1, 2, 4, schedule="gpipe"),
+            GPTConfig(**{**vars(SMALL), "bias": True, "norm": "layernorm"}),
+            torch.bfloat16,
+        ),
+        (pipelined(2, 4, 1), SMALL, torch.float32),
     ],
     ids=["dp2xtp2xpp2-fp32", "tp2xpp4-bias-bf16", "dp2xtp4"],
 )  # pp4: inner stages talk both ways
-def test_counted_bytes_equal_the_closed_form_on_every_rank(layout, gpt_config, dtype, schedule):
+def test_counted_bytes_equal_the_closed_form_on_every_rank(layout, gpt_config, dtype):
     """One step of 2 accumulation micro-steps on 8 ranks: every rank's count, in each dimension,
     is the closed form for its stage; so is the number of parameters it holds."""
-    row = measure_layout(layout, steps=1, schedule=schedule, gpt_config=gpt_config, accumulation=2, dtype=dtype)
+    row = measure_layout(layout, steps=1, gpt_config=gpt_config, accumulation=2, dtype=dtype)
     for rank in row["ranks"]:
         assert rank["bytes"] == rank["formula"], rank
-        assert rank["parameters"] == parameters_on_rank(gpt_config, layout[1], layout[2], rank["grid"][1]), rank
+        assert rank["parameters"] == parameters_on_rank(gpt_config, layout, rank["grid"][1]), rank
     # the shape of the story: TP talks at every layer, PP only at the stage borders, DP once per step
     counted = [rank["bytes"] for rank in row["ranks"]]
-    assert all(c["tp"] > 0 for c in counted) and all((c["pp"] > 0) == (layout[2] > 1) for c in counted)
-    assert all((c["dp"] > 0) == (layout[0] > 1) for c in counted)
+    assert all(c["tp"] > 0 for c in counted) and all((c["pp"] > 0) == (layout.pp > 1) for c in counted)
+    assert all((c["dp"] > 0) == (layout.dp > 1) for c in counted)
 
 
 def test_parameters_on_rank_add_up_to_the_model():
@@ -41,9 +46,9 @@ def test_parameters_on_rank_add_up_to_the_model():
     for kwargs in ({}, {"bias": True, "norm": "layernorm"}, {"norm_position": "post"}):
         gpt_config = GPTConfig(**{**vars(SMALL), **kwargs})
         whole = GPT(gpt_config).num_params()
-        assert parameters_on_rank(gpt_config, 1, 1, 0) == whole
+        assert parameters_on_rank(gpt_config) == whole
         assert (
-            sum(parameters_on_rank(gpt_config, 1, 4, s) for s in range(4))
+            sum(parameters_on_rank(gpt_config, Layout(pp=4), s) for s in range(4))
             == whole + gpt_config.vocab_size * gpt_config.n_embd
         )
 

@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import cost
 from conftest import ROOT, run_script
 from model import GPT, GPTConfig
+from parallel.grid import Layout
 
 
 def account(*argv):
@@ -109,35 +111,39 @@ def test_100b_parameters_hold_1_6_tb_of_state():
 
 def test_state_is_cut_by_tp_times_pp():
     gpt_config = cost.MODELS["7B"].gpt_config
-    whole = cost.memory_per_gpu(gpt_config, 1, 1, 1, 1).state
+    whole = cost.memory_per_gpu(gpt_config, Layout(), 1, 1).state
     for tp, pp in [(2, 1), (1, 2), (4, 2), (8, 4)]:
         # the first stage also holds the embedding and the positions: a little more than its share
-        assert whole / (tp * pp) <= cost.memory_per_gpu(gpt_config, tp, pp, 1, 1).state <= 1.2 * whole / (tp * pp)
+        assert (
+            whole / (tp * pp)
+            <= cost.memory_per_gpu(gpt_config, Layout(tp=tp, pp=pp), 1, 1).state
+            <= 1.2 * whole / (tp * pp)
+        )
     # full recomputation keeps only each layer's input
     assert (
-        cost.memory_per_gpu(gpt_config, 8, 1, 1, 1, recompute=True).activations
-        < cost.memory_per_gpu(gpt_config, 8, 1, 1, 1).activations / 5
+        cost.memory_per_gpu(gpt_config, Layout(tp=8, recompute=True), 1, 1).activations
+        < cost.memory_per_gpu(gpt_config, Layout(tp=8), 1, 1).activations / 5
     )
 
 
 def test_zero_shares_the_state_out_over_dp_and_the_planner_uses_it():
     gpt_config = cost.MODELS["7B"].gpt_config
-    held = cost.fullest_rank_parameters(gpt_config, 2, 2)
+    held = cost.fullest_rank_parameters(gpt_config, Layout(tp=2, pp=2))
     for dp in (1, 2, 8):
         # plain DP: every rank holds it all
-        assert cost.memory_per_gpu(gpt_config, 2, 2, 1, 1, dp=dp).state == 16 * held
-        assert cost.memory_per_gpu(gpt_config, 2, 2, 1, 1, dp=dp, zero=1).state == (4 + 4 + 8 / dp) * held
-        assert cost.memory_per_gpu(gpt_config, 2, 2, 1, 1, dp=dp, zero=2).state == (4 + 12 / dp) * held
+        assert cost.memory_per_gpu(gpt_config, Layout(dp=dp, tp=2, pp=2), 1, 1).state == 16 * held
+        assert cost.memory_per_gpu(gpt_config, Layout(dp=dp, tp=2, pp=2, zero=1), 1, 1).state == (4 + 4 + 8 / dp) * held
+        assert cost.memory_per_gpu(gpt_config, Layout(dp=dp, tp=2, pp=2, zero=2), 1, 1).state == (4 + 12 / dp) * held
     assert cost.state_bytes_formula(4, 2) == "4 + 12/4 = 7 B"
     # the planner: less memory on every layout with data parallelism; a pipeline's layouts get ZeRO-1 when ZeRO-2 is
     # asked (train.py refuses the two together), a layout without one ZeRO-2
     plain, zero2 = (account("--model", "70B", "--gpu", "H100", "--gpus", "64", "--zero", z) for z in ("0", "2"))
-    plain_memory = {(p.dp, p.tp, p.pp): p.memory_gb_per_gpu for p in plain.layouts}
-    assert all(p.memory_gb_per_gpu < plain_memory[p.dp, p.tp, p.pp] for p in zero2.layouts if p.dp > 1)
+    plain_memory = {replace(p.layout, zero=0): p.memory_gb_per_gpu for p in plain.layouts}
+    assert all(p.memory_gb_per_gpu < plain_memory[replace(p.layout, zero=0)] for p in zero2.layouts if p.layout.dp > 1)
     hw = cost.GPUS["H100"]
 
     def memory(dp, tp, pp, zero):
-        return cost.plan_layout(gpt_config, hw, dp, tp, pp, 64, 1, 0.4, zero=zero).memory_gb_per_gpu
+        return cost.plan_layout(gpt_config, hw, Layout(dp=dp, tp=tp, pp=pp, zero=zero), 64, 1, 0.4).memory_gb_per_gpu
 
     assert memory(4, 2, 2, 2) == memory(4, 2, 2, 1) < memory(4, 2, 2, 0)
     assert memory(4, 2, 1, 2) < memory(4, 2, 1, 1) < memory(4, 2, 1, 0)
@@ -146,14 +152,14 @@ def test_zero_shares_the_state_out_over_dp_and_the_planner_uses_it():
 def test_the_planner_ranks_layouts_that_fit_first_and_keeps_tp_in_a_node():
     r = account("--model", "70B", "--tokens", "2T", "--gpu", "H100", "--gpus", "1024")
     layouts = r.layouts
-    assert len(layouts) > 10 and all(p.dp * p.tp * p.pp == 1024 for p in layouts)
+    assert len(layouts) > 10 and all(p.layout.world_size == 1024 for p in layouts)
     fits = [p.fits for p in layouts]
     assert fits == sorted(fits, reverse=True)  # every layout that fits before any that does not
     fitting = [p for p in layouts if p.fits]
     assert [p.step_seconds for p in fitting] == sorted(p.step_seconds for p in fitting)
-    assert fitting[0].tp <= 8  # a TP group across nodes pays the slow network at every layer
+    assert fitting[0].layout.tp <= 8  # a TP group across nodes pays the slow network at every layer
     best = fitting[0]  # ZeRO-1 shards the 8 B of AdamW moments over dp: 16 B -> 8 + 8/dp
-    assert r.zero1_state_gb_best_layout == pytest.approx(r.state_gb_best_layout * (8 + 8 / best.dp) / 16)
+    assert r.zero1_state_gb_best_layout == pytest.approx(r.state_gb_best_layout * (8 + 8 / best.layout.dp) / 16)
     assert all(p.memory_gb_per_gpu <= 80 for p in fitting)
     for p in layouts:
         assert p.tokens_per_s == pytest.approx(r.batch_tokens / p.step_seconds)
@@ -227,7 +233,7 @@ def test_young_daly_interval_minimizes_the_time_lost():
 def test_account_lines_count_6nd():
     gpt_config = GPTConfig(block_size=64, vocab_size=256, n_layer=2, n_head=2, n_embd=32)
     lines = cost.account_lines(
-        gpt_config, 1, 1, 4, 1, max_iters=100, tokens_per_step=256, activation_bytes=4, step_seconds=0.01
+        gpt_config, Layout(), 4, 1, max_iters=100, tokens_per_step=256, activation_bytes=4, step_seconds=0.01
     )
     flops = cost.flops_per_token(gpt_config) * 100 * 256
     assert f"{flops:.3g} FLOPs" in lines[1] and f"6 N D = {6 * GPT(gpt_config).num_params() * 25600:.3g}" in lines[1]
@@ -238,7 +244,7 @@ def test_without_communication_the_bubble_is_the_formula():
     free = cost.Hardware("free links", 1e15, 1e12, float("inf"), float("inf"), 0.0, 8)
     gpt_config = cost.MODELS["1.3B"].gpt_config
     for pp, rows in [(2, 16), (4, 16), (4, 64)]:
-        plan = cost.plan_layout(gpt_config, free, 1, 1, pp, rows, 1, 0.5)
+        plan = cost.plan_layout(gpt_config, free, Layout(pp=pp), rows, 1, 0.5)
         assert plan.parts["bubble"] / plan.step_seconds == pytest.approx((pp - 1) / (rows + pp - 1))
 
 
@@ -247,7 +253,7 @@ def test_a_ring_all_reduce_costs_2_n_minus_1_over_n_of_the_message():
     gpt_config = cost.MODELS["1.3B"].gpt_config
     gradients = 4 * cost.parameters_on_rank(gpt_config)
     for dp in (2, 4, 8):
-        plan = cost.plan_layout(gpt_config, hw, dp, 1, 1, 8 * dp, 8, 0.5)  # one micro-step: nothing to overlap
+        plan = cost.plan_layout(gpt_config, hw, Layout(dp=dp), 8 * dp, 8, 0.5)  # one micro-step: nothing to overlap
         assert plan.parts["dp"] == pytest.approx(2 * (dp - 1) / dp * gradients / 1e9)
 
 

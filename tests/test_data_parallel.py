@@ -16,7 +16,7 @@ from local_ranks import run_ranks
 from config import parse_args
 from parallel.layout import check_layout
 from model import GPT, GPTConfig
-from parallel.grid import ParallelConfig, ProcessGrid
+from parallel.grid import Layout, ProcessGrid
 
 # fp32 pinned: the layouts agree to rounding in fp32; under bf16 (the default on CPUs that have it) they
 # would differ by bf16's rounding of differently split matmuls
@@ -285,26 +285,13 @@ def check_layout_takes_the_steps_of(single, corpus, world_size, extra):
     _, _, configs = parse_args(argv)
     layout, cfg = configs.parallel, configs.train
     closed_form = cost.busiest_stage_comm_bytes(
-        configs.model,
-        dp=layout.dp,
-        tp=layout.tp,
-        pp=layout.pp,
-        batch_size=cfg.batch_size,
-        accumulation=cfg.gradient_accumulation_steps,
-        compute_bytes=4,
-        zero=layout.zero,
-        recompute=layout.recompute,
-        sequence_parallel=layout.sequence_parallel,
-        micro_batches=layout.micro_batches if layout.pp > 1 else 1,
-        cp=layout.cp,
-        virtual_stages=layout.virtual_stages,
+        configs.model, layout, batch_size=cfg.batch_size, accumulation=cfg.gradient_accumulation_steps, compute_bytes=4
     )
     # the state at the first update, on the fullest rank, as the closed form says (ZeRO: up to its padding,
     # under dp elements per bucket)
     (state,) = [r["state_bytes"] for r in metrics(out) if "state_bytes" in r]
-    zero = 3 if layout.dp_mode == "fsdp" else layout.zero  # FSDP2 shards the weights too: ZeRO's stage 3
-    state_closed_form = cost.fullest_rank_state_bytes(configs.model, layout.dp, layout.tp, layout.pp, zero)
-    padding = 16 * layout.dp * len(list(GPT(configs.model).parameters())) if zero else 0
+    state_closed_form = cost.fullest_rank_state_bytes(configs.model, layout)  # FSDP2: ZeRO's stage 3
+    padding = 16 * layout.dp * len(list(GPT(configs.model).parameters())) if layout.zero_stage else 0
     assert state_closed_form <= state <= state_closed_form + padding
     for record in metrics(out)[:-1] if world_size > 1 else []:  # the last holds the final val loss only
         assert {d: record[f"comm_bytes_{d}"] for d in closed_form} == {d: b for d, (b, _) in closed_form.items()}
@@ -350,7 +337,7 @@ def _one_backward_both_modes():
     from parallel.grid import destroy_distributed, init_distributed
 
     launch = init_distributed(30)
-    grid = ProcessGrid(2, 1, 1, launch.rank, launch.world_size)
+    grid = ProcessGrid(Layout(dp=2), launch.rank, launch.world_size)
     grads, views = {}, []
     engines = {"bucketed": partial(BucketedDataParallel, bucket_mb=0.002), "naive": NaiveDataParallel}
     for mode, zeroings in (("bucketed", ("none", "dp.clear_gradients", "set_to_none")), ("naive", ("none",))):
@@ -413,7 +400,7 @@ def _dp_average_over_steps(steps):
     from parallel.grid import destroy_distributed, init_distributed
 
     launch = init_distributed(20)
-    grid = ProcessGrid(2, 1, 2, launch.rank, launch.world_size)
+    grid = ProcessGrid(Layout(dp=2, pp=2), launch.rank, launch.world_size)
     # buckets of 1000 B: fc3 and fc2 (1360 B) fill the first, the unused layer and fc1 (656 B) the last
     engines = {"bucketed": partial(BucketedDataParallel, bucket_mb=1000 / 2**20), "naive": NaiveDataParallel}
     results = {}
@@ -503,7 +490,7 @@ def _grid_coordinates():
     from parallel.grid import destroy_distributed, init_distributed
 
     launch = init_distributed(30)
-    grid = ProcessGrid(2, 2, 2, launch.rank, launch.world_size)
+    grid = ProcessGrid(Layout(dp=2, tp=2, pp=2), launch.rank, launch.world_size)
     result = (
         grid.dp_rank,
         grid.pp_rank,
@@ -529,7 +516,7 @@ def test_process_grid_puts_tp_fastest():
 
 def test_layout_that_does_not_fit_the_world_is_named():
     with pytest.raises(ValueError, match=r"dp\*tp\*pp = 2\*3\*1 = 6 but WORLD_SIZE = 8"):
-        check_layout(ParallelConfig(dp=2, tp=3), GPTConfig(n_head=6, n_embd=96), 12, 8, torch.float32)
+        check_layout(Layout(dp=2, tp=3), GPTConfig(n_head=6, n_embd=96), 12, 8, torch.float32)
 
 
 @pytest.mark.integration
@@ -674,7 +661,7 @@ def test_zero_shares_out_the_state_as_the_closed_form_says(corpus):
         train_ranks(2, args(corpus, out, "--dp", 2, "--batch_size", 4, "--max_iters", 2, "--zero", zero))
         (measured[zero],) = [r["state_bytes"] for r in metrics(out) if "state_bytes" in r]
         _, _, configs = parse_args(args(corpus, out))
-        closed_form = cost.fullest_rank_state_bytes(configs.model, dp=2, zero=zero)
+        closed_form = cost.fullest_rank_state_bytes(configs.model, Layout(dp=2, zero=zero))
         assert closed_form <= measured[zero] < closed_form + 16 * 2, zero
     assert measured[1] / measured[0] == pytest.approx(0.75, abs=1e-4)
     assert measured[2] / measured[0] == pytest.approx(0.625, abs=1e-4)
@@ -701,7 +688,7 @@ def test_a_zero2_run_killed_mid_way_resumes_on_one_process(corpus, single):
     assert_same_run(corpus / "zero2-to-zero1", single)
     # each rank took only its pieces of the checkpoint's moments, not views that keep them whole
     state = [r["state_bytes"] for r in metrics(corpus / "zero2-to-zero1") if "state_bytes" in r][-1]  # resumed
-    closed_form = cost.fullest_rank_state_bytes(parse_args(resumed)[2].model, dp=2, zero=1)
+    closed_form = cost.fullest_rank_state_bytes(parse_args(resumed)[2].model, Layout(dp=2, zero=1))
     assert closed_form <= state < closed_form + 16 * 2 * len(list(GPT(parse_args(resumed)[2].model).parameters()))
 
 
@@ -709,7 +696,7 @@ def check_flags(corpus, *flags):
     """layout.check_layout of the run these flags ask for, on as many processes as its layout needs."""
     configs = parse_args(args(corpus, corpus / "x", *flags))[2]
     layout = configs.parallel
-    check_layout(layout, configs.model, configs.train.batch_size, layout.dp * layout.tp * layout.pp, torch.float32)
+    check_layout(layout, configs.model, configs.train.batch_size, layout.world_size, torch.float32)
 
 
 def test_zero_is_refused_where_it_cannot_work(corpus):

@@ -27,13 +27,18 @@ from conftest import ROOT
 NOT_MODULES = {"tests", "notebooks", "exercises", "bench", "examples"}  # folders of scripts, never imported
 
 
-def code_graph():
-    """{file: the files of ours it imports}, each named by its path from the root: train.py, parallel/zero.py."""
+def product_files():
+    """Our modules, each by its path from the root: the .py files at the root and in our packages."""
     files = [*ROOT.glob("*.py")]
     for init in ROOT.glob("*/__init__.py"):
         if init.parent.name not in NOT_MODULES:
             files += init.parent.rglob("*.py")
-    paths = [file.relative_to(ROOT).as_posix() for file in files]
+    return sorted(file.relative_to(ROOT).as_posix() for file in files)
+
+
+def code_graph():
+    """{file: the files of ours it imports}, each named by its path from the root: train.py, parallel/zero.py."""
+    paths = product_files()
     path_of = {path.removesuffix(".py").removesuffix("/__init__").replace("/", "."): path for path in paths}
     graph = {}
     for module, path in path_of.items():  # module: parallel.zero, path: parallel/zero.py
@@ -167,6 +172,33 @@ def test_the_reading_order_lists_every_parallel_file_and_the_layout_every_flag()
     listed = re.findall(r"^    (\w+\.py) ", parallel.__doc__, re.MULTILINE)
     files = sorted(path.name for path in ROOT.glob("parallel/*.py") if path.name != "__init__.py")
     assert sorted(listed) == files, "parallel/__init__.py's reading order must list each file of parallel/ once"
-    flags = {f"--{field}" for field in parallel.grid.ParallelConfig.__dataclass_fields__} - {"--dist_timeout"}
+    flags = {f"--{field}" for field in parallel.grid.Layout.__dataclass_fields__} - {"--dist_timeout"}
     missing = flags - set(re.findall(r"--\w+", parallel.layout.__doc__.split("Two functions")[0]))
     assert not missing, f"parallel/layout.py's list of layout flags lacks {sorted(missing)}"
+
+
+# ----------------------------------------------------------------------------
+# The layout: one value
+
+
+def test_the_layout_is_one_frozen_value_that_no_function_takes_apart():
+    """One dataclass holds a layout (parallel.grid.Layout, frozen: checked once, it cannot change after), and no
+    function of ours takes its sizes as loose parameters: none has both tp and pp among its parameters."""
+    layouts, loose = [], []
+    for path in product_files():
+        for node in ast.walk(ast.parse((ROOT / path).read_text(), path)):
+            if isinstance(node, ast.ClassDef) and {"tp", "pp"} <= {
+                target.id
+                for statement in node.body
+                if isinstance(statement, ast.AnnAssign) and isinstance(target := statement.target, ast.Name)
+            }:
+                layouts.append((path, node))
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                if {"tp", "pp"} <= {argument.arg for argument in arguments}:
+                    loose.append(f"{path}:{node.lineno} {node.name}")
+    assert [(path, node.name) for path, node in layouts] == [("parallel/grid.py", "Layout")], layouts
+    (decorator,) = layouts[0][1].decorator_list
+    frozen = [k for k in getattr(decorator, "keywords", []) if k.arg == "frozen" and getattr(k.value, "value", 0)]
+    assert frozen, "parallel.grid.Layout must be @dataclass(frozen=True)"
+    assert not loose, f"functions that take tp and pp apart, not a Layout: {loose}"

@@ -9,15 +9,17 @@ import torch
 from checkpoint import ParameterCut
 from conftest import ROOT
 from model import GPT, GPTConfig
-from parallel.grid import ProcessGrid
-from parallel.layout import RankModel, ShardedModel
-from parallel.pipeline import PipelineModel
+from parallel.grid import Layout, ProcessGrid
+from parallel.layout import RankModel, model_for_rank
+from parallel.pipeline import PipelineModel, PipelineRank
 from parallel.tensor_parallel import Cut
 from parallel.torch_engines import DDPModel, DTensorCut, FSDPModel
 
 IMPLEMENTATIONS = {
-    "ShardedModel": lambda gpt, grid: ShardedModel(gpt, grid),
-    "PipelineModel": lambda gpt, grid: PipelineModel(gpt, grid, "1f1b", 2),
+    "ShardedModel": lambda gpt, grid: model_for_rank(gpt, grid, Layout(), 2),
+    "PipelineModel": lambda gpt, grid: PipelineModel(
+        PipelineRank(gpt, 0, 1), grid, {}, None, None, Layout(micro_batches=2), gpt.config.n_embd
+    ),
     "DDPModel": lambda gpt, grid: DDPModel(gpt, grid),
     "FSDPModel": lambda gpt, grid: FSDPModel(gpt, grid),
 }
@@ -38,7 +40,7 @@ def test_every_rank_model_answers_the_whole_interface(name):
     """Every member any caller uses is in RankModel; each implementation has each one, methods with the
     Protocol's parameters (names, order, defaults), so the loop can call any of them alike."""
     gpt = GPT(GPTConfig(block_size=8, vocab_size=32, n_layer=2, n_head=2, n_embd=8))
-    model = IMPLEMENTATIONS[name](gpt, ProcessGrid(1, 1, 1))  # one process: nothing to cut or average
+    model = IMPLEMENTATIONS[name](gpt, ProcessGrid())  # one process: nothing to cut or average
     assert isinstance(model, RankModel)  # runtime_checkable: every member present
     attributes, methods = protocol_members(RankModel)
     missing = sorted(a for a in attributes if not hasattr(model, a))

@@ -16,10 +16,9 @@ import train
 import transfer
 from conftest import SHAKESPEARE, needs_gpt2, needs_shakespeare, save_bpe_tokenizer, write_word_corpus
 from files import file_sha256
-from parallel.layout import check_layout
+from parallel.layout import check_layout, model_for_rank
 from model import GPT, GPTConfig, KVCache, apply_rope, padded_vocab_size, rope_angles
-from parallel.grid import ParallelConfig, ProcessGrid
-from parallel.layout import ShardedModel
+from parallel.grid import Layout, ProcessGrid
 
 LLAMA = dict(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=64, block_size=32)
 
@@ -85,7 +84,7 @@ def test_the_planners_activations_per_block_match_what_autograd_keeps(fields):
         model, tokens = GPT(gpt_config), torch.randint(256, (8, 64))
         with SavedActivations(model) as saved:
             model(tokens, tokens)[1].backward()
-        planned = cost.memory_per_gpu(gpt_config, 1, 1, 8, 1, activation_bytes=4).activations  # fp32, as measured
+        planned = cost.memory_per_gpu(gpt_config, Layout(), 8, 1, activation_bytes=4).activations  # fp32, as measured
         return saved.peak, planned
 
     (measured_2, planned_2), (measured_3, planned_3) = kept(2), kept(3)
@@ -97,8 +96,8 @@ def test_an_untied_head_is_a_matrix_of_its_own_in_checkpoints_too():
     assert tied.lm_head.weight is tied.wte.weight
     model = GPT(GPTConfig(**LLAMA, tie_embeddings=False))
     assert model.lm_head.weight is not model.wte.weight
-    grid = ProcessGrid(1, 1, 1)
-    full = checkpoint.full_state_dict(ShardedModel(model, grid), grid)
+    grid = ProcessGrid()
+    full = checkpoint.full_state_dict(model_for_rank(model, grid, Layout(), 1), grid)
     assert torch.equal(full["lm_head.weight"], model.lm_head.weight) and torch.equal(
         full["wte.weight"], model.wte.weight
     )
@@ -111,7 +110,7 @@ def test_wrong_llama_settings_are_named():
     with pytest.raises(ValueError, match="pass --arch llama"):
         GPTConfig(n_head=4, n_kv_head=2)
     with pytest.raises(ValueError, match="n_kv_head 2 is not divisible by tp 4"):
-        check_layout(ParallelConfig(dp=1, tp=4), GPTConfig(**LLAMA), 8, 4, torch.float32)
+        check_layout(Layout(dp=1, tp=4), GPTConfig(**LLAMA), 8, 4, torch.float32)
 
 
 @pytest.mark.parametrize("data", ["source", "mix"])

@@ -5,12 +5,11 @@ import torch
 
 from local_ranks import run_ranks
 from model import GPT, GPTConfig
-from parallel.layout import check_layout
+from parallel.layout import check_layout, model_for_rank
 from parallel.data_parallel import global_grad_norm
-from parallel.grid import ParallelConfig, ProcessGrid, destroy_distributed, init_distributed
+from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed
 from parallel.pipeline import (
     SCHEDULES,
-    PipelineModel,
     bubble_fraction,
     check_schedule,
     logical_timeline,
@@ -157,7 +156,7 @@ def test_a_schedule_that_skips_or_stalls_is_refused():
 
 def test_bad_layouts_are_named():
     def check(gpt_config, pp, micro_batches):
-        check_layout(ParallelConfig(pp=pp, micro_batches=micro_batches), gpt_config, 12, pp, torch.float32)
+        check_layout(Layout(pp=pp, micro_batches=micro_batches), gpt_config, 12, pp, torch.float32)
 
     with pytest.raises(ValueError, match="n_layer 2 < pp 4"):
         check(GPTConfig(n_layer=2), 4, 1)
@@ -167,7 +166,7 @@ def test_bad_layouts_are_named():
         check(GPTConfig(n_layer=2), 2, 0)
 
     def interleaved(n_layer, pp, micro_batches, v, schedule="1f1b"):
-        layout = ParallelConfig(pp=pp, micro_batches=micro_batches, virtual_stages=v, schedule=schedule)
+        layout = Layout(pp=pp, micro_batches=micro_batches, virtual_stages=v, schedule=schedule)
         check_layout(layout, GPTConfig(n_layer=n_layer), 12, pp, torch.float32)
 
     with pytest.raises(ValueError, match=r"--virtual_stages 2 cuts n_layer 6 into pp x v = 4 equal chunks"):
@@ -186,11 +185,11 @@ CFG = dict(block_size=16, vocab_size=64, n_layer=4, n_head=2, n_embd=16)
 def _pipeline_against_single_device(schedule, m):
     launch = init_distributed(30)
     p = launch.world_size
-    grid = ProcessGrid(1, 1, p, launch.rank, launch.world_size)
+    grid = ProcessGrid(Layout(pp=p), launch.rank, launch.world_size)
     torch.manual_seed(0)
     single = GPT(GPTConfig(**CFG))
     torch.manual_seed(0)
-    model = PipelineModel(GPT(GPTConfig(**CFG)), grid, schedule, m)
+    model = model_for_rank(GPT(GPTConfig(**CFG)), grid, Layout(pp=p, schedule=schedule, micro_batches=m), 4)
     stage = model.module
     x = torch.randint(64, (4, 16), generator=torch.Generator().manual_seed(1))
     y = torch.randint(64, (4, 16), generator=torch.Generator().manual_seed(2))

@@ -19,8 +19,8 @@ from local_ranks import run_ranks
 from model import GPT, GPTConfig
 from parallel.comm_count import take_comm_bytes
 from parallel.data_parallel import global_grad_norm
-from parallel.grid import ParallelConfig, ProcessGrid, destroy_distributed, init_distributed
-from parallel.layout import ShardedModel, check_layout
+from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed
+from parallel.layout import check_layout, model_for_rank
 from parallel.tensor_parallel import (
     ColumnParallelLinear,
     CopyToTensorParallel,
@@ -101,7 +101,7 @@ def _pieces_on_rank(case, dp, tp):
     """On each rank, with its slices of the single-device weights: f, g, the column- and the row-parallel
     Linear alone, and the MLP column -> GELU -> row with and without biases."""
     launch = init_distributed(20)
-    grid = ProcessGrid(dp, tp, 1, launch.rank, launch.world_size)
+    grid = ProcessGrid(Layout(dp=dp, tp=tp), launch.rank, launch.world_size)
     group, replica, mine = grid.tp_group, case["replicas"][grid.dp_rank], _hidden_features(grid.tp_rank, tp)
     fc, proj = case["fc"], case["proj"]
 
@@ -301,12 +301,12 @@ def test_column_then_row_communicates_one_all_reduce_each_way(pieces):
 def _compare_with_single_device(cfg_kwargs, tp):
     """On each rank: the TP model's logits, loss, grads (gathered) and clipped norm vs the single-device model."""
     launch = init_distributed(30)
-    grid = ProcessGrid(1, tp, 1, launch.rank, launch.world_size)
+    grid = ProcessGrid(Layout(tp=tp), launch.rank, launch.world_size)
     gpt_config = GPTConfig(**cfg_kwargs)
     torch.manual_seed(0)
     single = GPT(gpt_config)
     torch.manual_seed(0)
-    model = ShardedModel(GPT(gpt_config), grid)
+    model = model_for_rank(GPT(gpt_config), grid, Layout(tp=tp), 3)
     sliced = model.module
     x = torch.randint(gpt_config.vocab_size, (3, gpt_config.block_size), generator=torch.Generator().manual_seed(1))
     y = torch.randint(gpt_config.vocab_size, (3, gpt_config.block_size), generator=torch.Generator().manual_seed(2))
@@ -370,14 +370,14 @@ def test_tensor_parallel_equals_single_device(tp, cfg):
 
 def test_bad_layouts_are_named_before_any_process_group(tmp_path, capsys):
     with pytest.raises(ValueError, match="n_head 6 is not divisible by tp 4"):
-        check_layout(ParallelConfig(tp=4), GPTConfig(n_head=6, n_embd=96), 12, 4, torch.float32)
+        check_layout(Layout(tp=4), GPTConfig(n_head=6, n_embd=96), 12, 4, torch.float32)
     with pytest.raises(SystemExit) as exit_info:  # no launcher, no process group: it must not wait for peers
         train.main(["--tp", "8", "--out_dir", str(tmp_path / "o"), "--data_dir", str(tmp_path / "d")])
     assert "n_head 4 is not divisible by tp 8" in str(exit_info.value.code)
     with pytest.raises(ValueError, match="--sequence_parallel cuts along the sequence .* and --tp is 1: pass --tp 2"):
-        check_layout(ParallelConfig(sequence_parallel=True), GPTConfig(), 12, 1, torch.float32)
+        check_layout(Layout(sequence_parallel=True), GPTConfig(), 12, 1, torch.float32)
     with pytest.raises(ValueError, match="block_size 30 is not divisible by 4: choose --block_size a multiple of 4"):
-        check_layout(ParallelConfig(tp=4, sequence_parallel=True), GPTConfig(block_size=30), 12, 4, torch.float32)
+        check_layout(Layout(tp=4, sequence_parallel=True), GPTConfig(block_size=30), 12, 4, torch.float32)
 
 
 @pytest.mark.parametrize(
@@ -399,13 +399,13 @@ def _activations_per_block(sequence_parallel, arch):
     from monitor import SavedActivations
 
     launch = init_distributed(60)
-    grid = ProcessGrid(1, 2, 1, launch.rank, launch.world_size)
+    grid = ProcessGrid(Layout(tp=2), launch.rank, launch.world_size)
     kept = []
     for n_layer in (2, 3):
         torch.manual_seed(0)
         gpt_config = GPTConfig(n_layer=n_layer, n_head=4, n_embd=128, block_size=64, vocab_size=256, arch=arch)
         model, tokens = (
-            ShardedModel(GPT(gpt_config), grid, sequence_parallel=sequence_parallel),
+            model_for_rank(GPT(gpt_config), grid, Layout(tp=2, sequence_parallel=sequence_parallel), 8),
             torch.randint(256, (8, 64)),
         )
         with SavedActivations(model.module) as saved:
@@ -427,7 +427,9 @@ def test_sequence_parallelism_cuts_the_norm_regions_as_the_closed_form_says(arch
     for sp in (False, True):
         measured[sp] = run_ranks(2, _activations_per_block, sp, arch, timeout=120)[0][1]
         blocks = [GPTConfig(n_layer=n, n_head=4, n_embd=C, block_size=T, vocab_size=256, arch=arch) for n in (2, 3)]
-        two, three = (cost.memory_per_gpu(g, 2, 1, B, 1, activation_bytes=4, sequence_parallel=sp) for g in blocks)
+        two, three = (
+            cost.memory_per_gpu(g, Layout(tp=2, sequence_parallel=sp), B, 1, activation_bytes=4) for g in blocks
+        )
         planned[sp] = three.activations - two.activations
         assert measured[sp] / planned[sp] == pytest.approx(1, abs=0.25)
     # each norm keeps its input and output (B, T, C) and the inverse root (B, T, 1), fp32; two norms a block, each

@@ -91,9 +91,7 @@ def test_torch_engine_takes_the_single_process_steps(corpus, single, dp_mode, ex
     _, _, configs = parse_args(argv)
     closed_form, _ = cost.busiest_stage_comm_bytes(
         configs.model,
-        dp=2,
-        tp=1,
-        pp=1,
+        configs.parallel,
         batch_size=configs.train.batch_size,
         accumulation=configs.train.gradient_accumulation_steps,
         compute_bytes=4,
@@ -102,8 +100,7 @@ def test_torch_engine_takes_the_single_process_steps(corpus, single, dp_mode, ex
     assert counted == [closed_form] * len(counted), f"{dp_mode}: {closed_form:,} B per step, got {counted}"
     # the state a rank holds at the first update: DDP all 16 B per parameter, FSDP2 (ZeRO-3) 16/dp
     (state,) = [r["state_bytes"] for r in metrics(out) if "state_bytes" in r]
-    zero = 3 if dp_mode == "fsdp" else 0
-    assert state == cost.fullest_rank_state_bytes(configs.model, dp=2, zero=zero), f"{dp_mode}: {state:,} B"
+    assert state == cost.fullest_rank_state_bytes(configs.model, configs.parallel), f"{dp_mode}: {state:,} B"
 
 
 def test_an_fsdp_checkpoint_resumes_on_one_process_and_back(corpus, single):
@@ -139,11 +136,11 @@ def test_torch_engines_refuse_tensor_and_pipeline_parallelism(corpus, dp_mode, f
 def _replicas_after_wrapping(dp_mode):
     """Each rank builds its GPT from its own seed, then wraps it: the weights every rank then holds, whole."""
     from model import GPT, GPTConfig
-    from parallel.grid import ProcessGrid, destroy_distributed, init_distributed
+    from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed
     from parallel.torch_engines import DDPModel, FSDPModel
 
     launch = init_distributed(30)
-    grid = ProcessGrid(2, 1, 1, launch.rank, launch.world_size)
+    grid = ProcessGrid(Layout(dp=2), launch.rank, launch.world_size)
     torch.manual_seed(launch.rank)
     gpt = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=16))
     rank0_weights = {name: p.detach().clone() for name, p in gpt.named_parameters()} if launch.rank == 0 else None

@@ -13,8 +13,8 @@ from data import TokenStream
 from model import GPT, GPTConfig
 from conftest import ROOT, run_script
 from config import TrainConfig, parse_args
-from parallel.grid import ProcessGrid
-from parallel.layout import ShardedModel
+from parallel.grid import Layout, ProcessGrid
+from parallel.layout import model_for_rank
 from train import clip_gradients, lr_at, optimizer_step
 
 # a run small enough for a unit test: 2 layers of width 32 on the small corpus
@@ -167,7 +167,8 @@ def one_step(tmp_path, batch_size, accumulation, dtype=torch.float32):
         np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint16).tofile(tokens)
     torch.manual_seed(0)
     gpt = GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=2, n_head=2, n_embd=32))
-    model = ShardedModel(gpt, ProcessGrid(1, 1, 1), run_setup.autocast_context(torch.device("cpu"), dtype))
+    autocast = run_setup.autocast_context(torch.device("cpu"), dtype)
+    model = model_for_rank(gpt, ProcessGrid(), Layout(), batch_size, dtype, autocast)
     cfg = TrainConfig(batch_size=batch_size, gradient_accumulation_steps=accumulation, lanes=4)
     stream = TokenStream(str(tokens), "uint16", batch_size, 16, lanes=cfg.lanes)
     optimizer = run_setup.make_optimizer(gpt, cfg, torch.device("cpu"))
