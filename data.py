@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from files import download, file_sha256, remove_if_exists, write_json_atomic
+from machinery.files import download, file_sha256, remove_if_exists, write_json_atomic
 
 # ----------------------------------------------------------------------------
 # Tokenizers: encode(text) -> ids, decode(ids) -> text, an end-of-text id

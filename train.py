@@ -37,21 +37,21 @@ from dataclasses import asdict, replace
 import torch
 import torch.distributed as dist
 
-import checkpoint
-import cost
-from cluster import PREEMPTED
+from machinery import checkpoint
+from machinery import cost
+from machinery.cluster import PREEMPTED
 from parallel.comm_count import take_busiest_comm_bytes, take_comm_bytes
-from config import config_file_form, parse_args
-from curves import find_band
+from machinery.config import config_file_form, parse_args
+from machinery.curves import find_band
 from data import get_tokenizer
-from evaluation import evaluate, final_check
-from mixture import weights_at
-from monitor import SavedActivations, Throughput, peak_memory_bytes, plot_metrics, state_bytes
+from machinery.evaluation import evaluate, final_check
+from machinery.mixture import weights_at
+from machinery.monitor import SavedActivations, Throughput, peak_memory_bytes, plot_metrics, state_bytes
 from parallel.grid import all_reduce_mean, destroy_distributed, raise_on_every_rank, run_on_rank0
-from sample import sample, sample_texts
-from run_setup import check_epochs, load_initial_weights, pick_device, set_up
-from runbook import RUNGS, Recovery, runbook_response
-from run_folder import (
+from machinery.sample import sample, sample_texts
+from machinery.run_setup import check_epochs, load_initial_weights, pick_device, set_up
+from machinery.runbook import RUNGS, Recovery, runbook_response
+from machinery.run_folder import (
     append_jsonl,
     config_changes,
     fill_new_fields,
@@ -63,7 +63,7 @@ from run_folder import (
     record_identity,
     write_jsonl,
 )
-from transfer import export_run
+from machinery.transfer import export_run
 
 # ----------------------------------------------------------------------------
 # The defenses that live in the loop: LR schedule, clipping
@@ -411,7 +411,8 @@ def finish(run, final_evaluation, preset):
     print(f"{shown}wrote {run.out_dir}: metrics.jsonl, metrics.png, samples.txt, ckpt/")
     band, _ = find_band(run.identity, preset)
     if band:  # a band of this recipe over seeds (bands/<preset>.json): the reader sets the run against it
-        print(f"is this curve normal? Against {len(band['seeds'])} seeds of its recipe: python curves.py {run.out_dir}")
+        seeds = len(band["seeds"])
+        print(f"is this curve normal? Against {seeds} seeds of its recipe: python -m machinery.curves {run.out_dir}")
 
 
 # ----------------------------------------------------------------------------

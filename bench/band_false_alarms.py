@@ -21,7 +21,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import curves  # noqa: E402
+from machinery import curves  # noqa: E402
 from data import read_json  # noqa: E402
 
 

@@ -24,11 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import curves  # noqa: E402
-from config import config_file_form, parse_args  # noqa: E402
+from machinery import curves  # noqa: E402
+from machinery.config import config_file_form, parse_args  # noqa: E402
 from data import read_json  # noqa: E402
-from run_folder import is_finished  # noqa: E402
-from files import write_json_atomic  # noqa: E402
+from machinery.run_folder import is_finished  # noqa: E402
+from machinery.files import write_json_atomic  # noqa: E402
 
 
 def seed_list(text):

@@ -16,7 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import cost  # noqa: E402
+from machinery import cost  # noqa: E402
 from bench.layouts import measure_layout  # noqa: E402
 from parallel.grid import Layout  # noqa: E402
 

@@ -27,11 +27,11 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import config  # noqa: E402
-import cost  # noqa: E402
-import run_setup  # noqa: E402
+from machinery import config  # noqa: E402
+from machinery import cost  # noqa: E402
+from machinery import run_setup  # noqa: E402
 import train  # noqa: E402
-from local_ranks import results_of, run_ranks  # noqa: E402
+from machinery.local_ranks import results_of, run_ranks  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
 from parallel.layout import model_for_rank  # noqa: E402

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import config  # noqa: E402
-import run_setup  # noqa: E402
+from machinery import config  # noqa: E402
+from machinery import run_setup  # noqa: E402
 import train  # noqa: E402
 from data import TokenStream  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402

@@ -110,7 +110,7 @@ EXERCISES = [
     ),
     Exercise(
         "check_step",
-        "monitor.py",
+        "machinery/monitor.py",
         ("HealthMonitor.check_step",),
         "NaN, loss spike over the median, grad-norm z-score",
         (),
@@ -188,7 +188,7 @@ EXERCISES = [
     ),
     Exercise(
         "flops_per_token",
-        "cost.py",
+        "machinery/cost.py",
         ("flops_per_token",),
         "6 N plus attention's 12 L C T",
         (),

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from data import DOWNLOADS  # noqa: E402
-from files import download  # noqa: E402
+from machinery.files import download  # noqa: E402
 
 
 def main():

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import checkpoint
+from machinery import checkpoint
 import train
-from config import parse_args
-from local_ranks import run_ranks
+from machinery.config import parse_args
+from machinery.local_ranks import run_ranks
 from model import GPT, GPTConfig, manual_causal_attention
 from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed
 from parallel.layout import model_for_rank

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-import run_setup
+from machinery import run_setup
 import train
-from config import parse_args
-from local_ranks import run_ranks
+from machinery.config import parse_args
+from machinery.local_ranks import run_ranks
 from parallel.grid import destroy_distributed
-from runbook import Recovery
+from machinery.runbook import Recovery
 from train import checkpoint_state, restore_checkpoint
 from conftest import write_word_corpus
 

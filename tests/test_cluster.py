@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-import cluster
+from machinery import cluster
 from conftest import ROOT, write_word_corpus
-from local_ranks import run_ranks
+from machinery.local_ranks import run_ranks
 from train import main
 
 # fmt: off
@@ -55,7 +55,8 @@ def test_a_second_stop_signal_ends_the_process_at_once():
     """The first signal is only recorded (the loop stops at its next step boundary); the second ends the process as
     the signal does by default, without waiting for a boundary that may be far away."""
     code = (
-        "import os, signal, time, cluster\n"
+        "import os, signal, time\n"
+        "from machinery import cluster\n"
         "signals = cluster.StopSignals()\n"
         "signals.catch()\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"

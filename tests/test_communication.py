@@ -8,8 +8,8 @@ import torch
 
 from bench.layouts import measure_layout, pipelined
 from model import GPT, GPTConfig
-from cost import parameters_on_rank
-from monitor import SavedActivations
+from machinery.cost import parameters_on_rank
+from machinery.monitor import SavedActivations
 from parallel.grid import Layout
 
 SMALL = GPTConfig(block_size=8, vocab_size=101, n_layer=4, n_head=4, n_embd=32)  # V = 101: padded to a multiple of tp

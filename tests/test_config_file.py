@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-import config
+from machinery import config
 import train
-from config import parse_args, read_config_file
+from machinery.config import parse_args, read_config_file
 from conftest import ROOT, write_word_corpus
 
 # a run small enough for a unit test: 1 layer of width 32, 20 steps, every loss logged

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-import cost
+from machinery import cost
 from conftest import ROOT, run_script
 from model import GPT, GPTConfig
 from parallel.grid import Layout
@@ -166,7 +166,7 @@ def test_the_planner_ranks_layouts_that_fit_first_and_keeps_tp_in_a_node():
 
 
 def test_70b_does_not_fit_on_one_node_and_says_what_it_needs():
-    result = run_script([ROOT / "cost.py", "--model", "70B", "--gpu", "H100", "--gpus", "8"], cwd=ROOT)
+    result = run_script(["-m", "machinery.cost", "--model", "70B", "--gpu", "H100", "--gpus", "8"], cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert "does not fit on 8 x H100" in result.stdout and "tp x pp >= 16" in result.stdout
 
@@ -175,7 +175,7 @@ def test_json_has_the_fields_machines_read():
     # fmt: off
     result = run_script(
         [
-            ROOT / "cost.py",
+            "-m", "machinery.cost",
             "--model", "70B", "--tokens", "2T", "--gpu", "A100", "--gpus", "2048", "--mfu", "0.4", "--json", ],
         cwd=ROOT,
     )

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, run_script
-import curves
-from files import write_json_atomic
+from machinery import curves
+from machinery.files import write_json_atomic
 
 STEPS = 200
 SETTINGS = dict(
@@ -391,7 +391,10 @@ def test_planted_healthy_seeds_read_normal(planted):
 def test_a_run_ends_pointing_at_the_reader_where_a_band_applies(planted):
     folders, _, _, logs = planted
     last = logs["healthy_101"].splitlines()[-1]
-    assert last == f"is this curve normal? Against 8 seeds of its recipe: python curves.py {folders['healthy_101']}"
+    assert (
+        last
+        == f"is this curve normal? Against 8 seeds of its recipe: python -m machinery.curves {folders['healthy_101']}"
+    )
     assert "curves.py" not in logs["band_1"]  # no band yet
 
 
@@ -454,11 +457,13 @@ def test_planted_other_data_order_is_inside_the_band_and_compares_tied(planted):
 @pytest.mark.integration
 def test_the_command_line_ends_with_the_verdict(planted):
     folders, _, band_path, _ = planted
-    done = run_script(["curves.py", folders["shuffled"], "--band", band_path], cwd=ROOT)
+    done = run_script(["-m", "machinery.curves", folders["shuffled"], "--band", band_path], cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1].startswith("verdict: not normal")
     assert os.path.exists(os.path.join(folders["shuffled"], "curves.png"))
-    done = run_script(["curves.py", "compare", folders["healthy_101"], folders["order"], "--band", band_path], ROOT)
+    done = run_script(
+        ["-m", "machinery.curves", "compare", folders["healthy_101"], folders["order"], "--band", band_path], ROOT
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1].startswith("verdict: tied within noise")
     assert os.path.exists(os.path.join(folders["healthy_101"], "compare.png"))

@@ -11,7 +11,7 @@ import torch
 import data
 from data import DOWNLOADS, DataConfig, TokenStream, get_tokenizer, prepare
 from conftest import ROOT, SHAKESPEARE, needs_gpt2, needs_shakespeare, run_script, save_bpe_tokenizer
-from files import download, file_sha256
+from machinery.files import download, file_sha256
 
 TEXT = "Hello, world!\n\tunicode: naïve café 日本語 🙂 <|endoftext|> done"
 

@@ -8,12 +8,12 @@ from functools import partial
 import pytest
 import torch
 
-import checkpoint
-import cost
+from machinery import checkpoint
+from machinery import cost
 import train
 from conftest import ROOT, write_word_corpus, run_script
-from local_ranks import run_ranks
-from config import parse_args
+from machinery.local_ranks import run_ranks
+from machinery.config import parse_args
 from parallel.layout import check_layout
 from model import GPT, GPTConfig
 from parallel.grid import Layout, ProcessGrid

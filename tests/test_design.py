@@ -100,7 +100,8 @@ def test_no_import_cycle():
 def texts_of_ours():
     """[(file, text)]: every docstring of our code and scripts, every string of a preset, and the Markdown."""
     texts = []
-    scripts = [*ROOT.glob("*.py"), *ROOT.glob("parallel/*.py"), *ROOT.glob("bench/*.py"), *ROOT.glob("exercises/*.py")]
+    scripts = [*ROOT.glob("*.py"), *ROOT.glob("parallel/*.py"), *ROOT.glob("machinery/*.py"), *ROOT.glob("bench/*.py")]
+    scripts += [*ROOT.glob("exercises/*.py")]
     for path in [*scripts, ROOT / "notebooks" / "lab.py"]:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -112,8 +113,14 @@ def texts_of_ours():
     ]
 
 
-OUR_MODULES = {path.stem: path.stem for path in ROOT.glob("*.py")} | {"parallel": "parallel"}
-OUR_MODULES |= {path.stem: f"parallel.{path.stem}" for path in ROOT.glob("parallel/*.py") if path.stem != "__init__"}
+OUR_MODULES = {path.stem: path.stem for path in ROOT.glob("*.py")} | {"parallel": "parallel", "machinery": "machinery"}
+for package in (
+    "parallel",
+    "machinery",
+):  # a module of a package by its own name too: grid.Launch, cost.flops_per_token
+    OUR_MODULES |= {
+        path.stem: f"{package}.{path.stem}" for path in ROOT.glob(f"{package}/*.py") if path.stem != "__init__"
+    }
 OUR_FILE_NAMES = {path.name for path in ROOT.rglob("*.py")}  # a bare name: a file of ours wherever it lies
 STDLIB = sysconfig.get_paths()["stdlib"]
 OTHERS_FILES = {"hellaswag.py": "llm.c's and build-nanogpt's HellaSwag scorer"}  # named as another project's
@@ -160,7 +167,7 @@ def test_a_renamed_module_or_a_moved_function_is_caught():
         "file grids.py",
         "file parallel.py",
         "name parallel.init_distributed",
-        "name transfer.fit",
+        "name machinery.transfer.fit",
     ]
 
 

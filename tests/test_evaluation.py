@@ -8,13 +8,13 @@ import pytest
 import torch
 import torch.nn as nn
 
-import evaluation
-from config import BenchmarkConfig
+from machinery import evaluation
+from machinery.config import BenchmarkConfig
 from conftest import HELLASWAG_FIXTURE as FIXTURE, ROOT, run_script
 from data import ByteTokenizer
-from files import file_sha256
+from machinery.files import file_sha256
 from model import GPTConfig
-from run_folder import is_finished
+from machinery.run_folder import is_finished
 
 
 class UnigramModel(nn.Module):

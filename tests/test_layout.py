@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from checkpoint import ParameterCut
+from machinery.checkpoint import ParameterCut
 from conftest import ROOT
 from model import GPT, GPTConfig
 from parallel.grid import Layout, ProcessGrid

@@ -9,13 +9,13 @@ import json
 import pytest
 import torch
 
-import checkpoint
-import cost
+from machinery import checkpoint
+from machinery import cost
 from data import get_tokenizer
 import train
-import transfer
+from machinery import transfer
 from conftest import SHAKESPEARE, needs_gpt2, needs_shakespeare, save_bpe_tokenizer, write_word_corpus
-from files import file_sha256
+from machinery.files import file_sha256
 from parallel.layout import check_layout, model_for_rank
 from model import GPT, GPTConfig, KVCache, apply_rope, padded_vocab_size, rope_angles
 from parallel.grid import Layout, ProcessGrid
@@ -76,7 +76,7 @@ def test_the_closed_form_counts_the_llama_parameters(extra):
 def test_the_planners_activations_per_block_match_what_autograd_keeps(fields):
     """cost.memory_per_gpu's bytes per block (SwiGLU's four hidden tensors, RoPE's rotated q and k, GQA's smaller
     k and v) against the saved tensors of one more block, within the 25% notebook 09 allows GPT's."""
-    from monitor import SavedActivations
+    from machinery.monitor import SavedActivations
 
     def kept(n_layer):
         gpt_config = GPTConfig(n_layer=n_layer, n_head=4, n_embd=128, block_size=64, vocab_size=256, **fields)

@@ -9,8 +9,17 @@ import pytest
 import torch
 
 from data import DataConfig, TokenStream
-from mixture import Change, Mix, MixedStream, assign_rows, prepare_sources, read_mix, weight_changes, weights_at
-from run_folder import data_changes
+from machinery.mixture import (
+    Change,
+    Mix,
+    MixedStream,
+    assign_rows,
+    prepare_sources,
+    read_mix,
+    weight_changes,
+    weights_at,
+)
+from machinery.run_folder import data_changes
 
 T = 4  # block size
 SOURCE_TOKENS = 10_000  # source i's file holds the tokens i * 10_000 + 0, 1, 2, ...: a token tells its source

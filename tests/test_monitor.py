@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from monitor import HealthMonitor, SavedActivations, layer_grad_norms
+from machinery.monitor import HealthMonitor, SavedActivations, layer_grad_norms
 
 SETTINGS = dict(window=10, spike_factor=2.0, grad_z_threshold=6.0, val_rise_evals=3)
 

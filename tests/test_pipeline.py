@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from local_ranks import run_ranks
+from machinery.local_ranks import run_ranks
 from model import GPT, GPTConfig
 from parallel.layout import check_layout, model_for_rank
 from parallel.data_parallel import global_grad_norm

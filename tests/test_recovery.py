@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoint
-import cluster
-from config import RecoveryConfig, TrainConfig
-from runbook import Recovery, runbook_response
+from machinery import checkpoint
+from machinery import cluster
+from machinery.config import RecoveryConfig, TrainConfig
+from machinery.runbook import Recovery, runbook_response
 from train import lr_at, read_jsonl
 from conftest import ROOT, write_word_corpus, run_script
 

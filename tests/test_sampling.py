@@ -13,10 +13,10 @@ import torch
 
 import train
 from conftest import ROOT, needs_gpt2
-from config import SampleConfig
+from machinery.config import SampleConfig
 from data import ByteTokenizer, DataConfig, get_tokenizer, prepare
 from model import GPT, GPTConfig, KVCache, filter_top_p
-from sample import TextPrinter, sample_text, sample_texts
+from machinery.sample import TextPrinter, sample_text, sample_texts
 
 SMALL = dict(block_size=16, n_layer=2, n_head=2, n_embd=32)
 

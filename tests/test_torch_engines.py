@@ -7,12 +7,12 @@ import shutil
 import pytest
 import torch
 
-import checkpoint
-import cost
+from machinery import checkpoint
+from machinery import cost
 import train
 from conftest import write_word_corpus
-from config import parse_args
-from local_ranks import results_of, run_ranks
+from machinery.config import parse_args
+from machinery.local_ranks import results_of, run_ranks
 
 # fp32: the engines agree with one process to rounding (bf16 would round differently split matmuls differently)
 # fmt: off

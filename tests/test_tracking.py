@@ -15,8 +15,8 @@ import pytest
 
 import train
 from conftest import write_word_corpus
-from run_folder import read_jsonl
-from tracking import wandb_mode
+from machinery.run_folder import read_jsonl
+from machinery.tracking import wandb_mode
 
 # a run of a few seconds: 2 layers of width 32, a log line every step, an evaluation every 5, a checkpoint every 4
 # fmt: off

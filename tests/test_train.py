@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-import checkpoint
-import run_setup
+from machinery import checkpoint
+from machinery import run_setup
 import train
 from data import TokenStream
 from model import GPT, GPTConfig
 from conftest import ROOT, run_script
-from config import TrainConfig, parse_args
+from machinery.config import TrainConfig, parse_args
 from parallel.grid import Layout, ProcessGrid
 from parallel.layout import model_for_rank
 from train import clip_gradients, lr_at, optimizer_step

@@ -9,12 +9,12 @@ import pytest
 import tiktoken
 import torch
 
-import checkpoint
-import config
+from machinery import checkpoint
+from machinery import config
 import train
-import transfer
+from machinery import transfer
 from conftest import needs_gpt2
-from files import file_sha256
+from machinery.files import file_sha256
 from model import GPT, GPTConfig
 
 GPT2_SHAPED = dict(norm="layernorm", bias=True, activation="gelu_tanh")  # norm_position "pre" is the default

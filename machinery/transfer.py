@@ -32,11 +32,11 @@ from typing import NamedTuple
 
 import torch
 
-import checkpoint
-import files
+from machinery import checkpoint
+from machinery import files
 from data import get_tokenizer
 from model import GPT, GPTConfig, padded_vocab_size
-from run_folder import recorded_gpt_config
+from machinery.run_folder import recorded_gpt_config
 
 # ----------------------------------------------------------------------------
 # safetensors

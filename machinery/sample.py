@@ -18,10 +18,10 @@ from itertools import groupby
 
 import torch
 
-import checkpoint
+from machinery import checkpoint
 from data import get_tokenizer
 from model import GPT
-from run_folder import out_dir_of, recorded_gpt_config
+from machinery.run_folder import out_dir_of, recorded_gpt_config
 
 SEPARATOR = "\n<|endoftext|>\n"  # between the documents of a sample
 

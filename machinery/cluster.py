@@ -32,7 +32,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from files import remove_if_exists, write_json_atomic
+from machinery.files import remove_if_exists, write_json_atomic
 from parallel.grid import run_on_rank0
 
 PREEMPTED = 75  # the exit code of a run stopped by SIGTERM or SIGUSR1 once its checkpoint is written (EX_TEMPFAIL)

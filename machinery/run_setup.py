@@ -18,16 +18,16 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-import checkpoint
-import cost
-from cluster import Watch, end_with_launcher
-from config import Configs
+from machinery import checkpoint
+from machinery import cost
+from machinery.cluster import Watch, end_with_launcher
+from machinery.config import Configs
 from data import TokenStream, default_data_dir, get_tokenizer, load_or_prepare
-from evaluation import read_benchmark
-from faults import FaultInjector
-from mixture import Mix, MixedStream, mix_meta, prepare_sources, read_mix, weights_at
+from machinery.evaluation import read_benchmark
+from machinery.faults import FaultInjector
+from machinery.mixture import Mix, MixedStream, mix_meta, prepare_sources, read_mix, weights_at
 from model import GPT, padded_vocab_size
-from monitor import HealthMonitor
+from machinery.monitor import HealthMonitor
 from parallel.data_parallel import adamw
 from parallel.grid import (
     ProcessGrid,
@@ -38,7 +38,7 @@ from parallel.grid import (
     run_on_rank0,
 )
 from parallel.layout import RankModel, check_layout, model_for_rank
-from run_folder import (
+from machinery.run_folder import (
     check_out_dir_is_ours,
     config_changes,
     data_changes,
@@ -47,9 +47,9 @@ from run_folder import (
     prepare_out_dir,
     run_identity,
 )
-from runbook import Recovery
-from tracking import Tracker, hyperparameters, trackers_asked
-from transfer import fetch_named_base, fit_to_run, initial_weights, is_named_base
+from machinery.runbook import Recovery
+from machinery.tracking import Tracker, hyperparameters, trackers_asked
+from machinery.transfer import fetch_named_base, fit_to_run, initial_weights, is_named_base
 
 # ----------------------------------------------------------------------------
 # Device, precision, optimizer

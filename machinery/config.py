@@ -26,7 +26,7 @@ except ModuleNotFoundError:  # Python 3.10: JSON config files only
 from data import DataConfig
 from model import GPTConfig
 from parallel.grid import Layout
-from transfer import hf_folder_config, hf_tokenizer_of
+from machinery.transfer import hf_folder_config, hf_tokenizer_of
 
 # ----------------------------------------------------------------------------
 # The run's settings; defaults are the `tiny` preset
@@ -196,7 +196,7 @@ FLAGS = {
 # what one command does to a run, not what the run is: never recorded
 ACTIONS = ("overwrite", "resume", "ckpt_step", "export_hf", "max_shard_mb")
 SETTINGS = [name for name in FLAGS if name not in ACTIONS]  # what a run.json's recorded configuration sets: all of them
-PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
+PRESET_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "presets")
 DEFAULT_PRESET = "tiny"
 
 

@@ -1,9 +1,9 @@
 """What a pretraining run costs, and how to cut it across a cluster: the cost account and the layout planner.
 
-    python cost.py --model 70B --tokens 2T --gpu A100 --gpus 2048 --mfu 0.4
-    python cost.py --model 70B --gpu H100 --gpus 8          # does it fit on one node, and how?
-    python cost.py --model 124M --gpu H100 --gpus 1         # tokens: Chinchilla's 20 per parameter
-    python cost.py --model 7B --tokens 2T --gpu H100 --gpus 1024 --json
+    python -m machinery.cost --model 70B --tokens 2T --gpu A100 --gpus 2048 --mfu 0.4
+    python -m machinery.cost --model 70B --gpu H100 --gpus 8          # does it fit on one node, and how?
+    python -m machinery.cost --model 124M --gpu H100 --gpus 1         # tokens: Chinchilla's 20 per parameter
+    python -m machinery.cost --model 7B --tokens 2T --gpu H100 --gpus 1024 --json
 
 The account, top to bottom:
   parameters N   from the model's shape, by the formula of model.py's GPT (tested against it)
@@ -364,7 +364,7 @@ def measure_cpu(gpt_config, rows, ranks):
     times faster than between two busy processes on shared cores). A 2-rank ring all-reduce is 2
     messages: the latency per message is half a 4-byte all-reduce's time, and the bandwidth is what
     fits the time of one the size of a (rows, C) fp32 activation."""
-    from local_ranks import results_of, run_ranks
+    from machinery.local_ranks import results_of, run_ranks
 
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
@@ -580,7 +580,7 @@ def long_context_rows(gpt_config, ways, lengths, micro_batch_rows=1, activation_
 
 
 def print_long_context(gpt_config, name, ways, micro_batch_rows):
-    """cost.py --long_context N: long_context_rows at 4K to 512K tokens as a table, and what it says."""
+    """--long_context N (python -m machinery.cost): long_context_rows from 4K to 512K tokens as a table."""
     lengths = [2**k for k in range(12, 20)]  # 4K to 512K tokens
     rows = long_context_rows(gpt_config, ways, lengths, micro_batch_rows)
     h, kv = gpt_config.n_embd, gpt_config.kv_width

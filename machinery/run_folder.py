@@ -16,8 +16,8 @@ import os
 import shutil
 from dataclasses import asdict
 
-from files import remove_if_exists, write_json_atomic
-from mixture import weight_changes
+from machinery.files import remove_if_exists, write_json_atomic
+from machinery.mixture import weight_changes
 from model import GPTConfig
 
 

@@ -1,8 +1,8 @@
 """Loss curves that talk: a run's curve read against the chapter's shapes and against a band of its recipe over
 seeds; and runs compared checkpoint by checkpoint on one fixed evaluation.
 
-    python curves.py RUN [--band FILE] [--plot FILE]                   # a few lines, RUN/curves.png, a verdict
-    python curves.py compare RUN RUN... [--band FILE] [--plot FILE]    # a table by step, RUN/compare.png, a verdict
+    python -m machinery.curves RUN [--band FILE] [--plot FILE]                 # a few lines, RUN/curves.png, a verdict
+    python -m machinery.curves compare RUN RUN... [--band FILE] [--plot FILE]  # a table by step, RUN/compare.png
 
 The chapter's first intuition: a run starts near ln V (a uniform guess over the vocabulary), falls fast, then
 descends in a long tail; loss that stops falling early points at the LR or the data, a jump mid-run at bad data
@@ -42,18 +42,18 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-import checkpoint
-from config import BenchmarkConfig, DataConfig, RecoveryConfig, TrainConfig
+from machinery import checkpoint
+from machinery.config import BenchmarkConfig, DataConfig, RecoveryConfig, TrainConfig
 from data import default_data_dir, get_tokenizer, load_meta, read_json
-from evaluation import benchmark_scores, evaluate, read_benchmark
+from machinery.evaluation import benchmark_scores, evaluate, read_benchmark
 from parallel.grid import Layout, ProcessGrid
 from parallel.layout import model_for_rank
 from model import GPTConfig
-from run_folder import COMMAND_RECORDS, fill_new_fields, identity_defaults, read_jsonl, recorded_gpt_config
-from run_setup import open_token_streams, pick_device
-from sample import single_device_model
+from machinery.run_folder import COMMAND_RECORDS, fill_new_fields, identity_defaults, read_jsonl, recorded_gpt_config
+from machinery.run_setup import open_token_streams, pick_device
+from machinery.sample import single_device_model
 
-BANDS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bands")
+BANDS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bands")
 MIN_SEEDS = 8  # fewer seeds than this leave the std too uncertain to draw an edge with
 SMOOTH = 5  # logged points the std is averaged over (centred): a per-step std of K seeds is itself noisy
 PERSIST = 3  # logged train losses in a row outside the edge: one point out is the noise of a batch
@@ -915,7 +915,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     comparing = bool(argv) and argv[0] == "compare"
     parser = argparse.ArgumentParser(
-        prog="curves.py" + (" compare" if comparing else ""),
+        prog="python -m machinery.curves" + (" compare" if comparing else ""),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

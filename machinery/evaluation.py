@@ -34,11 +34,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-import checkpoint
+from machinery import checkpoint
 from data import get_tokenizer
-from files import download
+from machinery.files import download
 from parallel.grid import all_reduce_mean
-from sample import single_device_model
+from machinery.sample import single_device_model
 
 # ----------------------------------------------------------------------------
 # The val loss

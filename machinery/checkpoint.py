@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from files import file_sha256, fsync_dir, write_synced
+from machinery.files import file_sha256, fsync_dir, write_synced
 from model import GPT
 
 STATE_FILE, MANIFEST_FILE = "state.pt", "manifest.json"

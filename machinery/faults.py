@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from files import write_json_atomic
+from machinery.files import write_json_atomic
 
 
 class FaultInjector:
