@@ -43,7 +43,7 @@ from machinery.cluster import PREEMPTED
 from parallel.comm_count import take_busiest_comm_bytes, take_comm_bytes
 from machinery.config import config_file_form, parse_args
 from machinery.curves import find_band
-from data import get_tokenizer
+from machinery.corpus import get_tokenizer
 from machinery.evaluation import evaluate, final_check
 from machinery.mixture import weights_at
 from machinery.monitor import SavedActivations, Throughput, peak_memory_bytes, plot_metrics, state_bytes

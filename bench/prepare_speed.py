@@ -1,4 +1,4 @@
-"""Tokenizing speed of data.py's preparation: MB/s for the byte and gpt2 tokenizers, one
+"""Tokenizing speed of the corpus preparation (machinery/corpus.py): MB/s for the byte and gpt2 tokenizers, one
 worker against every core, and the peak memory of each run.
 
     python bench/prepare_speed.py [--mb 200] [--tokenizers byte,gpt2]
@@ -29,9 +29,10 @@ WORDS = (
 
 RUN = r"""
 import json, resource, sys, time
-import data
+from machinery import corpus
 t0 = time.perf_counter()
-meta = data.prepare(data.DataConfig(source=sys.argv[1], tokenizer=sys.argv[2], workers=int(sys.argv[3])), sys.argv[4])
+config = corpus.DataConfig(source=sys.argv[1], tokenizer=sys.argv[2], workers=int(sys.argv[3]))
+meta = corpus.prepare(config, sys.argv[4])
 seconds = time.perf_counter() - t0
 peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 print(json.dumps(dict(seconds=seconds, tokens=meta["train_tokens"] + meta["val_tokens"], peak_mb=peak_kb / 1024)))

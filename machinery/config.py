@@ -1,6 +1,6 @@
 """Configuration: one dataclass per concern, named presets, and the command line that sets them.
 
-Every field of GPTConfig (model.py), DataConfig (data.py), Layout
+Every field of GPTConfig (model.py), DataConfig (corpus.py), Layout
 (parallel/grid.py) and the dataclasses below is a flag, `--name value`, type-checked;
 defaults < preset < --config file < command line. nanoGPT's names mean the same here.
 A config file (JSON, or TOML on Python 3.11+) holds the same settings, one table
@@ -23,7 +23,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: JSON config files only
     tomllib = None
 
-from data import DataConfig
+from machinery.corpus import DataConfig
 from model import GPTConfig
 from parallel.grid import Layout
 from machinery.transfer import hf_folder_config, hf_tokenizer_of

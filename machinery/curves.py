@@ -44,7 +44,8 @@ import numpy as np
 
 from machinery import checkpoint
 from machinery.config import BenchmarkConfig, DataConfig, RecoveryConfig, TrainConfig
-from data import default_data_dir, get_tokenizer, load_meta, read_json
+from data import load_meta, read_json
+from machinery.corpus import default_data_dir, get_tokenizer
 from machinery.evaluation import benchmark_scores, evaluate, read_benchmark
 from parallel.grid import Layout, ProcessGrid
 from parallel.layout import model_for_rank

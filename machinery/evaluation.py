@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from machinery import checkpoint
-from data import get_tokenizer
+from machinery.corpus import get_tokenizer
 from machinery.files import download
 from parallel.grid import all_reduce_mean
 from machinery.sample import single_device_model

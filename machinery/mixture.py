@@ -2,7 +2,7 @@
 
     python train.py --mix mix.json
 
-where mix.json names each source (a --source as data.py takes it: a named source, a file, folder or glob;
+where mix.json names each source (a --source as corpus.py takes it: a named source, a file, folder or glob;
 each is tokenized once into its own folder, data/<source>-<tokenizer>), its starting weight, and an optional
 schedule of new weights:
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from data import default_data_dir, load_or_prepare
+from machinery.corpus import default_data_dir, load_or_prepare
 
 
 @dataclass

@@ -22,7 +22,8 @@ from machinery import checkpoint
 from machinery import cost
 from machinery.cluster import Watch, end_with_launcher
 from machinery.config import Configs
-from data import TokenStream, default_data_dir, get_tokenizer, load_or_prepare
+from data import TokenStream
+from machinery.corpus import default_data_dir, get_tokenizer, load_or_prepare
 from machinery.evaluation import read_benchmark
 from machinery.faults import FaultInjector
 from machinery.mixture import Mix, MixedStream, mix_meta, prepare_sources, read_mix, weights_at
@@ -313,7 +314,7 @@ def prepare_data(preset, configs, is_rank0):
     if not dcfg.source and not os.path.exists(os.path.join(data_dir, "meta.json")):
         raise ValueError(
             f"--preset {preset} names no corpus: its plan of {cfg.max_iters:,} steps needs data you choose, not a "
-            "default that would silently stand in for it. Prepare yours once, e.g. python data.py --source "
+            "default that would silently stand in for it. Prepare yours once, e.g. python -m machinery.corpus --source "
             "'texts/**/*.txt' --tokenizer gpt2 --out_dir data/texts-gpt2, then pass --data_dir data/texts-gpt2 "
             "(or --source, or --mix)"
         )

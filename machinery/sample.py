@@ -19,7 +19,7 @@ from itertools import groupby
 import torch
 
 from machinery import checkpoint
-from data import get_tokenizer
+from machinery.corpus import get_tokenizer
 from model import GPT
 from machinery.run_folder import out_dir_of, recorded_gpt_config
 

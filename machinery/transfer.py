@@ -34,7 +34,7 @@ import torch
 
 from machinery import checkpoint
 from machinery import files
-from data import get_tokenizer
+from machinery.corpus import get_tokenizer
 from model import GPT, GPTConfig, padded_vocab_size
 from machinery.run_folder import recorded_gpt_config
 

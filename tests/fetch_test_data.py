@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from data import DOWNLOADS  # noqa: E402
+from machinery.corpus import DOWNLOADS  # noqa: E402
 from machinery.files import download  # noqa: E402
 
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-import data
-from data import DOWNLOADS, DataConfig, TokenStream, get_tokenizer, prepare
+from data import TokenStream
+from machinery import corpus
+from machinery.corpus import DOWNLOADS, DataConfig, get_tokenizer, prepare
 from conftest import ROOT, SHAKESPEARE, needs_gpt2, needs_shakespeare, run_script, save_bpe_tokenizer
 from machinery.files import download, file_sha256
 
@@ -135,9 +136,9 @@ def test_empty_corpus_is_an_error(tmp_path):
 
 
 def test_stdlib_source_is_deterministic_and_skips_tests():
-    files = data.stdlib_files()
-    rel = [os.path.relpath(f, os.path.dirname(data.__file__)) for f in files]
-    assert files == data.stdlib_files() and len(files) > 300
+    files = corpus.stdlib_files()
+    rel = [os.path.relpath(f, os.path.dirname(corpus.__file__)) for f in files]
+    assert files == corpus.stdlib_files() and len(files) > 300
     assert any(f.endswith(os.path.join("pydoc_data", "topics.py")) for f in files)
     assert not any(part in ("test", "tests", "site-packages") for f in files for part in f.split(os.sep)[-3:-1])
     assert rel  # ordered, non-empty
@@ -171,9 +172,9 @@ def test_a_long_download_reports_its_progress(tmp_path, capsys):
 
 
 def test_default_data_dir_is_short_and_one_per_source():
-    assert data.default_data_dir(DataConfig(source="texts/*.txt")) == os.path.join("data", "texts_txt-byte")
+    assert corpus.default_data_dir(DataConfig(source="texts/*.txt")) == os.path.join("data", "texts_txt-byte")
     deep = [f"/home/someone/corpora/2026/{kind}/collected/by/hand/**/*.txt" for kind in ("prose", "poems")]
-    names = [os.path.basename(data.default_data_dir(DataConfig(source=source, tokenizer="gpt2"))) for source in deep]
+    names = [os.path.basename(corpus.default_data_dir(DataConfig(source=source, tokenizer="gpt2"))) for source in deep]
     assert names[0] != names[1] and all(len(name) <= 54 for name in names)
     assert names[0].startswith("corpora_2026_prose_collected_by_hand_txt_") and names[0].endswith("-gpt2")
 
@@ -309,10 +310,10 @@ def test_token_stream_too_small_for_a_block(tmp_path):
 
 
 def test_data_cli(small_corpus, tmp_path):
-    result = run_script([ROOT / "data.py", "--source", small_corpus, "--out_dir", tmp_path / "d"], cwd=tmp_path)
+    result = run_script(["-m", "machinery.corpus", "--source", small_corpus, "--out_dir", tmp_path / "d"], cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert "prepared" in result.stdout and (tmp_path / "d" / "meta.json").exists()
-    bad = run_script([ROOT / "data.py", "--source", tmp_path / "nope", "--out_dir", tmp_path / "e"], cwd=tmp_path)
+    bad = run_script(["-m", "machinery.corpus", "--source", tmp_path / "nope", "--out_dir", tmp_path / "e"], cwd=ROOT)
     assert bad.returncode != 0 and "nope" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -322,7 +323,7 @@ JSONL_DOCS = ["First document.\nIt has two lines.", "  second: naïve café 日�
 @needs_gpt2
 @pytest.mark.parametrize("name", ["corpus.jsonl", "corpus.jsonl.gz"])
 def test_json_lines_corpus_gives_back_its_documents_in_order(tmp_path, name):
-    """python data.py --source corpus.jsonl --text_field body --tokenizer gpt2: one document per line;
+    """python -m machinery.corpus --source corpus.jsonl --text_field body --tokenizer gpt2: one document per line;
     decoding train.bin + val.bin gives the documents back, in order, each followed by end-of-text."""
     import gzip
 
@@ -331,8 +332,8 @@ def test_json_lines_corpus_gives_back_its_documents_in_order(tmp_path, name):
     path.write_bytes(gzip.compress(lines.encode()) if name.endswith(".gz") else lines.encode())
     out = tmp_path / "prepared"
     result = run_script(
-        [ROOT / "data.py", "--source", path, "--text_field", "body", "--tokenizer", "gpt2", "--out_dir", out],
-        cwd=tmp_path,
+        ["-m", "machinery.corpus", "--source", path, "--text_field", "body", "--tokenizer", "gpt2", "--out_dir", out],
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
     meta = json.loads((out / "meta.json").read_text())
@@ -380,17 +381,17 @@ def test_sharded_parallel_prepare_writes_the_same_bytes(tmp_path):
 
 KILL_AT_SHARD = r"""
 import os, signal, sys
-import data
+from machinery import corpus
 calls = 0
-tokenize = data.tokenize_shard
+tokenize = corpus.tokenize_shard
 def tokenize_then_die(job):
     global calls
     calls += 1
     if calls == 4:
         os.kill(os.getpid(), signal.SIGKILL)  # killed mid-way, after 3 finished shards
     return tokenize(job)
-data.tokenize_shard = tokenize_then_die
-data.prepare(data.DataConfig(source=sys.argv[1], workers=1), sys.argv[2], chunk_chars=1 << 14, shard_chars=1 << 16)
+corpus.tokenize_shard = tokenize_then_die
+corpus.prepare(corpus.DataConfig(source=sys.argv[1], workers=1), sys.argv[2], chunk_chars=1 << 14, shard_chars=1 << 16)
 """
 
 
@@ -433,11 +434,20 @@ def test_a_tokenizer_json_gives_transformers_ids(hf_tokenizer_folder):
     assert get_tokenizer(str(hf_tokenizer_folder / "tokenizer.json")).encode(MULTILINGUAL) == ids
 
 
-def test_data_py_prepares_a_corpus_with_a_tokenizer_json(hf_tokenizer_folder, tmp_path):
+def test_the_corpus_command_prepares_a_corpus_with_a_tokenizer_json(hf_tokenizer_folder, tmp_path):
     transformers = pytest.importorskip("transformers")
     (tmp_path / "doc.txt").write_text(MULTILINGUAL * 20)
     out = tmp_path / "prepared"
-    command = ["data.py", "--source", tmp_path / "doc.txt", "--tokenizer", hf_tokenizer_folder, "--out_dir", out]
+    command = [
+        "-m",
+        "machinery.corpus",
+        "--source",
+        tmp_path / "doc.txt",
+        "--tokenizer",
+        hf_tokenizer_folder,
+        "--out_dir",
+        out,
+    ]
     done = run_script(command, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     meta = json.loads((out / "meta.json").read_text())

@@ -11,7 +11,7 @@ import torch.nn as nn
 from machinery import evaluation
 from machinery.config import BenchmarkConfig
 from conftest import HELLASWAG_FIXTURE as FIXTURE, ROOT, run_script
-from data import ByteTokenizer
+from machinery.corpus import ByteTokenizer
 from machinery.files import file_sha256
 from model import GPTConfig
 from machinery.run_folder import is_finished

@@ -11,7 +11,7 @@ import torch
 
 from machinery import checkpoint
 from machinery import cost
-from data import get_tokenizer
+from machinery.corpus import get_tokenizer
 import train
 from machinery import transfer
 from conftest import SHAKESPEARE, needs_gpt2, needs_shakespeare, save_bpe_tokenizer, write_word_corpus

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from data import DataConfig, TokenStream
+from data import TokenStream
+
+from machinery.corpus import DataConfig
 from machinery.mixture import (
     Change,
     Mix,

@@ -14,7 +14,7 @@ import torch
 import train
 from conftest import ROOT, needs_gpt2
 from machinery.config import SampleConfig
-from data import ByteTokenizer, DataConfig, get_tokenizer, prepare
+from machinery.corpus import ByteTokenizer, DataConfig, get_tokenizer, prepare
 from model import GPT, GPTConfig, KVCache, filter_top_p
 from machinery.sample import TextPrinter, sample_text, sample_texts
 

@@ -309,7 +309,7 @@ def test_gpt2_small_without_a_corpus_is_refused_with_the_data_command(tmp_path):
     result = run_script([ROOT / "train.py", "--preset", "gpt2-small"], cwd=tmp_path)
     assert result.returncode != 0
     assert "--preset gpt2-small names no corpus" in result.stderr
-    assert "python data.py --source" in result.stderr and "--data_dir" in result.stderr
+    assert "python -m machinery.corpus --source" in result.stderr and "--data_dir" in result.stderr
     assert not (tmp_path / "data").exists()  # nothing was prepared in its place
 
 
