@@ -200,7 +200,7 @@ EXERCISES = [
     ),
     Exercise(
         "checkpoint",
-        "train.py",
+        "machinery/resume.py",
         ("checkpoint_state", "restore_checkpoint"),
         "what a checkpoint holds, in single-device form, and the resume that puts each piece back",
         ("init", "clm_loss", "next_batch", "lr_at", "clip_gradients", "check_step", "flops_per_token"),

@@ -1,8 +1,7 @@
 """Loss curves that talk: a run's curve read against the chapter's shapes and against a band of its recipe over
-seeds; and runs compared checkpoint by checkpoint on one fixed evaluation.
+seeds (runs compared checkpoint by checkpoint on one fixed evaluation are compare.py's).
 
-    python -m machinery.curves RUN [--band FILE] [--plot FILE]                 # a few lines, RUN/curves.png, a verdict
-    python -m machinery.curves compare RUN RUN... [--band FILE] [--plot FILE]  # a table by step, RUN/compare.png
+    python -m machinery.curves RUN [--band FILE] [--plot FILE]      # a few lines, RUN/curves.png, a verdict
 
 The chapter's first intuition: a run starts near ln V (a uniform guess over the vocabulary), falls fast, then
 descends in a long tail; loss that stops falling early points at the LR or the data, a jump mid-run at bad data
@@ -26,33 +25,24 @@ and z is the smallest of Z_CHOICES that flags none of them (the band records the
 p-value is two-sided, from Student's t with K - 1 degrees of freedom of (x - mean) / (std · √(1 + 1/K)): where one
 more seed of the recipe would land (a prediction interval).
 
-Reading a run is a pure function of its files (run.json, metrics.jsonl, incidents.jsonl): it trains nothing, and
-writes only its plot. `compare` evaluates checkpoints with --eval_only's functions (evaluation.evaluate on the val
-rows the first run's own evaluations read, and its benchmark where it has one), and writes nothing but its plot.
+Reading a run is a pure function of its files (run.json, metrics.jsonl, incidents.jsonl): it imports no training
+code, trains nothing, and writes only its plot.
 """
 
 import argparse
-import contextlib
 import math
 import os
 import statistics
 import sys
 import textwrap
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from machinery import checkpoint
-from machinery.config import BenchmarkConfig, DataConfig, RecoveryConfig, TrainConfig
-from data import load_meta, read_json
-from machinery.corpus import default_data_dir, get_tokenizer
-from machinery.evaluation import benchmark_scores, evaluate, read_benchmark
-from parallel.grid import Layout, ProcessGrid
-from parallel.layout import model_for_rank
+from machinery.config import RecoveryConfig, TrainConfig
+from data import read_json
 from model import GPTConfig
-from machinery.run_folder import COMMAND_RECORDS, fill_new_fields, identity_defaults, read_jsonl, recorded_gpt_config
-from machinery.run_setup import open_token_streams, pick_device
-from machinery.sample import single_device_model
+from machinery.run_folder import COMMAND_RECORDS, fill_new_fields, identity_defaults, read_jsonl
 
 BANDS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bands")
 MIN_SEEDS = 8  # fewer seeds than this leave the std too uncertain to draw an edge with
@@ -781,167 +771,26 @@ def reading_figure(run, band, reading):
 
 
 # ----------------------------------------------------------------------------
-# Runs compared on one fixed evaluation
-
-
-def fixed_evaluation(run, say):
-    """(val stream, batches, tokenizer, benchmark examples) of the run's own evaluations, on one process: the val
-    rows they read, and its benchmark where it has one (--benchmark; [] for none)."""
-    if run.config.get("train", {}).get("mix"):
-        raise ValueError(
-            f"{run.folder} trained on a --mix: compare reads one source's val rows; put a run of one first"
-        )
-    train_cfg = TrainConfig(**{k: v for k, v in run.config["train"].items() if k in TrainConfig.__dataclass_fields__})
-    data_dir = train_cfg.data_dir or default_data_dir(DataConfig(**run.config["data"]))
-    if not os.path.exists(os.path.join(data_dir, "meta.json")):
-        raise ValueError(f"{run.folder} read its data from {data_dir}, which holds no meta.json here")
-    meta = load_meta(data_dir)
-    block_size = run.identity["GPTConfig"]["block_size"]
-    # one process reading the run's global batch in its micro-batches: the rows of any layout's evaluations
-    micro_batch = run.settings["global_batch"] // train_cfg.gradient_accumulation_steps
-    one_process = replace(train_cfg, batch_size=micro_batch)
-    grid = ProcessGrid()
-    _, streams, batches = open_token_streams(None, {"val": data_dir}, meta, one_process, block_size, grid, say)
-    examples = read_benchmark(BenchmarkConfig(**run.config.get("benchmark", {})))
-    return streams["val"], batches, get_tokenizer(meta["tokenizer"]), examples
-
-
-def evaluate_checkpoints(run, steps, evaluation, device):
-    """{step: {"val_loss": ..., and "acc_norm" where there is a benchmark}} of the run's checkpoints at `steps`."""
-    stream, batches, tokenizer, examples = evaluation
-    grid = ProcessGrid()
-    results = {}
-    for step in steps:
-        _, state = checkpoint.load_chosen(os.path.join(run.folder, "ckpt"), step, device)
-        model = single_device_model(recorded_gpt_config(state["config"]), state["model"], device)
-        results[step] = {"val_loss": evaluate(model_for_rank(model, grid, Layout(), batches), stream, batches, grid)}
-        if examples:
-            scores = benchmark_scores(model, tokenizer, examples, device, contextlib.nullcontext())
-            results[step]["acc_norm"] = scores["acc_norm"]
-    return results
-
-
-def steps_to_compare(held):
-    """The checkpoint steps the runs share ({run folder: its checkpoint steps}), or a ValueError naming the steps
-    each holds where a verdict on them would judge nothing (step 0 alone: models before any training) or the early
-    curve (no shared step in the last third of the longer run, counted from its step 0)."""
-    steps = sorted(set.intersection(*map(set, held.values())))
-    holds = "; ".join(f"{name} holds {steps_named(sorted(s))}" for name, s in held.items())
-    if not steps:
-        raise ValueError(f"the runs share no checkpoint step: {holds}")
-    if steps == [0]:
-        raise ValueError(f"the runs share only step 0, before any training: nothing to compare ({holds})")
-    longer = max(held, key=lambda name: max(held[name]))
-    if steps[-1] < 2 * max(held[longer]) / 3:
-        raise ValueError(
-            f"the runs share checkpoint steps up to {steps[-1]} only, before the last third of {longer}'s "
-            f"{max(held[longer])} steps, where its curve has settled; a verdict there would judge early wiggles "
-            f"({holds}). Compare runs that reach the same steps, or go on with the shorter one (--max_iters)"
-        )
-    return steps
-
-
-def compare_runs(run_dirs, band_path="", device="cpu", say=print):
-    """(results {run: {step: {"val_loss", "acc_norm"?}}}, verdict line) of runs' checkpoints at the steps they
-    share, on the first run's evaluation (its val rows, its benchmark). The verdict reads the val loss over the last
-    third of those steps: the mean gap there between the best run and the next, against the band's seed noise of a
-    difference, √2 x its val std there."""
-    runs = [read_run(d) for d in run_dirs]
-    first = recipe(runs[0].identity)
-    for run in runs[1:]:
-        mine = recipe(run.identity)
-        if (mine["data"], mine["model"]["block_size"]) != (first["data"], first["model"]["block_size"]):
-            raise ValueError(
-                f"{run.folder} and {runs[0].folder} trained on other data or blocks: one evaluation cannot judge both"
-            )
-    steps = steps_to_compare({run.folder: checkpoint.list_steps(os.path.join(run.folder, "ckpt")) for run in runs})
-    evaluation = fixed_evaluation(runs[0], say)
-    say(f"{len(steps)} shared checkpoint steps, each evaluated on {runs[0].folder}'s {evaluation[1]} val batches")
-    results = {run.folder: evaluate_checkpoints(run, steps, evaluation, device) for run in runs}
-    last_third = [t for t in steps if t >= steps[0] + 2 * (steps[-1] - steps[0]) / 3]
-    late = {name: statistics.fmean(by_step[t]["val_loss"] for t in last_third) for name, by_step in results.items()}
-    ranked = sorted(late, key=late.get)
-    gap = late[ranked[1]] - late[ranked[0]]
-    band, why = find_band(runs[0].identity, runs[0].preset, band_path)
-    if band is None:
-        return results, f"verdict: no band for these runs: {why}; lowest over the last third: {ranked[0]} by {gap:.4f}"
-    val = band["val"]
-    noise = math.sqrt(2) * statistics.fmean(np.interp(last_third, val["step"], val["std"]))
-    if gap > 2 * noise:
-        return results, f"verdict: {ranked[0]} ahead by {gap:.4f} (noise {noise:.4f})"
-    return results, f"verdict: tied within noise (gap {gap:.4f}, noise {noise:.4f}; ahead needs twice the noise)"
-
-
-def steps_named(steps):
-    """'steps 0, 100, 200' or, for many, 'steps 0, 100, 200, ..., 1800, 1900, 2000 (21 in all)'."""
-    if len(steps) <= 8:
-        return "steps " + ", ".join(map(str, steps))
-    return f"steps {', '.join(map(str, steps[:3]))}, ..., {', '.join(map(str, steps[-3:]))} ({len(steps)} in all)"
-
-
-def plot_comparison(results, path):
-    """Each run's val loss (and benchmark) by checkpoint step."""
-    from matplotlib.figure import Figure
-
-    has_benchmark = any("acc_norm" in r for by_step in results.values() for r in by_step.values())
-    fig = Figure(figsize=(12 if has_benchmark else 8, 4))
-    axes = fig.subplots(1, 2 if has_benchmark else 1, squeeze=False)[0]
-    for name, by_step in results.items():
-        axes[0].plot(list(by_step), [r["val_loss"] for r in by_step.values()], "o-", ms=4, label=name)
-        if has_benchmark:
-            axes[1].plot(list(by_step), [r["acc_norm"] for r in by_step.values()], "o-", ms=4, label=name)
-    axes[0].set(xlabel="checkpoint step", ylabel="val loss (one fixed evaluation)", title="checkpoints compared")
-    axes[0].legend(fontsize=8)
-    if has_benchmark:
-        axes[1].set(xlabel="checkpoint step", ylabel="HellaSwag acc_norm", title="the benchmark")
-    fig.savefig(path, dpi=100)
-
-
-def print_comparison(results):
-    """The table by step: each run's val loss, and its benchmark where there is one."""
-    steps = list(next(iter(results.values())))
-    width = max(len(name) for name in results) + 10
-    print(f"{'step':<{width}}  " + "  ".join(f"{t:>8}" for t in steps))
-    for metric in ("val_loss", "acc_norm"):
-        for name, by_step in results.items():
-            if metric in by_step[steps[0]]:
-                print(f"{name + ' ' + metric:<{width}}  " + "  ".join(f"{by_step[t][metric]:8.4f}" for t in steps))
-
-
-# ----------------------------------------------------------------------------
 # Command line
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    comparing = bool(argv) and argv[0] == "compare"
     parser = argparse.ArgumentParser(
-        prog="python -m machinery.curves" + (" compare" if comparing else ""),
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="python -m machinery.curves", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("runs", nargs="+" if comparing else 1, metavar="RUN", help="run folders (out_dir)")
+    parser.add_argument("run", metavar="RUN", help="a run folder (out_dir)")
     parser.add_argument("--band", default="", help="a band file (default: bands/<the run's preset>.json)")
-    parser.add_argument("--plot", default="", help="where the plot goes (default: RUN/curves.png, RUN/compare.png)")
-    parser.add_argument("--device", default="cpu", help="compare: where checkpoints are evaluated")
-    args = parser.parse_args(argv[1:] if comparing else argv)
+    parser.add_argument("--plot", default="", help="where the plot goes (default: RUN/curves.png)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        if comparing:
-            if len(args.runs) < 2:
-                parser.error("compare needs two run folders or more")
-            results, verdict = compare_runs(args.runs, args.band, pick_device(args.device))
-            print_comparison(results)
-            plot_comparison(results, args.plot or os.path.join(args.runs[0], "compare.png"))
-        else:
-            run = read_run(args.runs[0])
-            band, why = find_band(run.identity, run.preset, args.band)
-            reading = read_curve(run, band, why)
-            print("\n".join(reading.lines + anchor_lines(args.band or os.path.join(BANDS_DIR, f"{run.preset}.json"))))
-            reading_figure(run, band, reading).savefig(args.plot or os.path.join(run.folder, "curves.png"), dpi=100)
-            verdict = reading.verdict
+        run = read_run(args.run)
+        band, why = find_band(run.identity, run.preset, args.band)
+        reading = read_curve(run, band, why)
+        print("\n".join(reading.lines + anchor_lines(args.band or os.path.join(BANDS_DIR, f"{run.preset}.json"))))
+        reading_figure(run, band, reading).savefig(args.plot or os.path.join(run.folder, "curves.png"), dpi=100)
     except ValueError as e:
         sys.exit(f"error: {e}")
-    print(verdict)
+    print(reading.verdict)
 
 
 if __name__ == "__main__":

@@ -1,48 +1,33 @@
-"""A run's set-up: everything before its first step, built into one `Run` the loop and its stages share.
+"""A run's set-up: everything before its first step, built into one `Run` the loop and the machinery share.
 
 Processes and devices (the process grid, the compute dtype), the data (one source, or a mix: mixture.py), the
 run's folder (run_folder.py), the model cut for this rank's place in the layout (a fresh init, or --init_from's
-weights, read and fitted here, which train.start loads with load_initial_weights), AdamW, the loss scaler, the
-health monitor and the fault injector; and check_epochs, the guard start runs on a plan that reads its data too often.
+weights: init_from.py), AdamW, the loss scaler, the health monitor and the fault injector. The Run's hooks are all
+the loop asks of the machinery after set-up.
 """
 
 import contextlib
-import json
 import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
-from typing import NamedTuple
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from machinery import checkpoint
-from machinery import cost
-from machinery.cluster import Watch, end_with_launcher
-from machinery.config import Configs
 from data import TokenStream
+from machinery import cost, evaluation, incidents, reporting, resume
+from machinery.cluster import Watch, end_with_launcher
+from machinery.config import Configs, config_file_form
 from machinery.corpus import default_data_dir, get_tokenizer, load_or_prepare
 from machinery.evaluation import read_benchmark
 from machinery.faults import FaultInjector
-from machinery.mixture import Mix, MixedStream, mix_meta, prepare_sources, read_mix, weights_at
-from model import GPT, padded_vocab_size
-from machinery.monitor import HealthMonitor
-from parallel.data_parallel import adamw
-from parallel.grid import (
-    ProcessGrid,
-    check_visible_everywhere,
-    init_distributed,
-    launch_from_environment,
-    raise_on_every_rank,
-    run_on_rank0,
-)
-from parallel.layout import RankModel, check_layout, model_for_rank
+from machinery.init_from import InitialWeights, initial_model
+from machinery.mixture import Mix, MixedStream, mix_meta, prepare_sources, read_mix
+from machinery.monitor import HealthMonitor, Throughput
 from machinery.run_folder import (
     check_out_dir_is_ours,
-    config_changes,
-    data_changes,
     identity_defaults,
     out_dir_of,
     prepare_out_dir,
@@ -50,7 +35,10 @@ from machinery.run_folder import (
 )
 from machinery.runbook import Recovery
 from machinery.tracking import Tracker, hyperparameters, trackers_asked
-from machinery.transfer import fetch_named_base, fit_to_run, initial_weights, is_named_base
+from machinery.transfer import fetch_named_base, is_named_base
+from parallel.data_parallel import adamw
+from parallel.grid import ProcessGrid, check_visible_everywhere, init_distributed, launch_from_environment, run_on_rank0
+from parallel.layout import RankModel, check_layout, model_for_rank
 
 # ----------------------------------------------------------------------------
 # Device, precision, optimizer
@@ -112,19 +100,28 @@ def make_optimizer(module, cfg, device, dp=None):
 # The run
 
 
-class InitialWeights(NamedTuple):
-    state_dict: dict  # single-device form, this run's names and shapes
-    source: str  # where they came from, in words
-    data: dict | None  # what the source read, if it is a run of ours (its run.json's "data"); None: unknown
-
-
 @dataclass
 class Run:
-    """What the loop and its stages share. set_up builds it; afterwards the stages change only `recovery`,
-    `records`, `comm_compared`, `measured_state` and `initial_weights` (start, restore_checkpoint,
-    respond_to_incident, log_step, the first update), while the objects it holds (model, optimizer, streams,
-    monitor, tracker) change state as they work."""
+    """What the loop and the machinery's stages share. set_up builds it; afterwards the stages change only
+    `recovery`, `records`, `comm_compared`, `measured_state`, `initial_weights` and `throughput` (resume.start,
+    restore_checkpoint, respond_to_incident, log_step, the first update), while the objects it holds (model,
+    optimizer, streams, monitor, tracker) change state as they work.
 
+    Beyond the model, optimizer, scaler and monitor it holds, the loop (train.train) asks a run only these hooks,
+    each a line here over the machinery's modules:
+
+        start()                         resume from the newest checkpoint, or step 0: the first step (resume.py)
+        batches(step)                   the next_batch the step reads: the data's, or a fault's (faults.py)
+        validate(step)                  {"val_loss": ...} of the weights now, the throughput clock paused
+        respond_to_incident(step, fired)  the runbook's rung acted on: the step to go on from (incidents.py)
+        log(record)                     one logged step: console, metrics.jsonl, trackers (reporting.py)
+        save(step)                      a checkpoint of the state the step starts from (resume.py)
+        stop_for_signal(step)           after a stop signal's checkpoint: end every rank, exit code 75
+        finish(final_evaluation)        the final check, the plot, samples (reporting.py)
+    """
+
+    preset: str  # --preset's name: its band of seeds, if any, reads the curve at the end
+    command: dict  # this command's settings in config-file form (run.json's "config": --config OUT/run.json repeats it)
     configs: Configs  # the model's with the vocabulary padded
     grid: ProcessGrid
     say: Callable[..., None]  # print on rank 0, silence elsewhere: one voice for the whole group
@@ -159,6 +156,7 @@ class Run:
     recovery: Recovery = field(default_factory=Recovery)  # the incident runbook's state (runbook.py)
     records: list[dict] = field(default_factory=list)  # logged metrics of the current timeline, for the plot
     started: float = field(default_factory=time.perf_counter)
+    throughput: Throughput | None = None  # tokens/s of the steps since start(), evaluations left out
 
     @property
     def is_rank0(self):
@@ -181,6 +179,33 @@ class Run:
     @property
     def incidents_path(self):
         return os.path.join(self.out_dir, "incidents.jsonl")
+
+    # The hooks train.train's loop calls
+
+    def start(self):
+        return resume.start(self)
+
+    def batches(self, step):
+        return self.injector.strike(step, self.model, self.train_stream)  # the data, unless a fault is due
+
+    def validate(self, step):
+        with self.throughput.paused():
+            return evaluation.validate(self, step)  # val_loss; for a mix, each source's too, and the tokens read
+
+    def respond_to_incident(self, step, fired):
+        return incidents.respond_to_incident(self, step, fired)
+
+    def log(self, record):
+        reporting.log_step(self, record)
+
+    def save(self, step):
+        resume.save_checkpoint(self, step)
+
+    def stop_for_signal(self, step):
+        reporting.stop_for_signal(self, step)
+
+    def finish(self, final_evaluation):
+        reporting.finish(self, final_evaluation)
 
 
 def start_processes(configs):
@@ -206,6 +231,7 @@ def start_processes(configs):
 def set_up(preset, configs):
     """Everything before the first step: processes, data, the run's folder, model, optimizer, watchers."""
     cfg, recovery = configs.train, configs.recovery
+    command = config_file_form(preset, configs)  # as given, before the run fills in the model's vocabulary
     grid, say, device, dtype = start_processes(configs)
     trackers = run_on_rank0(lambda: trackers_asked(cfg.log_to), grid.rank == 0)  # rank 0 logs: it needs the packages
     out_dir = out_dir_of(preset, cfg)
@@ -239,6 +265,8 @@ def set_up(preset, configs):
             whole, grid, configs.parallel, cfg.batch_size, dtype, autocast_context(device, dtype), cfg.compile
         )
         run = Run(
+            preset=preset,
+            command=command,
             configs=configs,
             grid=grid,
             say=say,
@@ -320,108 +348,6 @@ def prepare_data(preset, configs, is_rank0):
         )
     meta = run_on_rank0(lambda: load_or_prepare(dcfg, data_dir), is_rank0)
     return None, meta, {"data": data_dir}
-
-
-def initial_model(configs, meta, grid, say, device, out_dir):
-    """(configs with the model's vocabulary, the whole single-device GPT every rank starts from, --init_from's
-    weights for start() to load, or None). A fresh init is the same on every rank, so any layout starts alike.
-    --init_from gives the weights only: the optimizer, the step, the data and the LR schedule are this run's. A run
-    that already holds checkpoints of its own resumes from them, so its source is not read again: only its
-    vocabulary (the source's rows, recorded in run.json) shapes the model."""
-    configs = replace(configs, model=replace(configs.model, vocab_size=padded_vocab_size(meta["vocab_size"])))
-    if not configs.train.init_from:
-        return configs, GPT(configs.model).to(device), None
-    # rank 0 decides, and every rank follows: a rank that read the source alone would wait for the others forever
-    recorded_vocab_size = run_on_rank0(lambda: vocab_size_of_a_run_to_resume(out_dir, configs.train), grid.rank == 0)
-    if recorded_vocab_size is not None:
-        configs = replace(configs, model=replace(configs.model, vocab_size=recorded_vocab_size))
-        return configs, GPT(configs.model).to(device), None
-    gpt_config, weights = read_initial_weights(configs, meta, grid, say)
-    configs = replace(configs, model=gpt_config)
-    return configs, GPT(configs.model).to(device), weights
-
-
-def vocab_size_of_a_run_to_resume(out_dir, cfg):
-    """The vocab_size run.json records when out_dir holds checkpoints of a run from this --init_from, which it will
-    resume (or refuse, when the rest of its identity differs); None when it starts afresh."""
-    path = os.path.join(out_dir, "run.json")
-    if cfg.overwrite or not os.path.isfile(path) or not checkpoint.list_steps(os.path.join(out_dir, "ckpt")):
-        return None
-    with open(path) as f:
-        recorded = json.load(f)
-    if recorded.get("TrainConfig", {}).get("init_from") != cfg.init_from:
-        return None
-    return recorded.get("GPTConfig", {}).get("vocab_size")  # None: a malformed record, which prepare_out_dir names
-
-
-def read_initial_weights(configs, meta, grid, say):
-    """(the GPTConfig of the run's model, InitialWeights): --init_from's weights checked against and fitted
-    to this run (transfer.fit_to_run), on every rank: rank 0 first, as it may download them (once)."""
-    weights, problem = None, None
-    if grid.rank == 0:
-        try:
-            weights = initial_weights(configs.train.init_from, configs.train.init_url, say)
-        except ValueError as e:
-            problem = str(e)
-    raise_on_every_rank(problem)  # a barrier too: the others read what rank 0 fetched
-    if grid.rank != 0:
-        weights = initial_weights(configs.train.init_from, configs.train.init_url, say)
-    if weights.tokenizer is not None and weights.tokenizer != meta["tokenizer"]:
-        raise ValueError(
-            f"--init_from {weights.description} learned {weights.tokenizer!r} tokens, and this run's data holds "
-            f"{meta['tokenizer']!r} tokens: the same id would mean another token. Pass --tokenizer "
-            f"{weights.tokenizer} (and its data)"
-        )
-    gpt_config, state_dict = fit_to_run(weights.gpt_config, weights.state_dict, configs.model, weights.description, say)
-    return gpt_config, InitialWeights(state_dict, weights.description, weights.data)
-
-
-def load_initial_weights(run):
-    """--init_from's weights into the model as this rank holds it, as a checkpoint's are (any layout). A run that
-    had checkpoints of its own but none that verifies reads its source now, which set-up skipped."""
-    if run.initial_weights is None:  # set-up built the model from run.json's record: the source must still fit it
-        gpt_config, weights = read_initial_weights(run.configs, run.meta, run.grid, run.say)
-        if changed := config_changes({"GPTConfig": asdict(run.configs.model)}, {"GPTConfig": asdict(gpt_config)}):
-            raise ValueError(
-                f"--init_from {weights.source} no longer fits the model this run recorded ({'; '.join(changed)}): "
-                "start over with --overwrite, or point --init_from at the weights the run started from"
-            )
-    else:
-        weights = run.initial_weights
-    checkpoint.load_full_state_dict(run.model, weights.state_dict, run.grid)
-    run.initial_weights = None  # the model holds them now
-    run.say(f"starting from the weights of {weights.source}: a fresh optimizer, step 0, this run's data")
-    if weights.data is not None and (changed := data_changes(weights.data, run.identity["data"])):
-        run.say(f"the data, against what {weights.source} read: {'; '.join(changed)}")
-
-
-def check_epochs(run):
-    """Stop before training when the plan reads its data more than --max_epochs times: a large preset
-    pointed at a small corpus would mostly memorize it, and say nothing. For a mix, each source's share of
-    the planned tokens (its weight, step by step) against that source's train tokens."""
-    cfg = run.configs.train
-    if not cfg.max_epochs:
-        return
-    if run.mix is None:
-        planned = {"data": (cfg.max_iters * run.tokens_per_step, run.meta)}
-    else:
-        share = {name: 0.0 for name in run.mix.sources}  # steps' worth of each source over the plan
-        for step in range(cfg.max_iters):
-            for name, weight in weights_at(run.mix, step).items():
-                share[name] += weight
-        planned = {name: (steps * run.tokens_per_step, run.meta["sources"][name]) for name, steps in share.items()}
-    for name, (tokens, meta) in planned.items():
-        epochs = tokens / meta["train_tokens"]
-        if epochs > cfg.max_epochs:
-            whose = f"; source {name!r} of the mix ({meta['source']}) gets {tokens:,.0f} of them" if run.mix else ""
-            raise ValueError(
-                f"this run plans {cfg.max_iters:,} steps x {run.tokens_per_step:,} tokens = "
-                f"{cfg.max_iters * run.tokens_per_step:,} tokens{whose}, but its data holds "
-                f"{meta['train_tokens']:,} train tokens: it would read them {epochs:.1f} times, more than "
-                f"--max_epochs {cfg.max_epochs:g}. Past a few epochs a model mostly memorizes its data. Give it "
-                "more data (--source, --data_dir, --mix), plan fewer tokens (--max_iters), or pass --max_epochs 0 "
-                "to go on anyway"
-            )
 
 
 def open_token_streams(mix, data_dirs, meta, cfg, block_size, grid, say):

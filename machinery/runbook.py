@@ -1,5 +1,5 @@
 """The incident runbook's rungs, and the choice among them: which response an incident gets, given the
-incidents before it. train.respond_to_incident carries the response out (roll back, skip, change the LR);
+incidents before it. incidents.respond_to_incident carries the response out (roll back, skip, change the LR);
 the state here (Recovery) is saved with every checkpoint.
 
 The chapter ranks the causes of a loss spike by how often they strike: bad data

@@ -188,7 +188,7 @@ class FSDPModel:
 
     def clear_gradients(self):
         # zero_grad reaches the gradients of the parameters registered now: the shards after a synced backward;
-        # after an unsynced one (train.timed_step_seconds), the whole parameters, which reshard() then frees
+        # after an unsynced one (reporting.timed_step_seconds), the whole parameters, which reshard() then frees
         self.module.zero_grad(set_to_none=True)
         self._reshard()
 

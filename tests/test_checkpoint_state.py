@@ -1,4 +1,4 @@
-"""What a checkpoint holds (train.checkpoint_state) and how a resume restores it (train.restore_checkpoint),
+"""What a checkpoint holds (resume.checkpoint_state) and how a resume restores it (resume.restore_checkpoint),
 in-process on tiny runs: a resumed run takes bitwise the steps the saved run took, each piece is put back,
 --resume_without leaves out only what it names, and two pipeline stages save the single-device form."""
 
@@ -16,7 +16,8 @@ from machinery.config import parse_args
 from machinery.local_ranks import run_ranks
 from parallel.grid import destroy_distributed
 from machinery.runbook import Recovery
-from train import checkpoint_state, restore_checkpoint
+from machinery.evaluation import validate
+from machinery.resume import checkpoint_state, restore_checkpoint
 from conftest import write_word_corpus
 
 SAVED_AT, STEPS_AFTER = 4, 4  # steps before the checkpoint, and steps taken again after the resume
@@ -70,7 +71,7 @@ def take_steps(run, first, n):
     for step in range(first, first + n):
         record = {"step": step}
         if step % run.configs.train.eval_interval == 0:
-            record.update(train.validate(run, step))
+            record.update(validate(run, step))
             run.monitor.check_eval(record["val_loss"])
         lr = step_lr(run, step)
         loss, grad_norm = train.optimizer_step(

@@ -8,6 +8,7 @@ import pytest
 from machinery import config
 import train
 from machinery.config import parse_args, read_config_file
+from machinery.run_folder import read_jsonl
 from conftest import ROOT, write_word_corpus
 
 # a run small enough for a unit test: 1 layer of width 32, 20 steps, every loss logged
@@ -21,7 +22,7 @@ QUICK = [
 
 
 def losses(out):
-    return {r["step"]: r["loss"] for r in train.read_jsonl(out / "metrics.jsonl") if "loss" in r}
+    return {r["step"]: r["loss"] for r in read_jsonl(out / "metrics.jsonl") if "loss" in r}
 
 
 @pytest.fixture(scope="module")

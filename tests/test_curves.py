@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, run_script
-from machinery import curves
+from machinery import compare, curves
 from machinery.files import write_json_atomic
 
 STEPS = 200
@@ -243,21 +243,21 @@ def test_compare_refuses_runs_that_share_no_step_of_the_longer_ones_last_third(t
     short = run_folder_with_checkpoints(tmp_path / "short", [0, 400, 500, 600])
     long = run_folder_with_checkpoints(tmp_path / "long", [0, 1800, 1900, 2000])
     with pytest.raises(SystemExit, match=r"share only step 0, before any training.*short holds steps 0, 400, 500, 600"):
-        curves.main(["compare", short, long])
+        compare.main([short, long])
     longer = run_folder_with_checkpoints(tmp_path / "longer", [0, 200, 400, 600, 1900, 2000])
     with pytest.raises(
         ValueError,
         match=r"share checkpoint steps up to 600 only, before the last third of .*longer's 2000 steps.*"
         r"longer holds steps 0, 200, 400, 600, 1900, 2000",
     ):
-        curves.compare_runs([short, longer])
+        compare.compare_runs([short, longer])
 
 
 def test_compare_takes_the_shared_steps_from_the_longer_runs_last_third_on():
-    assert curves.steps_to_compare({"a": [0, 1400], "b": [0, 1400, 2000]}) == [0, 1400]  # 1400 >= 2/3 of 2000
-    assert curves.steps_to_compare({"a": [2000], "b": [1000, 2000, 3000]}) == [2000]  # at 2/3 of 3000 exactly
+    assert compare.steps_to_compare({"a": [0, 1400], "b": [0, 1400, 2000]}) == [0, 1400]  # 1400 >= 2/3 of 2000
+    assert compare.steps_to_compare({"a": [2000], "b": [1000, 2000, 3000]}) == [2000]  # at 2/3 of 3000 exactly
     with pytest.raises(ValueError, match="up to 1300 only, before the last third of b's 2000 steps"):
-        curves.steps_to_compare({"a": [0, 1300], "b": [0, 1300, 2000]})
+        compare.steps_to_compare({"a": [0, 1300], "b": [0, 1300, 2000]})
 
 
 def test_a_plateau_above_the_band_points_at_the_data_or_the_lr(band):
@@ -448,7 +448,7 @@ def test_a_planted_run_without_warmup_names_the_warmup_as_a_cause(planted):
 def test_planted_other_data_order_is_inside_the_band_and_compares_tied(planted):
     folders, _, band_path, _ = planted
     assert reading_of(planted, "order").normal
-    results, verdict = curves.compare_runs([folders["healthy_101"], folders["order"]], band_path, say=print)
+    results, verdict = compare.compare_runs([folders["healthy_101"], folders["order"]], band_path, say=print)
     assert verdict.startswith("verdict: tied within noise")
     own = curves.read_run(folders["order"]).val
     assert results[folders["order"]][150] == {"val_loss": own[150]}  # the fixed evaluation: the run's own
@@ -461,9 +461,7 @@ def test_the_command_line_ends_with_the_verdict(planted):
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1].startswith("verdict: not normal")
     assert os.path.exists(os.path.join(folders["shuffled"], "curves.png"))
-    done = run_script(
-        ["-m", "machinery.curves", "compare", folders["healthy_101"], folders["order"], "--band", band_path], ROOT
-    )
+    done = run_script(["-m", "machinery.compare", folders["healthy_101"], folders["order"], "--band", band_path], ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1].startswith("verdict: tied within noise")
     assert os.path.exists(os.path.join(folders["healthy_101"], "compare.png"))

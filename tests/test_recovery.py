@@ -20,7 +20,8 @@ from machinery import checkpoint
 from machinery import cluster
 from machinery.config import RecoveryConfig, TrainConfig
 from machinery.runbook import Recovery, runbook_response
-from train import lr_at, read_jsonl
+from machinery.run_folder import read_jsonl
+from train import lr_at
 from conftest import ROOT, write_word_corpus, run_script
 
 # fmt: off

@@ -81,7 +81,7 @@ def assert_takes_the_same_steps(out, reference, what):
 @pytest.mark.parametrize("extra", [["--batch_size", 4], ["--batch_size", 2, "--gradient_accumulation_steps", 2]])
 def test_torch_engine_takes_the_single_process_steps(corpus, single, dp_mode, extra):
     """dp 2 under DDP or FSDP2, with and without gradient accumulation (only the last micro-batch syncs), takes
-    the single process's steps. Every run also times a step of unsynced backwards first (train.print_cost_account),
+    the single process's steps. Every run also times a step of unsynced backwards first (reporting.print_cost_account),
     whose gradients clear_gradients must drop. The DP bytes counted per step are cost.py's closed form: DDP's
     buckets and FSDP2's reduce-scatter both hand over the gradient of every parameter once."""
     out = corpus / f"{dp_mode}-{'-'.join(map(str, extra))}"

@@ -13,6 +13,7 @@ from data import TokenStream
 from model import GPT, GPTConfig
 from conftest import ROOT, run_script
 from machinery.config import TrainConfig, parse_args
+from machinery.run_folder import read_jsonl
 from parallel.grid import Layout, ProcessGrid
 from parallel.layout import model_for_rank
 from train import clip_gradients, lr_at, optimizer_step
@@ -298,7 +299,7 @@ def test_a_finished_run_says_so_and_exits_nonzero(small_corpus, tmp_path, capsys
     # what the message offers works: a larger --max_iters trains on from step 3
     train.main([str(a) for a in [*args, "--max_iters", "5"]])
     assert "continuing the run in" in capsys.readouterr().out
-    steps = [r["step"] for r in train.read_jsonl(out / "metrics.jsonl")]
+    steps = [r["step"] for r in read_jsonl(out / "metrics.jsonl")]
     assert steps == [0, 1, 2, 3, 4, 5] and json.loads((out / "run.json").read_text())["TrainConfig"]["max_iters"] == 5
 
 
