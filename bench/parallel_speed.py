@@ -27,7 +27,7 @@ from model import GPT, GPTConfig  # noqa: E402
 from machinery.cost import comm_bytes_per_step  # noqa: E402
 from parallel.comm_count import take_comm_bytes  # noqa: E402
 from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
-from parallel.layout import model_for_rank  # noqa: E402
+from machinery.torch_engines import rank_model  # noqa: E402
 from machinery.local_ranks import results_of, run_ranks  # noqa: E402
 
 GLOBAL_BATCH, BLOCK = 16, 128
@@ -47,9 +47,9 @@ def timed_steps(mode, rank, world_size, steps, warmup, bucket_mb):
         "TP": Layout(tp=world_size),
     }.get(mode)
     if layout is None:  # one process: each rank alone, outside the group
-        model = model_for_rank(gpt, ProcessGrid(), Layout(), cfg.batch_size)
+        model = rank_model(gpt, ProcessGrid(), Layout(), cfg.batch_size)
     else:
-        model = model_for_rank(gpt, ProcessGrid(layout, rank, world_size), layout, cfg.batch_size)
+        model = rank_model(gpt, ProcessGrid(layout, rank, world_size), layout, cfg.batch_size)
     optimizer = run_setup.make_optimizer(model.module, cfg, model.device, model.dp)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     generator = torch.Generator().manual_seed(rank)

@@ -33,7 +33,6 @@ import torch
 import torch.distributed as dist
 
 from machinery.files import remove_if_exists, write_json_atomic
-from parallel.grid import run_on_rank0
 
 PREEMPTED = 75  # the exit code of a run stopped by SIGTERM or SIGUSR1 once its checkpoint is written (EX_TEMPFAIL)
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1")  # SIGUSR1 does not exist on Windows
@@ -319,3 +318,57 @@ class Watch:
             if named:
                 raise ValueError(f"{named}. Run the same command again to resume from the last checkpoint") from None
         return False
+
+
+# ----------------------------------------------------------------------------
+# Coordination: every rank goes on, or every rank stops
+
+
+def run_on_rank0(fn, is_rank0):
+    """fn() on rank 0 only (writing files, preparing data); its result, or the ValueError
+    it raised, then reaches every rank, so no rank waits forever for a failed rank 0."""
+    result, error = None, None
+    if is_rank0:
+        try:
+            result = fn()
+        except ValueError as e:
+            error = str(e)
+    if dist.is_initialized():
+        box = [(result, error)]
+        dist.broadcast_object_list(box, src=0)
+        result, error = box[0]
+    if error is not None:
+        raise ValueError(error)
+    return result
+
+
+def raise_on_every_rank(problem):
+    """Gather every rank's problem (a message, or None); if any rank has one, every rank raises
+    it as a ValueError, so no rank waits in a collective for one that gave up. A barrier too."""
+    problems = [problem]
+    if dist.is_initialized():
+        problems = [None] * dist.get_world_size()
+        dist.all_gather_object(problems, problem)
+    failed = [p for p in problems if p]
+    if failed:
+        raise ValueError(failed[0] + (f" (and {len(failed) - 1} more rank(s) alike)" if len(failed) > 1 else ""))
+
+
+def check_visible_everywhere(paths):
+    """Stop every rank if some rank cannot see a file that rank 0 just wrote.
+
+    Rank 0 alone prepares the data and writes run.json and the checkpoints; every rank
+    reads them. On several machines that works only if the folders are on a file
+    system that every machine mounts: a rank that saw no checkpoint would silently
+    start from step 0 while the others resume."""
+    missing = [path for path in paths if not os.path.exists(path)]
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    raise_on_every_rank(
+        None
+        if not missing
+        else (
+            f"rank {rank} cannot see {missing[0]}, which rank 0 wrote. Every rank reads the data and the "
+            "checkpoints that rank 0 writes: on several machines put --data_dir and --out_dir on a file system "
+            "that every machine mounts (NFS, Lustre, ...)."
+        )
+    )

@@ -8,7 +8,7 @@ from machinery import checkpoint
 from machinery.resume import load_checkpoint, restore_checkpoint, save_checkpoint
 from machinery.run_folder import append_jsonl, write_jsonl
 from machinery.runbook import RUNGS, runbook_response
-from parallel.grid import run_on_rank0
+from machinery.cluster import run_on_rank0
 
 
 def respond_to_incident(run, step, fired):

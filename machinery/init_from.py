@@ -10,7 +10,7 @@ from machinery import checkpoint
 from machinery.run_folder import config_changes, data_changes
 from machinery.transfer import fit_to_run, initial_weights
 from model import GPT, padded_vocab_size
-from parallel.grid import raise_on_every_rank, run_on_rank0
+from machinery.cluster import raise_on_every_rank, run_on_rank0
 
 
 class InitialWeights(NamedTuple):

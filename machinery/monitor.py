@@ -281,3 +281,51 @@ def plot_metrics(records, incidents, path, ln_vocab):
     axes[2].plot(steps, [r["lr"] for r in train])
     axes[2].set(xlabel="step", title="learning rate")
     fig.savefig(path, dpi=100)  # fixed margins: tight_layout would take half of the time
+
+
+def plot_gantt(timeline, path, title):
+    """One row per stage: forwards and backwards in two colours, waits hatched, idle blank."""
+    from matplotlib.figure import Figure  # no pyplot: drawing to a file leaves a notebook's plotting alone
+    from matplotlib.patches import Patch
+
+    t0 = min(slot.start for stage in timeline for slot in stage)
+    colours = {"F": "tab:blue", "B": "tab:orange", "wait": "lightgray"}
+    fig = Figure(figsize=(12, 0.6 * len(timeline) + 1.5))
+    ax = fig.subplots()
+    for s, stage in enumerate(timeline):
+        for kind, i, start, end, k in stage:
+            ax.broken_barh(
+                [(1e3 * (start - t0), 1e3 * (end - start))],
+                (s - 0.4, 0.8),
+                color=colours[kind],
+                alpha=1.0 / (1 + k),  # a rank's later chunks (interleaved) paler
+                hatch="//" if kind == "wait" else None,
+                edgecolor="white" if kind != "wait" else "gray",
+            )
+            if kind != "wait" and end - start > 0:
+                label = f"{i}" if k == 0 else f"{i}.{k}"  # micro-batch, and the rank's chunk past the first
+                ax.text(
+                    1e3 * ((start + end) / 2 - t0),
+                    s,
+                    label,
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if k == 0 else "black",
+                )
+    ax.set(
+        yticks=range(len(timeline)), yticklabels=[f"rank {s}" for s in range(len(timeline))], xlabel="ms", title=title
+    )
+    ax.invert_yaxis()
+    handles = [
+        Patch(
+            facecolor=c,
+            hatch="//" if k == "wait" else None,
+            edgecolor="gray" if k == "wait" else "white",
+            label={"F": "forward", "B": "backward", "wait": "waiting"}[k],
+        )
+        for k, c in colours.items()
+    ]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)  # beside the chart, over no box
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)

@@ -15,10 +15,11 @@ from machinery.cluster import PREEMPTED
 from machinery.corpus import get_tokenizer
 from machinery.curves import find_band
 from machinery.evaluation import final_check
-from machinery.monitor import SavedActivations, peak_memory_bytes, plot_metrics, state_bytes
+from machinery.monitor import SavedActivations, peak_memory_bytes, plot_gantt, plot_metrics, state_bytes
 from machinery.run_folder import append_jsonl, read_jsonl
 from machinery.sample import sample_texts
 from parallel.comm_count import take_busiest_comm_bytes
+from parallel.pipeline import bubble_fraction
 
 # ----------------------------------------------------------------------------
 # The start: what the run will cost
@@ -155,7 +156,9 @@ def finish(run, final_evaluation):
         f"training took {(time.perf_counter() - run.started) / 60:.1f} min"
         + (f"; peak memory {peak / 2**30:.2f} GiB" if peak else "")
     )
-    run.model.report(run.out_dir, run.say, run.is_rank0)  # its collectives before rank 0 scores the benchmark alone
+    timeline = run.model.timeline()  # a pipeline's, gathered before rank 0 scores the benchmark alone
+    if timeline is not None and run.is_rank0:
+        print_pipeline_bubble(run, timeline)
     record, model = final_check(
         run.model,
         run.grid,
@@ -188,6 +191,21 @@ def finish(run, final_evaluation):
     if band:  # a band of this recipe over seeds (bands/<preset>.json): the reader sets the run against it
         seeds = len(band["seeds"])
         print(f"is this curve normal? Against {seeds} seeds of its recipe: python -m machinery.curves {run.out_dir}")
+
+
+def print_pipeline_bubble(run, timeline):
+    """The last training step as the pipeline ran it: the measured bubble beside the formula, and its Gantt chart."""
+    layout = run.configs.parallel
+    p, m, v = layout.pp, layout.micro_batches, layout.virtual_stages
+    schedule = layout.schedule if v == 1 else f"interleaved {layout.schedule}, v={v}"
+    measured = bubble_fraction(timeline)
+    formula = "(p - 1) / (m + p - 1)" if v == 1 else "(p - 1) / (v m + p - 1)"
+    run.say(
+        f"pipeline bubble of the last step: measured {measured:.3f}, {formula} = "
+        f"{(p - 1) / (v * m + p - 1):.3f} ({schedule}, p={p}, m={m})"
+    )
+    title = f"{schedule}, p={p}, m={m}: bubble {measured:.2f}"
+    plot_gantt(timeline, os.path.join(run.out_dir, "pipeline.png"), title)
 
 
 def stop_for_signal(run, step):

@@ -21,7 +21,7 @@ from machinery.run_folder import (
     write_jsonl,
 )
 from machinery.runbook import Recovery
-from parallel.grid import raise_on_every_rank, run_on_rank0
+from machinery.cluster import raise_on_every_rank, run_on_rank0
 
 # ----------------------------------------------------------------------------
 # The start

@@ -34,11 +34,13 @@ from machinery.run_folder import (
     run_identity,
 )
 from machinery.runbook import Recovery
+from machinery.torch_engines import rank_model
 from machinery.tracking import Tracker, hyperparameters, trackers_asked
 from machinery.transfer import fetch_named_base, is_named_base
 from parallel.data_parallel import adamw
-from parallel.grid import ProcessGrid, check_visible_everywhere, init_distributed, launch_from_environment, run_on_rank0
-from parallel.layout import RankModel, check_layout, model_for_rank
+from parallel.grid import ProcessGrid, init_distributed, launch_from_environment
+from machinery.cluster import check_visible_everywhere, run_on_rank0
+from parallel.layout import RankModel, check_layout
 
 # ----------------------------------------------------------------------------
 # Device, precision, optimizer
@@ -261,7 +263,7 @@ def set_up(preset, configs):
         )
         # the single-device names of each AdamW group's parameters, taken before a layout cuts the model
         optimizer_groups = [[name for name, _ in group] for group in parameter_groups(whole.named_parameters())]
-        model = model_for_rank(
+        model = rank_model(
             whole, grid, configs.parallel, cfg.batch_size, dtype, autocast_context(device, dtype), cfg.compile
         )
         run = Run(

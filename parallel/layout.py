@@ -32,11 +32,10 @@ from parallel.data_parallel import (
 from parallel.grid import ProcessGrid, check_grid
 from parallel.pipeline import SCHEDULES, PipelineModel, PipelineRank
 from parallel.tensor_parallel import tensor_parallel
-from parallel.torch_engines import DDPModel, FSDPModel
 from parallel.zero import Zero1DataParallel, Zero2DataParallel
 
 HAND_WRITTEN = ("bucketed", "naive")  # --dp_mode: data_parallel.py's engines
-TORCH_ENGINES = ("ddp", "fsdp")  # --dp_mode: torch's own (torch_engines.py), pure data parallelism
+TORCH_ENGINES = ("ddp", "fsdp")  # --dp_mode: torch's own (machinery/torch_engines.py), pure data parallelism
 ZERO_STAGES = {1: Zero1DataParallel, 2: Zero2DataParallel}  # --zero: zero.py (stage 3 is --dp_mode fsdp)
 
 
@@ -51,7 +50,7 @@ class RankModel(Protocol):
     The loop never asks which layout it runs on. A rank that runs every layer is a ShardedModel
     (below: the whole GPT, or its tensor-parallel slices), a rank that runs one stage of the layers a
     PipelineModel (pipeline.py), and torch's own data parallelism a DDPModel or FSDPModel
-    (torch_engines.py). layout.model_for_rank builds the one this rank needs; tests/test_layout.py
+    (machinery/torch_engines.py). model_for_rank builds ours (torch_engines.rank_model torch's); tests/test_layout.py
     checks that each of the four has every member below.
     """
 
@@ -82,8 +81,8 @@ class RankModel(Protocol):
     def local_parameters(self) -> list:
         """[(single-device name, parameter, its Cut or None)], each parameter once: how it was cut."""
 
-    def report(self, out_dir: str, say, is_rank0: bool) -> None:
-        """The layout's own account at the end of the run (a pipeline's bubble and Gantt chart)."""
+    def timeline(self) -> list | None:
+        """A pipeline's last step as every stage ran it ([stage: [Slot]], gathered: every rank calls it); else None."""
 
 
 class ShardedModel:
@@ -123,8 +122,8 @@ class ShardedModel:
     def local_parameters(self):
         return [(name, p, self.cuts.get(name)) for name, p in self.module.named_parameters()]
 
-    def report(self, out_dir, say, is_rank0):
-        pass  # every rank ran every layer: nothing beyond the run's own account
+    def timeline(self):
+        return None  # every rank ran every layer: no stages to draw
 
 
 def check_layout(layout, gpt_config, batch_size, world_size, dtype):
@@ -260,11 +259,9 @@ def model_for_rank(
     ZeRO's of --zero, over what this rank holds. dtype: the compute dtype that autocast runs (fp16 is refused
     where its loss scaling cannot work)."""
     check_layout(layout, whole.config, batch_size, grid.world_size, dtype)
+    if layout.dp_mode in TORCH_ENGINES:  # torch's engines are the machinery's: machinery.torch_engines.rank_model
+        raise ValueError(f"--dp_mode {layout.dp_mode}: torch's engine, which machinery.torch_engines.rank_model builds")
     whole.recompute = layout.recompute
-    if layout.dp_mode == "ddp":
-        return DDPModel(whole, grid, autocast, compile, layout.bucket_mb)
-    if layout.dp_mode == "fsdp":
-        return FSDPModel(whole, grid, autocast, compile)
     cuts = tensor_parallel(whole, grid, layout.sequence_parallel)  # TP: {name: Cut} of this rank's slices; {} at tp 1
     positions = context_parallel(whole, grid, layout.sequence_parallel)  # CP: its positions of each sequence, or None
     module = whole

@@ -31,7 +31,6 @@ sends and receives, and records when each rank computes and waits.
 import argparse
 import contextlib
 import functools
-import os
 import time
 from typing import NamedTuple
 
@@ -419,54 +418,6 @@ def run_schedule(rank, order, inputs, targets, micro_batches, grid, n_embd, loss
     return loss, records, peak
 
 
-def plot_gantt(timeline, path, title):
-    """One row per stage: forwards and backwards in two colours, waits hatched, idle blank."""
-    from matplotlib.figure import Figure  # no pyplot: drawing to a file leaves a notebook's plotting alone
-    from matplotlib.patches import Patch
-
-    t0 = min(slot.start for stage in timeline for slot in stage)
-    colours = {"F": "tab:blue", "B": "tab:orange", "wait": "lightgray"}
-    fig = Figure(figsize=(12, 0.6 * len(timeline) + 1.5))
-    ax = fig.subplots()
-    for s, stage in enumerate(timeline):
-        for kind, i, start, end, k in stage:
-            ax.broken_barh(
-                [(1e3 * (start - t0), 1e3 * (end - start))],
-                (s - 0.4, 0.8),
-                color=colours[kind],
-                alpha=1.0 / (1 + k),  # a rank's later chunks (interleaved) paler
-                hatch="//" if kind == "wait" else None,
-                edgecolor="white" if kind != "wait" else "gray",
-            )
-            if kind != "wait" and end - start > 0:
-                label = f"{i}" if k == 0 else f"{i}.{k}"  # micro-batch, and the rank's chunk past the first
-                ax.text(
-                    1e3 * ((start + end) / 2 - t0),
-                    s,
-                    label,
-                    ha="center",
-                    va="center",
-                    fontsize=7,
-                    color="white" if k == 0 else "black",
-                )
-    ax.set(
-        yticks=range(len(timeline)), yticklabels=[f"rank {s}" for s in range(len(timeline))], xlabel="ms", title=title
-    )
-    ax.invert_yaxis()
-    handles = [
-        Patch(
-            facecolor=c,
-            hatch="//" if k == "wait" else None,
-            edgecolor="gray" if k == "wait" else "white",
-            label={"F": "forward", "B": "backward", "wait": "waiting"}[k],
-        )
-        for k, c in colours.items()
-    ]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)  # beside the chart, over no box
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-
-
 class PipelineModel:
     """The model as a pipeline rank holds it: its stage, or its v chunks when interleaved (module, a PipelineRank:
     their matrices cut across the TP group when tp > 1, cuts), run under the layout's schedule over its
@@ -478,7 +429,6 @@ class PipelineModel:
         self.micro_batches, self.virtual_stages, self.n_embd = layout.micro_batches, layout.virtual_stages, n_embd
         self.autocast, self.device = autocast, next(module.parameters()).device
         v = layout.virtual_stages
-        self.schedule = layout.schedule if v == 1 else f"interleaved {layout.schedule}, v={v}"
         scheduled = schedule_for(layout.schedule, v)
         check_schedule(scheduled, grid.pp, self.micro_batches, v)
         self.order = scheduled(grid.pp, self.micro_batches, grid.pp_rank)
@@ -526,22 +476,11 @@ class PipelineModel:
         names = self.module.global_names()
         return [(names[name], p, self.cuts.get(names[name])) for name, p in self.module.named_parameters()]
 
-    def report(self, out_dir, say, is_rank0):
-        """The last training step as the pipeline ran it: measured bubble beside the formula, and its Gantt chart."""
+    def timeline(self):
+        """The last training step as every stage ran it, gathered over the pipeline group: [stage: [Slot]]."""
         timeline = [None] * self.grid.pp
         dist.all_gather_object(timeline, self.records, group=self.grid.pp_group)
-        if not is_rank0:
-            return
-        p, m, v = self.grid.pp, self.micro_batches, self.virtual_stages
-        measured = bubble_fraction(timeline)
-        formula = "(p - 1) / (m + p - 1)" if v == 1 else "(p - 1) / (v m + p - 1)"
-        say(
-            f"pipeline bubble of the last step: measured {measured:.3f}, {formula} = "
-            f"{(p - 1) / (v * m + p - 1):.3f} ({self.schedule}, p={p}, m={m})"
-        )
-        plot_gantt(
-            timeline, os.path.join(out_dir, "pipeline.png"), f"{self.schedule}, p={p}, m={m}: bubble {measured:.2f}"
-        )
+        return timeline
 
 
 def main():

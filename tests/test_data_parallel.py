@@ -605,7 +605,9 @@ def test_mfu_counts_the_whole_model_under_tensor_parallelism(corpus):
 
 
 def _check_visibility(paths_by_rank):
-    from parallel.grid import check_visible_everywhere, destroy_distributed, init_distributed
+    from parallel.grid import destroy_distributed, init_distributed
+
+    from machinery.cluster import check_visible_everywhere
 
     launch = init_distributed(30)
     try:

@@ -13,7 +13,7 @@ from parallel.grid import Layout, ProcessGrid
 from parallel.layout import RankModel, model_for_rank
 from parallel.pipeline import PipelineModel, PipelineRank
 from parallel.tensor_parallel import Cut
-from parallel.torch_engines import DDPModel, DTensorCut, FSDPModel
+from machinery.torch_engines import DDPModel, DTensorCut, FSDPModel
 
 IMPLEMENTATIONS = {
     "ShardedModel": lambda gpt, grid: model_for_rank(gpt, grid, Layout(), 2),

@@ -137,7 +137,7 @@ def _replicas_after_wrapping(dp_mode):
     """Each rank builds its GPT from its own seed, then wraps it: the weights every rank then holds, whole."""
     from model import GPT, GPTConfig
     from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed
-    from parallel.torch_engines import DDPModel, FSDPModel
+    from machinery.torch_engines import DDPModel, FSDPModel
 
     launch = init_distributed(30)
     grid = ProcessGrid(Layout(dp=2), launch.rank, launch.world_size)

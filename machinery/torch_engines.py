@@ -33,10 +33,27 @@ import torch.distributed as dist
 
 from parallel.comm_count import counted
 from parallel.data_parallel import forward_and_backward, sharded_grad_norm
+from parallel.layout import TORCH_ENGINES, check_layout, model_for_rank
 
 # torch's engines are imported where they are used: torch.distributed.tensor, on which FSDP2 and DDP's hooks
 # build, takes ~0.7 s to import, which every run of train.py (every rank) would pay for an engine it does not use.
 # Both are pure data parallelism: layout.check_layout refuses them with --tp or --pp.
+
+
+# ----------------------------------------------------------------------------
+# The model as this rank holds it: torch's engine, or ours
+
+
+def rank_model(whole, grid, layout, batch_size, dtype=torch.float32, autocast=contextlib.nullcontext(), compile=False):
+    """The model as this rank holds it (a layout.RankModel): under --dp_mode ddp or fsdp torch's own engine over the
+    whole GPT, else our hand-written layout's (parallel.layout.model_for_rank). The layout is checked first."""
+    if layout.dp_mode not in TORCH_ENGINES:
+        return model_for_rank(whole, grid, layout, batch_size, dtype, autocast, compile)
+    check_layout(layout, whole.config, batch_size, grid.world_size, dtype)
+    whole.recompute = layout.recompute
+    if layout.dp_mode == "ddp":
+        return DDPModel(whole, grid, autocast, compile, layout.bucket_mb)
+    return FSDPModel(whole, grid, autocast, compile)
 
 
 # ----------------------------------------------------------------------------
@@ -96,8 +113,8 @@ class DDPModel:
     def local_parameters(self):
         return [(name, p, None) for name, p in self.module.named_parameters()]
 
-    def report(self, out_dir, say, is_rank0):
-        pass
+    def timeline(self):
+        return None  # pure data parallelism: no stages to draw
 
 
 # ----------------------------------------------------------------------------
@@ -210,5 +227,5 @@ class FSDPModel:
     def local_parameters(self):
         return [(name, p, self.cut) for name, p in self.module.named_parameters()]
 
-    def report(self, out_dir, say, is_rank0):
-        pass
+    def timeline(self):
+        return None  # pure data parallelism: no stages to draw
