@@ -164,31 +164,6 @@ def manual_causal_attention(q, k, v, dropout_p):
     # exercise attention: end
 
 
-class KVCache:
-    """One layer's keys and values of every position generated so far, (B, H, S, C/H) each.
-
-    A position's key and value depend only on it and the positions before it, so once computed they never
-    change: GPT.generate keeps them, and each new token then needs one position's forward (its q, k, v and its
-    attention over the S kept keys) instead of the whole context's again (Pope et al. 2022, "Efficiently
-    Scaling Transformer Inference"). Only generation uses it; training sees every position at once."""
-
-    def __init__(self):
-        self.k = self.v = None  # (B, H, S, C/H) each; None before the first position
-
-    def __len__(self):  # S, the positions held
-        return 0 if self.k is None else self.k.size(2)
-
-    def extend(self, k, v):
-        """Append T new positions' keys and values, (B, H, T, C/H) each; return all S so far, the new ones last.
-        Once it holds positions it takes one at a time: the attention kernels mask a query that sees every key
-        (the newest position) or a square causal block, not T queries against S > T keys."""
-        if self.k is not None and k.size(2) != 1:
-            raise ValueError(f"a KV cache holding {len(self)} positions takes 1 new token at a time, not {k.size(2)}")
-        self.k = k if self.k is None else torch.cat((self.k, k), dim=2)
-        self.v = v if self.v is None else torch.cat((self.v, v), dim=2)
-        return self.k, self.v
-
-
 def rope_angles(head_dim, positions, theta):
     """(cos, sin), each (T, head_dim / 2), of the T positions (a (T,) tensor): position t turns the pair of
     channels (i, i + head_dim / 2) by the angle t · theta^(-2i / head_dim), fast turns in the first pairs, slow
@@ -356,17 +331,6 @@ def stage_layers(n_layer, stages):
     return bounds
 
 
-def filter_top_p(logits, top_p):
-    """Nucleus sampling (Holtzman et al. 2019, "The Curious Case of Neural Text Degeneration"): logits (B, V)
-    with every token outside the nucleus set to -inf. The nucleus is the fewest most likely tokens whose
-    probabilities sum to at least top_p; the most likely token is always in it."""
-    probs, order = F.softmax(logits, dim=-1).sort(dim=-1, descending=True)  # (B, V), most likely first
-    mass_before = probs.cumsum(dim=-1) - probs  # (B, V): the probability of the tokens ranked above each
-    outside = mass_before >= top_p  # (B, V): the tokens above already reach top_p, the nucleus is complete
-    outside = torch.empty_like(outside).scatter(-1, order, outside)  # (B, V): back in vocabulary order
-    return logits.masked_fill(outside, -float("inf"))
-
-
 class GPT(nn.Module):
     # state_dict() lists the tied matrix under both names; named_parameters() only under the first
     TIED = {"lm_head.weight": "wte.weight"}
@@ -436,7 +400,8 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, cache=None):
         """idx (B, T) int64 -> logits (B, T, V); with targets (B, T), also the CLM loss (fp32 scalar).
 
-        cache (generate only): one KVCache per block, holding the positions before idx; idx's are appended."""
+        cache (generating only: sample.generate): one KVCache per block, holding the positions before idx; idx's
+        are appended."""
         B, T = idx.shape
         start = 0 if cache is None else len(cache[0])  # idx's first position: the cache's positions come before
         if start + T > self.config.block_size:
@@ -457,49 +422,3 @@ class GPT(nn.Module):
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())  # the tied matrix counts once
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=1.0, kv_cache=True, on_token=None):
-        """Extend idx (B, T0) by max_new_tokens sampled tokens -> (B, T0 + max_new_tokens).
-
-        Each token is drawn from the last position's logits / temperature, restricted first to the top_k most
-        likely tokens (None: all), then to the nucleus of top_p among those (filter_top_p; 1.0: all); temperature
-        0 is greedy: the most likely token, which both restrictions keep, drawing no random number. on_token,
-        if given, gets each new (B, 1) column as soon as it is drawn (sample.py prints it).
-
-        kv_cache keeps each layer's keys and values (KVCache): a new token then costs one position's forward
-        instead of the whole context's, and the tokens drawn are the same. The context is its last block_size
-        tokens. When it outgrows block_size, the cache is recomputed from the cropped context rather than slid
-        along it: positions are learned and absolute, so cropping moves every kept token one position earlier,
-        and every layer's keys above the first also mixed in the token that fell out. Past block_size each
-        token thus costs a whole context's forward, with the cache or without."""
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p {top_p} must lie in (0, 1]: the probability mass to keep (1.0: all tokens)")
-        if not temperature >= 0:
-            raise ValueError(f"temperature {temperature} must be 0 (greedy) or more")
-        block_size, cache = self.config.block_size, None
-        for _ in range(max_new_tokens):
-            context = idx[:, -block_size:]
-            if not kv_cache:  # the whole context again
-                logits, _ = self(context)
-            elif cache is None or len(cache[0]) == block_size:
-                # the first token, or the newest one outgrew block_size: a new cache from the (cropped) context
-                cache = [KVCache() for _ in self.blocks]  # one per layer
-                logits, _ = self(context, cache=cache)
-            else:  # one position's forward: the newest token against the kept keys and values
-                logits, _ = self(idx[:, -1:], cache=cache)
-            logits = logits[:, -1, :].float()  # (B, V)
-            if temperature == 0:  # greedy
-                next_token = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-            else:
-                logits = logits / max(temperature, 1e-6)  # the floor keeps a tiny temperature's logits finite
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
-                    logits[logits < kth] = -float("inf")
-                if top_p < 1:
-                    logits = filter_top_p(logits, top_p)
-                next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)  # (B, 1)
-            idx = torch.cat((idx, next_token), dim=1)
-            if on_token is not None:
-                on_token(next_token)
-        return idx

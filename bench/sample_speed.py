@@ -1,4 +1,4 @@
-"""Sampling speed with and without the KV cache: tokens/s of GPT.generate, greedy, on the CPU.
+"""Sampling speed with and without the KV cache: tokens/s of sample.generate, greedy, on the CPU.
 
     python bench/sample_speed.py [--new_tokens 256] [--repeats 2] [--threads 0]
 
@@ -10,7 +10,7 @@ cache and re-running the whole context per token, after a short warm-up of both.
 "same tokens" says whether the two drew the same tokens (they should; nothing is asserted).
 
 The tiny shape's context outgrows its block of 128 after 124 new tokens: from there each token recomputes
-the cache from the cropped context (model.py, GPT.generate), which costs what no cache costs, so its
+the cache from the cropped context (machinery/sample.py, generate), which costs what no cache costs, so its
 speedup is smaller. The last line is the GPT-2-small shape's speedup in this run.
 """
 
@@ -22,6 +22,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from machinery.sample import generate  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 SHAPES = {  # name -> GPTConfig fields; written out, so the bench needs no preset file
@@ -46,7 +47,7 @@ def timed_generate(model, prompt, new_tokens, kv_cache, repeats):
     seconds = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        out = model.generate(prompt, new_tokens, top_k=1, kv_cache=kv_cache)
+        out = generate(model, prompt, new_tokens, top_k=1, kv_cache=kv_cache)
         seconds.append(time.perf_counter() - t0)
     return out, min(seconds)
 
@@ -71,7 +72,7 @@ def main():
         model = GPT(GPTConfig(**fields)).eval()
         prompt = torch.randint(fields["vocab_size"], (1, PROMPT_TOKENS))
         for kv_cache in (True, False):  # warm-up: allocations, kernel choices
-            model.generate(prompt, 4, top_k=1, kv_cache=kv_cache)
+            generate(model, prompt, 4, top_k=1, kv_cache=kv_cache)
         cached, cached_s = timed_generate(model, prompt, args.new_tokens, True, args.repeats)
         uncached, uncached_s = timed_generate(model, prompt, args.new_tokens, False, args.repeats)
         same = "yes" if torch.equal(cached, uncached) else "NO"

@@ -17,7 +17,8 @@ from machinery import transfer
 from conftest import SHAKESPEARE, needs_gpt2, needs_shakespeare, save_bpe_tokenizer, write_word_corpus
 from machinery.files import file_sha256
 from parallel.layout import check_layout, model_for_rank
-from model import GPT, GPTConfig, KVCache, apply_rope, padded_vocab_size, rope_angles
+from machinery.sample import KVCache, generate
+from model import GPT, GPTConfig, apply_rope, padded_vocab_size, rope_angles
 from parallel.grid import Layout, ProcessGrid
 
 LLAMA = dict(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=64, block_size=32)
@@ -50,8 +51,8 @@ def test_the_kv_cache_gives_the_tokens_of_the_whole_context(n_kv_head):
     torch.manual_seed(0)
     model = GPT(GPTConfig(**{**LLAMA, "n_kv_head": n_kv_head})).eval()
     prompt = torch.randint(0, 256, (2, 4))
-    with_cache = model.generate(prompt, 40, temperature=0, kv_cache=True)  # past block_size 32: cropped
-    without = model.generate(prompt, 40, temperature=0, kv_cache=False)
+    with_cache = generate(model, prompt, 40, temperature=0, kv_cache=True)  # past block_size 32: cropped
+    without = generate(model, prompt, 40, temperature=0, kv_cache=False)
     assert torch.equal(with_cache, without)
     cache = [KVCache() for _ in model.blocks]
     full, _ = model(with_cache[:, :12])

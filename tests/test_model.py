@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from machinery.sample import generate
 from model import GPT, GPTConfig, causal_attention, clm_loss
 
 SMALL = dict(block_size=32, vocab_size=256, n_layer=3, n_head=4, n_embd=64)
@@ -257,7 +258,7 @@ def test_counts_and_generate():
     model = GPT(gpt_config)
     C, L, V, T = gpt_config.n_embd, gpt_config.n_layer, gpt_config.vocab_size, gpt_config.block_size
     assert model.num_params() == V * C + T * C + L * (12 * C * C + 2 * C) + C
-    out = model.generate(torch.zeros(2, 1, dtype=torch.long), 40, temperature=0.9, top_k=10)
+    out = generate(model, torch.zeros(2, 1, dtype=torch.long), 40, temperature=0.9, top_k=10)
     assert out.shape == (2, 41) and out.max() < V  # runs past block_size by cropping the context
 
 

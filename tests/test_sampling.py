@@ -15,7 +15,8 @@ import train
 from conftest import ROOT, needs_gpt2
 from machinery.config import SampleConfig
 from machinery.corpus import ByteTokenizer, DataConfig, get_tokenizer, prepare
-from model import GPT, GPTConfig, KVCache, filter_top_p
+from machinery.sample import KVCache, filter_top_p, generate
+from model import GPT, GPTConfig
 from machinery.sample import TextPrinter, sample_text, sample_texts
 
 SMALL = dict(block_size=16, n_layer=2, n_head=2, n_embd=32)
@@ -55,8 +56,8 @@ def test_greedy_tokens_are_the_same_with_and_without_the_cache_past_block_size(o
     model = spread_model(**overrides)
     prompt = torch.randint(256, (2, 3), generator=torch.Generator().manual_seed(2))
     new = 3 * SMALL["block_size"]  # the context outgrows block_size after 13 tokens: the cache is recomputed
-    cached = model.generate(prompt, new, top_k=1, kv_cache=True)
-    uncached = model.generate(prompt, new, top_k=1, kv_cache=False)
+    cached = generate(model, prompt, new, top_k=1, kv_cache=True)
+    uncached = generate(model, prompt, new, top_k=1, kv_cache=False)
     assert cached.shape == (2, 3 + new)
     assert cached.tolist() == uncached.tolist()
     assert len(set(cached[0, 20:].tolist())) > 1, "a constant tail would prove little"
@@ -113,7 +114,7 @@ class FixedLogits(GPT):
 
 def drawn(model, n=4000, **settings):
     torch.manual_seed(0)
-    return sorted(set(model.generate(torch.zeros(n, 1, dtype=torch.long), 1, **settings)[:, 1].tolist()))
+    return sorted(set(generate(model, torch.zeros(n, 1, dtype=torch.long), 1, **settings)[:, 1].tolist()))
 
 
 def test_top_k_then_top_p_in_generate():
@@ -131,13 +132,13 @@ def test_top_p_one_changes_nothing():
     model = spread_model()
     prompt = torch.zeros(3, 1, dtype=torch.long)
     torch.manual_seed(5)
-    default = model.generate(prompt, 30, temperature=3.0)
+    default = generate(model, prompt, 30, temperature=3.0)
     torch.manual_seed(5)
-    with_top_p = model.generate(prompt, 30, temperature=3.0, top_p=1.0)
+    with_top_p = generate(model, prompt, 30, temperature=3.0, top_p=1.0)
     assert default.tolist() == with_top_p.tolist()
     for bad in (0.0, -0.5, 1.5):
         with pytest.raises(ValueError, match=f"top_p {bad} must lie in"):
-            model.generate(prompt, 1, top_p=bad)
+            generate(model, prompt, 1, top_p=bad)
 
 
 def test_temperature_0_is_greedy():
@@ -145,11 +146,11 @@ def test_temperature_0_is_greedy():
     model = spread_model()
     prompt = torch.randint(256, (2, 3), generator=torch.Generator().manual_seed(3))
     torch.manual_seed(0)
-    greedy = model.generate(prompt, 20, temperature=0, top_k=5, top_p=0.5)  # both keep the most likely token
+    greedy = generate(model, prompt, 20, temperature=0, top_k=5, top_p=0.5)  # both keep the most likely token
     assert torch.rand(1).item() == torch.rand(1, generator=torch.Generator().manual_seed(0)).item(), "no draw"
-    assert greedy.tolist() == model.generate(prompt, 20, top_k=1).tolist()
+    assert greedy.tolist() == generate(model, prompt, 20, top_k=1).tolist()
     with pytest.raises(ValueError, match="temperature -1 must be 0"):
-        model.generate(prompt, 1, temperature=-1)
+        generate(model, prompt, 1, temperature=-1)
 
 
 # ----------------------------------------------------------------------------

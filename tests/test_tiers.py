@@ -14,6 +14,7 @@ from machinery import transfer
 from conftest import ROOT, TIKTOKEN_CACHE, needs_gpt2, run_script, write_word_corpus
 from model import GPT, GPTConfig
 from machinery.run_folder import recorded_gpt_config
+from machinery.sample import generate
 
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))  # for this process and the scripts it starts
 
@@ -146,7 +147,7 @@ def test_export_hf_loads_in_transformers_with_the_same_logits_and_greedy_text(tm
     assert (our_logits - their_logits).abs().max() < 1e-4
     prompt = ids[:1, :8]
     with torch.no_grad():
-        our_text = ours.generate(prompt, 12, top_k=1)
+        our_text = generate(ours, prompt, 12, top_k=1)
     their_text = theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False)
     assert our_text.tolist() == their_text.tolist()
 
