@@ -7,7 +7,7 @@ threads each rank gets (2 cores: 2 threads for one process, 1 each for two), and
 bandwidth of a gloo all-reduce between two local processes that also compute. Then each layout (one process,
 dp=2, tp=2, pp=2 with m = 1 and 4) trains a few steps of the tiny preset's model (4 blocks of
 width 128, block 128) on 16 sequences per step, and its measured step time is printed beside the
-planner's prediction (cost.plan_layout), with the parts the planner adds up. --mfu is the share of the matmul rate
+planner's prediction (planner.plan_layout), with the parts the planner adds up. --mfu is the share of the matmul rate
 the whole forward and backward achieve (norms, attention, softmax and the optimizer run slower).
 """
 
@@ -16,7 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machinery import cost  # noqa: E402
+from machinery import cost, planner  # noqa: E402
 from bench.layouts import measure_layout  # noqa: E402
 from parallel.grid import Layout  # noqa: E402
 
@@ -30,7 +30,7 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--mfu", type=float, default=0.42)
     args = parser.parse_args()
-    hardware = {ranks: cost.measure_cpu(MODEL, BATCH_ROWS * MODEL.block_size, ranks) for ranks in (1, 2)}
+    hardware = {ranks: planner.measure_cpu(MODEL, BATCH_ROWS * MODEL.block_size, ranks) for ranks in (1, 2)}
     for ranks, hw in hardware.items():
         print(
             f"cpu as {ranks} rank(s): {hw.peak_flops / 1e9:.1f} GFLOP/s per rank (fp32 matmul); gloo all-reduce "
@@ -44,7 +44,7 @@ def main():
     for (dp, tp, pp), m in LAYOUTS:
         layout = Layout(dp=dp, tp=tp, pp=pp, micro_batches=m)
         measured = measure_layout(layout, steps=args.steps, gpt_config=MODEL, global_batch=BATCH_ROWS)["step_seconds"]
-        plan = cost.plan_layout(
+        plan = planner.plan_layout(
             MODEL, hardware[layout.world_size], layout, BATCH_ROWS, BATCH_ROWS // dp // m, args.mfu, compute_bytes=4
         )
         rows.append((measured, plan.step_seconds))

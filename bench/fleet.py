@@ -22,7 +22,7 @@ one of:
 Every draw (the times between strikes, their kinds, the bytes overwritten) comes from one seeded generator.
 First a clean run of the same command, checkpointing every 2 steps, measures the step time and a checkpoint's cost
 C (the median gap between two step lines, without and with a checkpoint in it), a fresh job's start-up and the
-longest gap a healthy job leaves; cost.checkpoint_economics then gives Young/Daly's interval for that C and the
+longest gap a healthy job leaves; planner.checkpoint_economics then gives Young/Daly's interval for that C and the
 MTBF. --intervals: steps, "auto" for Young/Daly's in steps, "xK" for K times it. The table prints, per interval:
 goodput (useful steps per second of wall time, max_iters / wall, and per second of training, the start-ups and
 detections left out: FleetRun.training_goodput), the share of the steps trained that
@@ -51,7 +51,7 @@ sys.path.insert(0, ROOT)
 
 from machinery import checkpoint  # noqa: E402
 from machinery import cluster  # noqa: E402
-from machinery import cost  # noqa: E402
+from machinery import planner  # noqa: E402
 from machinery.run_folder import read_jsonl  # noqa: E402
 
 # the run: a tiny GPT on the standard library's bytes, a line per step (the supervisor reads each as a sign of life)
@@ -402,7 +402,7 @@ def calibrate(out_dir, max_iters, dense=2, ranks=1, flags=FLAGS):
 def young_daly_seconds(checkpoint_seconds, mtbf_seconds, params=1_000_000):
     """cost.py's Young/Daly interval for a checkpoint that takes checkpoint_seconds and a fleet that fails every
     mtbf_seconds: checkpoint_economics on one device, at the write bandwidth that makes its checkpoint take C."""
-    plan = cost.checkpoint_economics(
+    plan = planner.checkpoint_economics(
         params,
         gpus=1,
         write_bandwidth=12 * params / checkpoint_seconds,
@@ -447,7 +447,7 @@ def table(runs, calibration, mtbf, young_daly_steps, out_root):
     """One line per interval: goodput, recomputed share, failures and detection, restarts, bitwise losses."""
     lines = [
         f"step {1000 * calibration.step_seconds:.2f} ms, checkpoint C {1000 * calibration.checkpoint_seconds:.1f} ms, "
-        f"MTBF {mtbf:g} s of training -> Young/Daly (cost.checkpoint_economics) every "
+        f"MTBF {mtbf:g} s of training -> Young/Daly (planner.checkpoint_economics) every "
         f"{young_daly_seconds(calibration.checkpoint_seconds, mtbf):.3f} s = {young_daly_steps:.0f} steps; "
         f"a fresh job's start-up {calibration.startup_seconds:.2f} s",
         f"{'interval':>9} {'goodput steps/s':>16} {'of training':>12} {'recomputed':>13} {'failures':>9} "

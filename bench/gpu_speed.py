@@ -8,7 +8,7 @@
 
 Each row times train.py's optimizer_step (forward and backward under bf16 autocast,
 the DP all-reduce, clipping, fused AdamW) on random tokens, after warm-up steps
-that absorb compilation. MFU is the model FLOPs per token (cost.flops_per_token:
+that absorb compilation. MFU is the model FLOPs per token (closed_forms.flops_per_token:
 6N plus attention) times tokens/s, over the GPUs' dense bf16 peak (cost.py's table,
 or --peak_tflops). Attention runs through PyTorch's flash kernel only (the other
 SDPA kernels are switched off, so a shape flash cannot take is an error, not a
@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from machinery import config  # noqa: E402
-from machinery import cost  # noqa: E402
+from machinery import closed_forms, planner  # noqa: E402
 from machinery import run_setup  # noqa: E402
 import train  # noqa: E402
 from machinery.local_ranks import results_of, run_ranks  # noqa: E402
@@ -165,8 +165,8 @@ def main():
     ]
     batch_sizes = [int(b) for b in (args.batch_sizes or ("16,32,64" if cuda else "4")).split(",")]
     dp = args.dp or (torch.cuda.device_count() if cuda else 1)
-    peak = cost.device_peak_flops(device, args.peak_tflops)
-    flops_per_token = cost.flops_per_token(gpt_config)
+    peak = planner.device_peak_flops(device, args.peak_tflops)
+    flops_per_token = closed_forms.flops_per_token(gpt_config)
     name = torch.cuda.get_device_name(device) if cuda else "CPU"
     print(
         f"{name}, torch {torch.__version__}, {str(run_setup.pick_dtype('auto', device)).replace('torch.', '')}, "

@@ -8,7 +8,7 @@ The model is 8 blocks of width 128 (8 heads, block 64, bytes), the global batch 
 8 micro-batches under 1F1B. Columns, per optimizer step:
   tokens/s      the group's, over the timed steps (see below for what it means here)
   dp/tp/pp MiB  payload bytes each dimension carried, on its busiest rank (comm_count.counted);
-                "=" when every rank's count equals the closed form (cost.comm_bytes_per_step)
+                "=" when every rank's count equals the closed form (closed_forms.comm_bytes_per_step)
   state MiB     parameters + gradients + AdamW moments on the fullest rank at an update (fp32: 4 + 4 + 8
                 bytes per parameter it holds; monitor.state_bytes)
   ZeRO-1, -2    the same under --zero 1 and --zero 2 (zero.py), which share AdamW's moments, then the
@@ -49,7 +49,7 @@ from machinery.config import TrainConfig  # noqa: E402
 from parallel.layout import model_for_rank  # noqa: E402
 from machinery.local_ranks import results_of, run_ranks  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from machinery.cost import comm_bytes_per_step  # noqa: E402
+from machinery.closed_forms import comm_bytes_per_step  # noqa: E402
 from machinery.monitor import SavedActivations, state_bytes  # noqa: E402
 from parallel.comm_count import take_comm_bytes  # noqa: E402
 from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed  # noqa: E402

@@ -24,7 +24,7 @@ from machinery import config  # noqa: E402
 from machinery import run_setup  # noqa: E402
 import train  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from machinery.cost import comm_bytes_per_step  # noqa: E402
+from machinery.closed_forms import comm_bytes_per_step  # noqa: E402
 from parallel.comm_count import take_comm_bytes  # noqa: E402
 from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
 from machinery.torch_engines import rank_model  # noqa: E402

@@ -188,7 +188,7 @@ EXERCISES = [
     ),
     Exercise(
         "flops_per_token",
-        "machinery/cost.py",
+        "machinery/closed_forms.py",
         ("flops_per_token",),
         "6 N plus attention's 12 L C T",
         (),

@@ -17,25 +17,38 @@ The account, top to bottom:
   cost           GPU-hours x $ per GPU-hour
 and when to checkpoint, given how often a device fails (Young/Daly).
 
-train.py prints the same account for the run at hand (`account_lines`); the bytes each rank sends per
-step (`comm_bytes_per_step`) are what comm_count.counted counts, equal byte for byte in a test.
+Its pieces: the closed forms (closed_forms.py), the planner (planner.py), and here the named shapes, the account a
+run prints at its start (`account_lines`) and the command line.
 """
 
 import argparse
 import json
 import math
-import os
 import sys
-import time
 from dataclasses import asdict, dataclass, replace
 
-import torch
-
-from model import GPTConfig, stage_layers
-from parallel.grid import Layout
+from machinery.closed_forms import (
+    flops_per_token,
+    fullest_rank_state_bytes,
+    memory_per_gpu,
+    parameters_on_rank,
+    state_bytes_formula,
+)
+from machinery.planner import (
+    GPU_ALIASES,
+    GPUS,
+    CheckpointPlan,
+    Plan,
+    checkpoint_economics,
+    long_context_rows,
+    measure_cpu,
+    min_model_parallel,
+    rank_layouts,
+)
+from model import GPTConfig
 
 # ----------------------------------------------------------------------------
-# The model: parameters and FLOPs in closed form
+# Published shapes
 
 
 @dataclass(frozen=True)
@@ -82,598 +95,6 @@ MODELS = {
 }
 
 
-def parameters_on_rank(gpt_config, layout=Layout(), stage=0):
-    """Closed form of the parameters one rank of the layout holds (stage `stage` of pp, a 1/tp slice of its
-    matrices); with the defaults, the whole model's count, GPT(gpt_config).num_params().
-
-    A block's matrices are cut by tp, its norms stay whole on every TP rank: attention's q (C^2), k and v
-    (C x kv each, kv = C kv_heads / n_head: C^2 each without GQA) and output (C^2); the MLP's two matrices of
-    C x hidden (GELU, hidden 4 C: 8 C^2 in all) or three (SwiGLU, llama). So GPT-2's block holds 12 C^2. The
-    first stage adds the embedding (its V/tp rows, the vocabulary padded to a multiple of tp) and the learned
-    positions (gpt2); the last stage the final norm, and the head's matrix where it is not the first stage's
-    embedding itself: a copy of the tied one on a later stage, or an untied head of its own."""
-    C, V, H = gpt_config.n_embd, gpt_config.vocab_size, gpt_config.hidden
-    kv, tp, pp = gpt_config.kv_width, layout.tp, layout.pp
-    mlp_matrices = 3 if gpt_config.arch == "llama" else 2
-    norm = 0 if gpt_config.norm == "none" else C * (2 if gpt_config.norm == "layernorm" and gpt_config.bias else 1)
-    matrices = C * (C + 2 * kv) + C * C + mlp_matrices * C * H
-    column_biases = (C + 2 * kv if gpt_config.bias or gpt_config.qkv_bias else 0) + (
-        (mlp_matrices - 1) * H if gpt_config.bias else 0
-    )  # cut by tp with their matrices; the row-parallel ones (attention out, MLP down) stay whole
-    block = matrices // tp + 2 * norm + column_biases // tp + (2 * C if gpt_config.bias else 0)
-    first_block, end_block = stage_layers(gpt_config.n_layer, pp)[stage]
-    embedding = -(-V // tp) * C
-    n = (end_block - first_block) * block
-    if stage == 0:
-        n += embedding + (gpt_config.block_size * C if gpt_config.arch == "gpt2" else 0)  # learned positions
-    if stage == pp - 1:
-        head = embedding if pp > 1 or not gpt_config.tie_embeddings else 0
-        n += (norm if gpt_config.norm_position == "pre" else 0) + head
-    return n
-
-
-def whole_parameters_on_stage(gpt_config, pp=1, stage=0):
-    """The parameters every TP rank holds whole on a pipeline stage: its blocks' norms and row-parallel biases, the
-    learned positions on the first stage, the final norm on the last (parameters_on_rank's uncut part). Under
-    sequence parallelism each TP rank's gradient of them comes from its T/tp positions, so they are summed."""
-    C = gpt_config.n_embd
-    norm = 0 if gpt_config.norm == "none" else C * (2 if gpt_config.norm == "layernorm" and gpt_config.bias else 1)
-    first_block, end_block = stage_layers(gpt_config.n_layer, pp)[stage]
-    n = (end_block - first_block) * (2 * norm + (2 * C if gpt_config.bias else 0))
-    n += gpt_config.block_size * C if stage == 0 and gpt_config.arch == "gpt2" else 0
-    return n + (norm if stage == pp - 1 and gpt_config.norm_position == "pre" else 0)
-
-
-def lookup_parameters(gpt_config):
-    """The parameters only looked up, never multiplied: the learned positions (gpt2: T x C; rotary ones have none),
-    and the token embedding where the head is a matrix of its own (tied, the same matrix is the head's matmul)."""
-    positions = gpt_config.block_size * gpt_config.n_embd if gpt_config.arch == "gpt2" else 0
-    return positions + (0 if gpt_config.tie_embeddings else gpt_config.vocab_size * gpt_config.n_embd)
-
-
-def fullest_rank_parameters(gpt_config, layout):
-    """The parameters of the rank that holds the most (the first stage, with the embedding and positions)."""
-    return max(parameters_on_rank(gpt_config, layout, s) for s in range(layout.pp))
-
-
-def flops_per_token(gpt_config):
-    """Training FLOPs per token: 6 N for the weight matmuls (2 N forward, 4 N backward), plus 12 L C T
-    for attention's q k^T and its weighted sum of v (2 T C each per layer forward, times 3 with
-    backward), counted over the full T x T square as the PaLM paper does. A position lookup does no matmul."""
-    # exercise flops_per_token: begin
-    L, C, T = gpt_config.n_layer, gpt_config.n_embd, gpt_config.block_size
-    return 6 * (parameters_on_rank(gpt_config) - lookup_parameters(gpt_config)) + 12 * L * C * T
-    # exercise flops_per_token: end
-
-
-def comm_bytes_per_step(gpt_config, layout, *, stage, batch_size, accumulation, compute_bytes):
-    """Closed form of the bytes a rank of the layout's pipeline stage `stage` hands to each dimension's
-    communication in one optimizer step (what comm_count.counted counts), with the step's
-    formula: {dimension: (bytes, formula)}.
-
-    B = batch_size rows per micro-step (all of a pipeline's micro-batches together), A
-    micro-steps of accumulation, T = the positions of a sequence a rank holds (block_size / cp), C = n_embd,
-    L = the stage's blocks. The
-    activations cross in fp32, except the row-parallel matmul outputs, which are in the
-    compute dtype (compute_bytes: 2 under bf16 or fp16 autocast).
-      tp: per block, 2 all-reduces forward (after attention and after the MLP) and 2 backward
-          (before them), every micro-step: at every layer. Recomputation adds the attention's one
-          again in backward (the MLP's output feeds no tensor backward keeps, and torch's checkpoint
-          stops rebuilding once backward has what it needs). Plus the embedding's forward on the
-          first stage, the head's backward and the loss's 3 (B, T) reductions (a max, two sums) on
-          the last. Under sequence parallelism each all-reduce becomes an all-gather and a reduce-scatter of the
-          same (B, T, C) buffer, each counted whole (a ring moves half an all-reduce's bytes for each): per block,
-          forward an all-gather (fp32) before each column-parallel layer and a reduce-scatter (compute dtype) after
-          each row-parallel one, backward the reverse; recomputation gathers attention's and the MLP's inputs and
-          scatters attention's output again. The embedding's reduce-scatter and the head's all-gather (fp32) go both
-          ways, and the whole parameters' gradients (norms, positions, row-parallel biases) are summed, fp32, as
-          each backward makes them: once per micro-batch of a pipeline (micro_batches), once per micro-step else.
-      pp: per micro-step, the activation (B, T, C) to the next stage and its gradient back to
-          the one before ((B, T/tp, C) under sequence parallelism): between stages only. Interleaved over v
-          chunks a rank (virtual_stages), each chunk sends both, less the model's first and last chunks: 2 v
-          on the ranks between, 2 v - 1 on the ends. Plus, once per step, the tied embedding's gradient between
-          the first and last stages.
-      cp: per block, its keys and values (2 B T kv/tp, compute dtype) passed around the ring cp - 1 times forward
-          (again under recomputation) and their gradient cp - 1 times back; and the gradient of every parameter
-          the rank holds averaged over the group as each backward makes it (fp32, micro_batches per micro-step).
-      dp: once per step, the gradient of every parameter the rank holds, fp32; under ZeRO (zero 1, 2) a
-          reduce-scatter of it (ZeRO-2: every micro-step) and an all-gather of the updated weights; under
-          FSDP2 (zero 3) its reduce-scatter alone is counted (its all-gathers carry weights, not gradients).
-    """
-    dp, tp, pp, cp, zero = layout.dp, layout.tp, layout.pp, layout.cp, layout.zero_stage
-    recompute, sequence_parallel = layout.recompute, layout.sequence_parallel
-    micro_batches, virtual_stages = layout.pipeline_micro_batches, layout.virtual_stages
-    B, T, C, A = batch_size, gpt_config.block_size // cp, gpt_config.n_embd, accumulation
-    first_block, end_block = stage_layers(gpt_config.n_layer, pp)[stage]
-    L, first, last = end_block - first_block, stage == 0, stage == pp - 1
-    act = B * T * C  # elements of one (B, T, C) activation
-    tp_bytes = pp_bytes = dp_bytes = 0
-    tp_how = pp_how = dp_how = "none: a group of 1"
-    if tp > 1 and not sequence_parallel:
-        per_micro_step = (
-            L * act * ((2 + recompute) * compute_bytes + 2 * 4) + first * act * 4 + last * (act * 4 + 3 * B * T * 4)
-        )
-        tp_bytes = A * per_micro_step
-        tp_how = (
-            f"A x [L B T C x ({2 + recompute} x {compute_bytes} + 2 x 4) at every layer"
-            + (" + B T C x 4 (embedding)" if first else "")
-            + (" + B T C x 4 (head) + 3 B T x 4 (loss)" if last else "")
-            + f"], A={A} L={L} B={B} T={T} C={C}"
-        )
-    if tp > 1 and sequence_parallel:
-        whole = whole_parameters_on_stage(gpt_config, pp, stage)
-        per_layer = (4 + recompute) * compute_bytes + (4 + 2 * recompute) * 4
-        per_micro_step = (
-            L * act * per_layer + (first + last) * act * 8 + last * 3 * B * T * 4 + micro_batches * whole * 4
-        )
-        tp_bytes = A * per_micro_step
-        tp_how = (
-            f"A x [L B T C x ({4 + recompute} x {compute_bytes} + {4 + 2 * recompute} x 4) at every layer"
-            + (" + B T C x 8 (embedding)" if first else "")
-            + (" + B T C x 8 (head) + 3 B T x 4 (loss)" if last else "")
-            + f" + {micro_batches} x {whole:,} x 4 (whole parameters' gradients)], A={A} L={L} B={B} T={T} C={C}"
-        )
-    if pp > 1:
-        neighbours = 2 * virtual_stages - first - last  # sends a micro-step: forward from each chunk but the
-        # model's last, backward from each but its first
-        tied = (first or last) * gpt_config.tie_embeddings * -(-gpt_config.vocab_size // tp) * C * 4  # its two copies
-        pp_bytes = A * neighbours * act // (tp if sequence_parallel else 1) * 4 + tied
-        sent = (
-            "activations forward and gradients back"
-            if neighbours >= 2
-            else "activations to the next stage"
-            if first
-            else "gradients to the stage before"
-        )
-        pp_how = (
-            f"A x {neighbours} x B T C{' / tp' if sequence_parallel else ''} x 4 ({sent})"
-            + (f" + V/tp x C x 4 (tied embedding's gradient), V={gpt_config.vocab_size}" if tied else "")
-            + f", A={A} B={B} T={T} C={C}"
-        )
-    if dp > 1:
-        held = parameters_on_rank(gpt_config, layout, stage)
-        scatters = A if zero == 2 else 1  # ZeRO-2 reduces every micro-step's gradient
-        ours = zero in (1, 2)  # FSDP2 (stage 3) counts its reduce-scatters only: its all-gathers carry weights
-        dp_bytes = (4 * scatters + 4 if ours else 4) * held
-        dp_how = (
-            f"{'A x ' if zero == 2 else ''}4 x {held:,} parameters on the rank, reduce-scattered, + 4 x {held:,} "
-            "all-gathered, per step (a ring moves (dp - 1)/dp of each: one all-reduce's worth each pair)"
-            + (f", A={A}" if zero == 2 else "")
-            if ours
-            else f"4 x {held:,} parameters on the rank, once per step"
-        )
-    cp_bytes, cp_how = 0, "none: a group of 1"
-    if cp > 1:
-        kv = gpt_config.kv_width // tp  # this TP rank's key/value width
-        held = parameters_on_rank(gpt_config, layout, stage)
-        cp_bytes = A * (L * (cp - 1) * (2 + recompute) * 2 * B * T * kv * compute_bytes + micro_batches * 4 * held)
-        cp_how = (
-            f"A x [L x (cp - 1) x {2 + recompute} x 2 B T kv x {compute_bytes} (keys and values around the ring) + "
-            f"{micro_batches} x 4 x {held:,} parameters (their gradients averaged)], A={A} L={L} B={B} T={T} "
-            f"kv={kv} cp={cp}"
-        )
-    return {"dp": (dp_bytes, dp_how), "tp": (tp_bytes, tp_how), "pp": (pp_bytes, pp_how), "cp": (cp_bytes, cp_how)}
-
-
-def busiest_stage_comm_bytes(gpt_config, layout, *, batch_size, accumulation, compute_bytes):
-    """{dimension: (bytes, formula)} per step, in closed form, of the stage that sends the most in it
-    (what train.py logs as comm_bytes_* and prints beside the counts)."""
-    per_stage = [
-        comm_bytes_per_step(
-            gpt_config,
-            layout,
-            stage=stage,
-            batch_size=batch_size,
-            accumulation=accumulation,
-            compute_bytes=compute_bytes,
-        )
-        for stage in range(layout.pp)
-    ]
-    return {
-        d: max((stage[d] for stage in per_stage), key=lambda closed_form: closed_form[0])
-        for d in ("dp", "tp", "pp", "cp")
-    }
-
-
-# ----------------------------------------------------------------------------
-# Hardware
-
-# Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched against the device name.
-GPU_PEAK_FLOPS = {
-    "H200": 989e12,
-    "H100": 989e12,
-    "A100": 312e12,
-    "A10G": 70e12,
-    "A10": 125e12,
-    "L40S": 362e12,
-    "L4": 121e12,
-    "RTX 4090": 165e12,
-    "RTX 3090": 71e12,
-    "V100": 125e12,
-    "T4": 65e12,
-}
-
-
-def device_peak_flops(device, peak_tflops=0.0):
-    """FLOP/s the device could do at best, for MFU; None on CPU or an unknown GPU."""
-    if peak_tflops > 0:
-        return peak_tflops * 1e12
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in GPU_PEAK_FLOPS.items() if key in name), None)
-
-
-@dataclass(frozen=True)
-class Hardware:
-    name: str
-    peak_flops: float  # one device, dense bf16 (the CPU: measured fp32)
-    memory: float  # bytes of one device
-    intra_bandwidth: float  # bytes/s a device sends to another of its node, one direction (NVLink)
-    inter_bandwidth: float  # bytes/s a device sends to another node (its share of the network: InfiniBand, RoCE)
-    latency: float  # seconds per message
-    per_node: int  # devices per node
-
-
-# SXM parts in nodes of 8: NVLink 3 (A100) 600 GB/s and NVLink 4 (H100, H200) 900 GB/s both directions
-# together; one 200 (A100) or 400 (H100, H200) Gb/s network port per GPU.
-GPUS = {
-    "A100-40GB": Hardware("A100-40GB", GPU_PEAK_FLOPS["A100"], 40e9, 300e9, 25e9, 10e-6, 8),
-    "A100-80GB": Hardware("A100-80GB", GPU_PEAK_FLOPS["A100"], 80e9, 300e9, 25e9, 10e-6, 8),
-    "H100": Hardware("H100", GPU_PEAK_FLOPS["H100"], 80e9, 450e9, 50e9, 10e-6, 8),
-    "H200": Hardware("H200", GPU_PEAK_FLOPS["H200"], 141e9, 450e9, 50e9, 10e-6, 8),
-    # the card of someone training at home: 24 GB, no NVLink (PCIe 4.0 x16, ~25 GB/s each way), 4 to a
-    # workstation, 10 Gb/s Ethernet between workstations
-    "RTX4090": Hardware("RTX4090", GPU_PEAK_FLOPS["RTX 4090"], 24e9, 25e9, 1.25e9, 20e-6, 4),
-}
-GPU_ALIASES = {"A100": "A100-80GB"}
-
-
-def _all_reduce_under_load(sizes, gpt_config, rows, repeats=30):
-    """On one of 2 local ranks: the mean time an all-reduce of each size (bytes) adds to a loop
-    that also multiplies (rows, C) @ (C, 4C), as a training step interleaves them."""
-    import torch.distributed as dist  # only the measurement needs it
-
-    from parallel.grid import destroy_distributed, init_distributed
-
-    init_distributed(60)
-    try:
-        a, w = torch.randn(rows, gpt_config.n_embd), torch.randn(gpt_config.n_embd, 4 * gpt_config.n_embd)
-
-        def loop(message):
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(repeats):
-                a @ w
-                if message is not None:
-                    dist.all_reduce(message)
-            return (time.perf_counter() - t0) / repeats
-
-        loop(torch.zeros(1))  # warm-up
-        compute = loop(None)
-        return [loop(torch.zeros(max(1, size // 4))) - compute for size in sizes]
-    finally:
-        destroy_distributed()
-
-
-def measure_cpu(gpt_config, rows, ranks):
-    """This machine as a 'GPU': each of `ranks` processes gets cores / ranks threads (as
-    parallel.grid.init_distributed gives them). peak_flops: fp32 matmul FLOP/s of that many threads
-    at the model's MLP shape, (rows, C) @ (C, 4C). The link: what an all-reduce between 2 local
-    processes adds to a loop that also computes, as in training (alone, gloo on loopback is several
-    times faster than between two busy processes on shared cores). A 2-rank ring all-reduce is 2
-    messages: the latency per message is half a 4-byte all-reduce's time, and the bandwidth is what
-    fits the time of one the size of a (rows, C) fp32 activation."""
-    from machinery.local_ranks import results_of, run_ranks
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
-    a, w = torch.randn(rows, gpt_config.n_embd), torch.randn(gpt_config.n_embd, 4 * gpt_config.n_embd)
-    for _ in range(3):
-        a @ w  # warm-up
-    t0, repeats = time.perf_counter(), 20
-    for _ in range(repeats):
-        a @ w
-    peak = 2 * rows * gpt_config.n_embd * 4 * gpt_config.n_embd * repeats / (time.perf_counter() - t0)
-    torch.set_num_threads(threads)
-    message = rows * gpt_config.n_embd * 4
-    latency, seconds = results_of(run_ranks(2, _all_reduce_under_load, [4, message], gpt_config, rows // ranks))[0]
-    bandwidth = message / max(seconds - latency, 1e-9)  # 2 ranks: a ring all-reduce sends the message once
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # POSIX, as is gloo on loopback here
-    return Hardware("cpu", peak, memory, bandwidth, bandwidth, max(latency / 2, 1e-9), os.cpu_count() or 1)
-
-
-# ----------------------------------------------------------------------------
-# A layout: memory per device and step time
-
-
-def state_bytes_per_parameter(dp=1, zero=0):
-    """Bytes of training state per parameter a rank holds: fp32 weights (4), gradients (4) and AdamW's two
-    moments (8). ZeRO (zero.py; Rajbhandari et al. 2020) shares out over the dp ranks, stage 1: the moments,
-    4 + 4 + 8/dp; stage 2: the gradients too, 4 + 12/dp; stage 3 (FSDP): the weights too, 16/dp. (With bf16
-    weights and gradients beside fp32 master weights, the paper's case, stage 1 leaves 4 + 12/dp of 16.)"""
-    return {0: 16, 1: 8 + 8 / dp, 2: 4 + 12 / dp, 3: 16 / dp}[zero]
-
-
-def state_bytes_formula(dp=1, zero=0):
-    """state_bytes_per_parameter as a formula, for the printed comparisons: '4 + 4 + 8/2 = 12 B'."""
-    terms = {0: "4 + 4 + 8", 1: f"4 + 4 + 8/{dp}", 2: f"4 + 12/{dp}", 3: f"16/{dp}"}[zero]
-    return f"{terms} = {state_bytes_per_parameter(dp, zero):g} B"
-
-
-def fullest_rank_state_bytes(gpt_config, layout):
-    """Closed form of the training state on the rank of the layout that holds the most (train.py prints it beside
-    monitor.state_bytes at the first update)."""
-    return state_bytes_per_parameter(layout.dp, layout.zero_stage) * fullest_rank_parameters(gpt_config, layout)
-
-
-@dataclass(frozen=True)
-class Memory:
-    """Bytes on the fullest device of a layout (memory_per_gpu)."""
-
-    state: float  # weights, gradients and AdamW's two moments: 16 B per parameter held, less what ZeRO shares out
-    activations: float  # what backward keeps: the micro-batches in flight, plus the logits of one
-
-    @property
-    def total(self):
-        return self.state + self.activations
-
-
-def memory_per_gpu(gpt_config, layout, micro_batch_rows, in_flight, activation_bytes=2, fused_ring=True):
-    """Bytes on the fullest device of a layout, as a Memory.
-
-    state: 16 B per parameter held (the stage with the embedding holds the most), less what ZeRO's
-    stage (the layout's zero_stage) shares out over the dp ranks (state_bytes_per_parameter).
-    activations: per layer and micro-batch of b rows, s b h (10 + 24/t) bytes at 16 bits under TP
-    of t without sequence parallelism (Korthikanti et al. 2022, whose 5 a s / h more for the
-    (s, s) attention scores a fused attention kernel never stores: model.py calls SDPA), or only
-    the layer's input, 2 s b h, with full recomputation. Their 24 h is what TP cuts: q, k, v and
-    attention's output (2 h each; k and v 2 kv each under GQA), and the MLP's hidden activations,
-    GELU's input and output (2 x 2 H, H = 4 h) or SwiGLU's gate, up, SiLU(gate) and product (4 x 2 H),
-    and under RoPE the rotated copies of q and k (2 h + 2 kv). Their 10 h is what TP leaves whole: the norms'
-    inputs (4 h), dropout's masks (2 h), and the inputs of the column-parallel layers (4 h). Sequence
-    parallelism cuts the first two by position, 4 h + 6 h/t; the gathered inputs stay whole, as autograd keeps
-    them (Megatron gathers them again in backward to cut them too);
-    times the stage's layers, times the micro-batches in flight (1F1B: p on the first stage, at most m;
-    GPipe: all m), plus the logits of one. Context parallelism (cp) gives a rank s / cp positions of all of it,
-    plus the K and V blocks the ring brings, kept for their backward: 4 kv (cp - 1) / tp a position, as a fused
-    ring kernel keeps them (fused_ring). context_parallel.ring_attention, written to be read, rebuilds each block's
-    scores in backward too, but autograd keeps every merge's running output and block output, fp32: 8 h (cp - 1) / tp
-    bytes a position more on the ring's last rank, whose every step merges a whole block (fused_ring=False)."""
-    tp, pp, cp, recompute, sequence_parallel = (
-        layout.tp,
-        layout.pp,
-        layout.cp,
-        layout.recompute,
-        layout.sequence_parallel,
-    )
-    state = fullest_rank_state_bytes(gpt_config, layout)
-    s, b, h = gpt_config.block_size // cp, micro_batch_rows, gpt_config.n_embd
-    kv = gpt_config.kv_width
-    llama = gpt_config.arch == "llama"
-    mlp = (8 if llama else 4) * gpt_config.hidden
-    rope = 2 * h + 2 * kv if llama else 0  # the rotated q and k: copies attention keeps beside q, k, v's own
-    left_whole = 4 * h + 6 * h / tp if sequence_parallel else 10 * h
-    cut_by_position = tp if sequence_parallel else 1  # a recomputed layer keeps its input: T/tp positions under SP
-    ring = 4 * kv * (cp - 1)  # the K and V blocks received from the other cp - 1 ranks (their TP slice: / tp below)
-    per_layer = (
-        2 * s * b * h / cut_by_position
-        if recompute
-        else s * b * (left_whole + (4 * h + 4 * kv + mlp + rope + ring) / tp)
-    )
-    layers = max(end - first for first, end in stage_layers(gpt_config.n_layer, pp))
-    # in the compute dtype, and the loss's fp32 copy
-    logits = b * s * -(-gpt_config.vocab_size // tp) * (activation_bytes + 4)
-    activations = in_flight * layers * per_layer * activation_bytes / 2 + logits
-    if not (fused_ring or recompute):  # recomputation keeps a layer's input alone, ring and merges rebuilt
-        activations += in_flight * layers * s * b * 8 * h * (cp - 1) / tp
-    return Memory(state, activations)
-
-
-@dataclass
-class Plan:
-    layout: Layout  # dp x tp x pp, with the recomputation and ZeRO stage planned
-    micro_batches: int  # per optimizer step on each dp rank: a pipeline's micro-batches, or accumulation steps
-    fits: bool
-    memory_gb_per_gpu: float
-    step_seconds: float
-    tokens_per_s: float
-    achieved_mfu: float  # the layout's step, with its bubble and communication, against the devices' peak
-    parts: dict  # seconds per step: compute, bubble, tp, pp, dp (the part backward does not hide)
-
-
-def plan_layout(gpt_config, hw, layout, batch_rows, micro_batch_rows, mfu, compute_bytes=2):
-    """The step time and memory of one layout of dp x tp x pp devices, batch_rows sequences per step.
-
-    Each dp rank runs batch_rows / dp rows as m micro-batches of micro_batch_rows (a pipeline's
-    micro-batches, or accumulation steps). Compute runs at mfu x peak, each stage at the pace of the
-    slowest (the most blocks, or the head on the last); full recomputation adds a forward (8 N instead
-    of 6 N FLOPs per token). Communication, each on the link its group crosses (NVLink while the group
-    sits inside one node, the network once it spans nodes), modelled with activations in the compute dtype:
-      tp: 4 all-reduces of a (b, T, C) activation per layer and micro-batch (5 with recomputation:
-          comm_bytes_per_step says which),
-          2 at the ends and the loss's 3 of (b, T), blocking;
-      pp: an activation forward and its gradient back per micro-batch;
-      dp: the all-reduce of the fp32 gradients, once per step. Without a pipeline it overlaps the
-          last micro-step's backward (2/3 of its compute) except its last bucket; with one it starts
-          after the schedule. Under ZeRO its two halves come apart: the reduce-scatter overlaps as the
-          all-reduce did (ZeRO-2: one per micro-batch, each with its own backward), the all-gather of the
-          updated weights waits for the update. A pipeline's layouts get ZeRO-1 when ZeRO-2 is asked.
-    Memory: the state under the layout's ZeRO stage (state_bytes_per_parameter), and the activations.
-    The bubble: a pipeline idles p - 1 micro-batch slots, each the slowest stage's compute and
-    communication for one micro-batch: (p - 1) / (m + p - 1) of the step when communication is free.
-    A ring all-reduce of P bytes over n devices sends 2 (n - 1) / n P per device in 2 (n - 1) messages."""
-    if layout.zero == 2 and layout.pp > 1:  # layout.check_layout refuses ZeRO-2 with a pipeline (zero.py says why)
-        layout = replace(layout, zero=1)
-    dp, tp, pp, zero, recompute = layout.dp, layout.tp, layout.pp, layout.zero, layout.recompute
-    m = batch_rows // dp // micro_batch_rows
-    tokens = batch_rows * gpt_config.block_size // dp  # per dp rank and step
-    C, T, V = gpt_config.n_embd, gpt_config.block_size, gpt_config.vocab_size
-    stage_flops = [
-        (end - first) * (72 * C * C + 12 * C * T) + (s == pp - 1) * 6 * V * C  # per token: blocks, head
-        for s, (first, end) in enumerate(stage_layers(gpt_config.n_layer, pp))
-    ]
-    compute = max(stage_flops) * tokens / tp / (hw.peak_flops * mfu) * (4 / 3 if recompute else 1)
-
-    def link(span):  # a group of consecutive ranks stays inside a node only if its span tiles the node
-        return hw.intra_bandwidth if span <= hw.per_node and hw.per_node % span == 0 else hw.inter_bandwidth
-
-    def all_reduce(size, n, bandwidth):
-        return 0.0 if n == 1 else 2 * (n - 1) / n * size / bandwidth + 2 * (n - 1) * hw.latency
-
-    layers = max(end - first for first, end in stage_layers(gpt_config.n_layer, pp))
-    activation = micro_batch_rows * T * C * compute_bytes
-    loss_sums = 3 * all_reduce(micro_batch_rows * T * 4, tp, link(tp))  # the vocab-parallel loss
-    tp_seconds = m * (((4 + recompute) * layers + 2) * all_reduce(activation, tp, link(tp)) + loss_sums)
-    pp_seconds = 0.0 if pp == 1 else 2 * m * (activation / link(tp * pp) + hw.latency)
-    bubble = (pp - 1) * (compute + tp_seconds + pp_seconds) / m
-    gradients = 4 * fullest_rank_parameters(gpt_config, layout)
-    dp_full = all_reduce(gradients, dp, link(dp * tp * pp))
-    last_bucket = min(1.0, 25 * 2**20 / gradients)
-    reduced = dp_full / 2 if zero else dp_full  # ZeRO: the reduce-scatter half; its all-gather comes after
-    exposed = reduced if pp > 1 else max(reduced - 2 / 3 * compute / m, reduced * last_bucket)
-    dp_seconds = exposed * (m if zero == 2 else 1) + dp_full - reduced  # ZeRO-2 reduces every micro-batch
-    parts = {"compute": compute, "bubble": bubble, "tp": tp_seconds, "pp": pp_seconds, "dp": dp_seconds}
-    step = sum(parts.values())
-    in_flight = min(pp, m)  # 1F1B's first stage
-    memory = memory_per_gpu(gpt_config, layout, micro_batch_rows, in_flight, compute_bytes).total
-    achieved = flops_per_token(gpt_config) * batch_rows * T / (dp * tp * pp) / step / hw.peak_flops
-    return Plan(layout, m, memory <= hw.memory, memory / 1e9, step, batch_rows * T / step, achieved, parts)
-
-
-def layouts(gpt_config, gpus, batch_rows, micro_batch_rows):
-    """Every Layout of dp x tp x pp = gpus that the model and the batch allow: tp divides the
-    heads, every stage gets a block, every dp rank gets whole micro-batches."""
-    found = []
-    for tp in range(1, gpus + 1):
-        for pp in range(1, gpus // tp + 1):
-            dp = gpus // (tp * pp)
-            if (
-                dp * tp * pp == gpus
-                and gpt_config.n_head % tp == 0
-                and pp <= gpt_config.n_layer
-                and batch_rows % (dp * micro_batch_rows) == 0
-            ):
-                found.append(Layout(dp=dp, tp=tp, pp=pp))
-    return found
-
-
-def long_context_rows(gpt_config, ways, lengths, micro_batch_rows=1, activation_bytes=2):
-    """Cutting one sequence's work `ways` ways, at each context length T: per rank, the activations one step keeps
-    (no recomputation, one micro-batch of micro_batch_rows sequences) and the bytes it sends, under TP, TP with
-    sequence parallelism, and context parallelism; and the training state each keeps (TP cuts the weights, CP
-    keeps them whole). -> [{"T", "activations": {name: bytes}, "comm": {name: bytes}, "state": {name: bytes}}]"""
-    cuts = {"tp": Layout(tp=ways), "tp+sp": Layout(tp=ways, sequence_parallel=True), "cp": Layout(cp=ways)}
-    rows = []
-    for T in lengths:
-        shape = replace(gpt_config, block_size=T)
-        row = {"T": T, "activations": {}, "comm": {}, "state": {}}
-        for name, cut in cuts.items():
-            memory = memory_per_gpu(shape, cut, micro_batch_rows, 1, activation_bytes)
-            sent = comm_bytes_per_step(
-                shape, cut, stage=0, batch_size=micro_batch_rows, accumulation=1, compute_bytes=activation_bytes
-            )
-            row["activations"][name], row["state"][name] = memory.activations, memory.state
-            row["comm"][name] = sent["tp"][0] + sent["cp"][0]
-        rows.append(row)
-    return rows
-
-
-def print_long_context(gpt_config, name, ways, micro_batch_rows):
-    """--long_context N (python -m machinery.cost): long_context_rows from 4K to 512K tokens as a table."""
-    lengths = [2**k for k in range(12, 20)]  # 4K to 512K tokens
-    rows = long_context_rows(gpt_config, ways, lengths, micro_batch_rows)
-    h, kv = gpt_config.n_embd, gpt_config.kv_width
-    print(f"model {name}, one sequence cut {ways} ways, {micro_batch_rows} a micro-batch, bf16, no recomputation:")
-    print("per rank, GB: the activations a step keeps | the payload it hands to collectives in a step (TP's, or CP's")
-    print("ring and gradient average; tp+sp's gathers and scatters each count whole: on a ring, tp's traffic)")
-    print(f"{'T':>8} {'tp':>9} {'tp+sp':>9} {'cp':>9} | {'tp':>9} {'tp+sp':>9} {'cp':>9}")
-    for row in rows:
-        act, comm = row["activations"], row["comm"]
-        print(
-            f"{row['T']:>8,} {act['tp'] / 1e9:>9.1f} {act['tp+sp'] / 1e9:>9.1f} {act['cp'] / 1e9:>9.1f} | "
-            f"{comm['tp'] / 1e9:>9.1f} {comm['tp+sp'] / 1e9:>9.1f} {comm['cp'] / 1e9:>9.1f}"
-        )
-    state = rows[0]["state"]
-    crossover = next((row["T"] for row in rows if row["comm"]["cp"] < row["comm"]["tp"]), None)
-    print(
-        f"cp keeps 4 (h - kv)(n - 1)/n = {4 * (h - kv) * (ways - 1) / ways:,.0f} B a position and layer less than "
-        f"tp+sp (h {h}, kv {kv}: {'GQA' if kv < h else 'no GQA, so equal'}); it sends less from T = "
-        + (f"{crossover:,}" if crossover else "beyond 512K")
-        + f" on than tp (its ring grows with T, its gradient average does not); but each cp rank keeps the whole "
-        "training "
-        f"state, {state['cp'] / 1e9:,.0f} GB against tp's {state['tp'] / 1e9:,.0f} GB: cp goes beside tp (and ZeRO), "
-        "not instead of it"
-    )
-
-
-def rank_layouts(gpt_config, hw, gpus, batch_rows, micro_batch_rows, mfu, recompute=False, zero=0):
-    """All layouts, planned: the ones that fit first, fastest first."""
-    plans = [
-        plan_layout(gpt_config, hw, replace(layout, recompute=recompute, zero=zero), batch_rows, micro_batch_rows, mfu)
-        for layout in layouts(gpt_config, gpus, batch_rows, micro_batch_rows)
-    ]
-    if not plans:
-        raise ValueError(
-            f"--gpus {gpus}: no layout dp x tp x pp = {gpus} suits this model and batch: tp must divide "
-            f"n_head {gpt_config.n_head}, pp be at most n_layer {gpt_config.n_layer}, and dp x micro_batch_rows divide "
-            f"the {batch_rows} sequences of a step. Choose --gpus as a product of such factors, "
-            f"or change --batch_tokens / --micro_batch_rows"
-        )
-    return sorted(plans, key=lambda plan: (not plan.fits, plan.step_seconds))
-
-
-def min_model_parallel(gpt_config, hw, most=4096):
-    """The fewest devices (tp x pp, up to `most`) whose share of the 16 B/parameter state fits one device, or None."""
-    for size in range(1, most + 1):
-        if any(
-            16 * fullest_rank_parameters(gpt_config, Layout(tp=tp, pp=size // tp)) <= hw.memory
-            for tp in range(1, size + 1)
-            if size % tp == 0 and gpt_config.n_head % tp == 0 and size // tp <= gpt_config.n_layer
-        ):
-            return size
-    return None
-
-
-# ----------------------------------------------------------------------------
-# Checkpoints, against failures
-
-
-@dataclass(frozen=True)
-class CheckpointPlan:
-    """When to checkpoint a run, and what its failures then cost (checkpoint_economics)."""
-
-    checkpoint_gb: float  # fp32 weights and AdamW's two moments: 12 B per parameter
-    save_seconds: float  # C: the time to write one checkpoint
-    cluster_mtbf_hours: float  # one device's MTBF / the devices: the cluster stops when any one fails
-    interval_minutes: float  # Young's sqrt(2 C MTBF)
-    goodput_lost: float  # the share of the run's time lost when checkpointing at that interval
-
-
-def share_of_time_lost(interval_seconds, save_seconds, cluster_mtbf_seconds, restart_seconds):
-    """The share of a run's time lost checkpointing every interval_seconds: C / interval for saving,
-    plus, per failure, half an interval of redone steps and the restart."""
-    return save_seconds / interval_seconds + (interval_seconds / 2 + restart_seconds) / cluster_mtbf_seconds
-
-
-def checkpoint_economics(params, gpus, write_bandwidth, gpu_mtbf_hours, restart_seconds):
-    """When to checkpoint, as a CheckpointPlan. The cluster stops when any device fails: MTBF / gpus.
-    A checkpoint (fp32 weights and AdamW's two moments: 12 B per parameter) takes C = size / write
-    bandwidth. Young (1974): checkpoint every sqrt(2 C MTBF) (Daly 2006 refines it for intervals near
-    the MTBF; this first-order rule holds while C << interval << MTBF)."""
-    size = 12 * params
-    save = size / write_bandwidth
-    mtbf = gpu_mtbf_hours * 3600 / gpus
-    interval = math.sqrt(2 * save * mtbf)
-    return CheckpointPlan(
-        checkpoint_gb=size / 1e9,
-        save_seconds=save,
-        cluster_mtbf_hours=mtbf / 3600,
-        interval_minutes=interval / 60,
-        goodput_lost=share_of_time_lost(interval, save, mtbf, restart_seconds),
-    )
-
-
 # ----------------------------------------------------------------------------
 # The account of a run, for train.py
 
@@ -711,6 +132,34 @@ def account_lines(
         f"the same FLOPs on one H100 at 40% MFU: {h100_hours:.3g} GPU-hours "
         f"(~${usd_per_gpu_hour * h100_hours:.3g} at ${usd_per_gpu_hour:g}/GPU-hour)",
     ]
+
+
+def print_long_context(gpt_config, name, ways, micro_batch_rows):
+    """--long_context N (python -m machinery.cost): long_context_rows from 4K to 512K tokens as a table."""
+    lengths = [2**k for k in range(12, 20)]  # 4K to 512K tokens
+    rows = long_context_rows(gpt_config, ways, lengths, micro_batch_rows)
+    h, kv = gpt_config.n_embd, gpt_config.kv_width
+    print(f"model {name}, one sequence cut {ways} ways, {micro_batch_rows} a micro-batch, bf16, no recomputation:")
+    print("per rank, GB: the activations a step keeps | the payload it hands to collectives in a step (TP's, or CP's")
+    print("ring and gradient average; tp+sp's gathers and scatters each count whole: on a ring, tp's traffic)")
+    print(f"{'T':>8} {'tp':>9} {'tp+sp':>9} {'cp':>9} | {'tp':>9} {'tp+sp':>9} {'cp':>9}")
+    for row in rows:
+        act, comm = row["activations"], row["comm"]
+        print(
+            f"{row['T']:>8,} {act['tp'] / 1e9:>9.1f} {act['tp+sp'] / 1e9:>9.1f} {act['cp'] / 1e9:>9.1f} | "
+            f"{comm['tp'] / 1e9:>9.1f} {comm['tp+sp'] / 1e9:>9.1f} {comm['cp'] / 1e9:>9.1f}"
+        )
+    state = rows[0]["state"]
+    crossover = next((row["T"] for row in rows if row["comm"]["cp"] < row["comm"]["tp"]), None)
+    print(
+        f"cp keeps 4 (h - kv)(n - 1)/n = {4 * (h - kv) * (ways - 1) / ways:,.0f} B a position and layer less than "
+        f"tp+sp (h {h}, kv {kv}: {'GQA' if kv < h else 'no GQA, so equal'}); it sends less from T = "
+        + (f"{crossover:,}" if crossover else "beyond 512K")
+        + f" on than tp (its ring grows with T, its gradient average does not); but each cp rank keeps the whole "
+        "training "
+        f"state, {state['cp'] / 1e9:,.0f} GB against tp's {state['tp'] / 1e9:,.0f} GB: cp goes beside tp (and ZeRO), "
+        "not instead of it"
+    )
 
 
 # ----------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Watching a run: the activation memory a step keeps, throughput, the health detectors, the metrics plot.
-(What the run will cost, in closed form, is cost.py's.)
+(What the run will cost, in closed form, is closed_forms.py's.)
 
 A loss curve "talks": it starts at ln V (uniform guessing), falls fast, then
 flattens. Trouble usually announces itself: the grad norm jumps, or the val

@@ -1,4 +1,4 @@
-"""What a run says as it goes: the cost account at its start (cost.py's closed forms and one measured step), each
+"""What a run says as it goes: the cost account at its start (closed forms and one measured step), each
 logged step (the console, metrics.jsonl, the trackers), the state and communication it measures beside their closed
 forms, and its end (the final check, the metrics plot, samples, and the band to read the curve against)."""
 
@@ -10,7 +10,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from machinery import cost
+from machinery import closed_forms, cost
 from machinery.cluster import PREEMPTED
 from machinery.corpus import get_tokenizer
 from machinery.curves import find_band
@@ -103,7 +103,7 @@ def log_step(run, record):
 
 def measure_state_at_the_first_update(run):
     """run.measured_state: monitor.state_bytes once, just after the first update, when the weights, their
-    gradients and AdamW's moments all exist (log_step prints it beside cost.py's closed form)."""
+    gradients and AdamW's moments all exist (log_step prints it beside its closed form (closed_forms.py))."""
 
     def measure(optimizer, args, kwargs):
         run.measured_state = state_bytes(run.model.module, optimizer)
@@ -113,24 +113,24 @@ def measure_state_at_the_first_update(run):
 
 
 def print_state_beside_closed_form(run, record):
-    """The state bytes of the first update, on the fullest rank, beside cost.py's closed form."""
+    """The state bytes of the first update, on the fullest rank, beside its closed form (closed_forms.py)."""
     layout = run.configs.parallel
     measured = torch.tensor(run.measured_state, dtype=torch.int64, device=run.model.device)
     if dist.is_initialized():
         dist.all_reduce(measured, op=dist.ReduceOp.MAX)
     record["state_bytes"] = measured.item()
-    closed_form = cost.fullest_rank_state_bytes(run.configs.model, layout)
+    closed_form = closed_forms.fullest_rank_state_bytes(run.configs.model, layout)
     run.say(
         f"state at the first update, on the fullest rank: measured {record['state_bytes']:,} B | closed form "
-        f"{closed_form:,.0f} B = {cost.state_bytes_formula(layout.dp, layout.zero_stage)} per parameter held"
+        f"{closed_form:,.0f} B = {closed_forms.state_bytes_formula(layout.dp, layout.zero_stage)} per parameter held"
     )
     run.measured_state = None
 
 
 def print_comm_beside_closed_form(run, record):
-    """The communication of the first logged step, each dimension on its busiest rank, beside cost.py's closed form."""
+    """The first logged step's communication, each dimension on its busiest rank, beside its closed form."""
     cfg = run.configs.train
-    closed_forms = cost.busiest_stage_comm_bytes(
+    expected = closed_forms.busiest_stage_comm_bytes(
         run.configs.model,
         run.configs.parallel,
         batch_size=cfg.batch_size,
@@ -138,7 +138,7 @@ def print_comm_beside_closed_form(run, record):
         compute_bytes=run.dtype.itemsize,
     )  # {dimension: (bytes, formula)}
     run.say("communication of that step, payload bytes on the busiest rank: measured | closed form")
-    for d, (closed_form, formula) in closed_forms.items():
+    for d, (closed_form, formula) in expected.items():
         run.say(f"  {d} {record[f'comm_bytes_{d}']:>13,} | {closed_form:>13,} = {formula}")
     run.comm_compared = True
 

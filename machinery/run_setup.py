@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from data import TokenStream
-from machinery import cost, evaluation, incidents, reporting, resume
+from machinery import closed_forms, evaluation, incidents, planner, reporting, resume
 from machinery.cluster import Watch, end_with_launcher
 from machinery.config import Configs, config_file_form
 from machinery.corpus import default_data_dir, get_tokenizer, load_or_prepare
@@ -299,8 +299,8 @@ def set_up(preset, configs):
                 recovery.inject, out_dir, meta["vocab_size"], grid.rank, grid.rank == grid.world_size - 1
             ),
             tokens_per_step=global_batch * configs.model.block_size,
-            flops_per_token=cost.flops_per_token(configs.model),
-            peak_flops=cost.device_peak_flops(device, cfg.peak_tflops),
+            flops_per_token=closed_forms.flops_per_token(configs.model),
+            peak_flops=planner.device_peak_flops(device, cfg.peak_tflops),
             tracker=Tracker(trackers if grid.rank == 0 else (), out_dir, hyperparameters(configs, identity)),
             watch=watch,
         )

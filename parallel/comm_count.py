@@ -1,5 +1,5 @@
 """The communication counter: the bytes each rank hands to the all-reduces and sends of a training
-step, per dimension (dp, tp, pp, cp), compared with cost.py's closed form (cost.comm_bytes_per_step).
+step, per dimension (dp, tp, pp, cp), compared with its closed form (closed_forms.comm_bytes_per_step).
 
 Its own module, below every parallelism that counts through it, so none of them needs another.
 """

@@ -8,7 +8,7 @@ import torch
 
 from bench.layouts import measure_layout, pipelined
 from model import GPT, GPTConfig
-from machinery.cost import parameters_on_rank
+from machinery.closed_forms import parameters_on_rank
 from machinery.monitor import SavedActivations
 from parallel.grid import Layout
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from machinery import cost
+from machinery import closed_forms, cost, planner
 from conftest import ROOT, run_script
 from model import GPT, GPTConfig
 from parallel.grid import Layout
@@ -38,9 +38,8 @@ def test_parameters_follow_the_model(kwargs, monkeypatch):
     monkeypatch.setattr(GPT, "_init_weights", lambda self, module: None)  # the count needs no particular values
     gpt_config = GPTConfig(**kwargs)
     N = GPT(gpt_config).num_params()
-    assert cost.parameters_on_rank(gpt_config) == N, (
-        f"the closed form counts the model's parameters: expected {N}, got {cost.parameters_on_rank(gpt_config)}"
-    )
+    counted = closed_forms.parameters_on_rank(gpt_config)
+    assert counted == N, f"the closed form counts the model's parameters: expected {N}, got {counted}"
 
 
 def attention_by_matmuls(q, k, v, dropout_p):
@@ -67,7 +66,7 @@ def test_flops_per_token_counts_the_matmuls_of_forward_and_backward(kwargs, monk
         logits.pow(2).mean().backward()
     matmuls = counter.get_total_flops() / idx.numel()
     vectors = sum(p.numel() for p in gpt.parameters() if p.dim() == 1)  # norm weights and biases
-    want, got = matmuls + 6 * vectors, cost.flops_per_token(gpt_config)
+    want, got = matmuls + 6 * vectors, closed_forms.flops_per_token(gpt_config)
     L, C, T = gpt_config.n_layer, gpt_config.n_embd, gpt_config.block_size
     assert got == want, (
         f"FLOPs per token of {kwargs}: the matmuls of forward and backward count {matmuls:.0f} "
@@ -81,7 +80,7 @@ def test_gpt2_small_costs_nanogpts_855_mflops_per_token():
     6 x 123,653,376 + 12 x 12 layers x 768 x 1024 = 855,166,464 FLOPs per token, nanoGPT's estimate_mfu."""
     gpt2 = GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257, bias=True, norm="layernorm")
     want = 6 * 123_653_376 + 12 * 12 * 768 * 1024
-    got = cost.flops_per_token(gpt2)
+    got = closed_forms.flops_per_token(gpt2)
     assert got == want, (
         f"GPT-2 small: 6 N = {6 * 123_653_376} plus attention 12 L C T = {12 * 12 * 768 * 1024}: "
         f"expected {want}, got {got}"
@@ -105,45 +104,51 @@ def test_llama2_gpu_hours_on_a100s(model, published):
 
 def test_100b_parameters_hold_1_6_tb_of_state():
     gpt_config = GPTConfig(n_layer=80, n_head=80, n_embd=10240, block_size=2048, vocab_size=50257)
-    assert cost.parameters_on_rank(gpt_config) == pytest.approx(100e9, rel=0.02)
-    assert 16 * cost.parameters_on_rank(gpt_config) == pytest.approx(1.6e12, rel=0.02)
+    assert closed_forms.parameters_on_rank(gpt_config) == pytest.approx(100e9, rel=0.02)
+    assert 16 * closed_forms.parameters_on_rank(gpt_config) == pytest.approx(1.6e12, rel=0.02)
 
 
 def test_state_is_cut_by_tp_times_pp():
     gpt_config = cost.MODELS["7B"].gpt_config
-    whole = cost.memory_per_gpu(gpt_config, Layout(), 1, 1).state
+    whole = closed_forms.memory_per_gpu(gpt_config, Layout(), 1, 1).state
     for tp, pp in [(2, 1), (1, 2), (4, 2), (8, 4)]:
         # the first stage also holds the embedding and the positions: a little more than its share
         assert (
             whole / (tp * pp)
-            <= cost.memory_per_gpu(gpt_config, Layout(tp=tp, pp=pp), 1, 1).state
+            <= closed_forms.memory_per_gpu(gpt_config, Layout(tp=tp, pp=pp), 1, 1).state
             <= 1.2 * whole / (tp * pp)
         )
     # full recomputation keeps only each layer's input
     assert (
-        cost.memory_per_gpu(gpt_config, Layout(tp=8, recompute=True), 1, 1).activations
-        < cost.memory_per_gpu(gpt_config, Layout(tp=8), 1, 1).activations / 5
+        closed_forms.memory_per_gpu(gpt_config, Layout(tp=8, recompute=True), 1, 1).activations
+        < closed_forms.memory_per_gpu(gpt_config, Layout(tp=8), 1, 1).activations / 5
     )
 
 
 def test_zero_shares_the_state_out_over_dp_and_the_planner_uses_it():
     gpt_config = cost.MODELS["7B"].gpt_config
-    held = cost.fullest_rank_parameters(gpt_config, Layout(tp=2, pp=2))
+    held = closed_forms.fullest_rank_parameters(gpt_config, Layout(tp=2, pp=2))
     for dp in (1, 2, 8):
         # plain DP: every rank holds it all
-        assert cost.memory_per_gpu(gpt_config, Layout(dp=dp, tp=2, pp=2), 1, 1).state == 16 * held
-        assert cost.memory_per_gpu(gpt_config, Layout(dp=dp, tp=2, pp=2, zero=1), 1, 1).state == (4 + 4 + 8 / dp) * held
-        assert cost.memory_per_gpu(gpt_config, Layout(dp=dp, tp=2, pp=2, zero=2), 1, 1).state == (4 + 12 / dp) * held
-    assert cost.state_bytes_formula(4, 2) == "4 + 12/4 = 7 B"
+        assert closed_forms.memory_per_gpu(gpt_config, Layout(dp=dp, tp=2, pp=2), 1, 1).state == 16 * held
+        assert (
+            closed_forms.memory_per_gpu(gpt_config, Layout(dp=dp, tp=2, pp=2, zero=1), 1, 1).state
+            == (4 + 4 + 8 / dp) * held
+        )
+        assert (
+            closed_forms.memory_per_gpu(gpt_config, Layout(dp=dp, tp=2, pp=2, zero=2), 1, 1).state
+            == (4 + 12 / dp) * held
+        )
+    assert closed_forms.state_bytes_formula(4, 2) == "4 + 12/4 = 7 B"
     # the planner: less memory on every layout with data parallelism; a pipeline's layouts get ZeRO-1 when ZeRO-2 is
     # asked (train.py refuses the two together), a layout without one ZeRO-2
     plain, zero2 = (account("--model", "70B", "--gpu", "H100", "--gpus", "64", "--zero", z) for z in ("0", "2"))
     plain_memory = {replace(p.layout, zero=0): p.memory_gb_per_gpu for p in plain.layouts}
     assert all(p.memory_gb_per_gpu < plain_memory[replace(p.layout, zero=0)] for p in zero2.layouts if p.layout.dp > 1)
-    hw = cost.GPUS["H100"]
+    hw = planner.GPUS["H100"]
 
     def memory(dp, tp, pp, zero):
-        return cost.plan_layout(gpt_config, hw, Layout(dp=dp, tp=tp, pp=pp, zero=zero), 64, 1, 0.4).memory_gb_per_gpu
+        return planner.plan_layout(gpt_config, hw, Layout(dp=dp, tp=tp, pp=pp, zero=zero), 64, 1, 0.4).memory_gb_per_gpu
 
     assert memory(4, 2, 2, 2) == memory(4, 2, 2, 1) < memory(4, 2, 2, 0)
     assert memory(4, 2, 1, 2) < memory(4, 2, 1, 1) < memory(4, 2, 1, 0)
@@ -218,10 +223,10 @@ def test_bad_input_is_named(argv, message, capsys):
 
 
 def test_young_daly_interval_minimizes_the_time_lost():
-    c = cost.checkpoint_economics(7e9, 1024, 10e9, 72000, 600)
+    c = planner.checkpoint_economics(7e9, 1024, 10e9, 72000, 600)
 
     def lost(interval):
-        return cost.share_of_time_lost(interval, c.save_seconds, c.cluster_mtbf_hours * 3600, 600)
+        return planner.share_of_time_lost(interval, c.save_seconds, c.cluster_mtbf_hours * 3600, 600)
 
     best = c.interval_minutes * 60
     assert lost(best) < lost(best * 0.7) and lost(best) < lost(best * 1.4)
@@ -235,25 +240,25 @@ def test_account_lines_count_6nd():
     lines = cost.account_lines(
         gpt_config, Layout(), 4, 1, max_iters=100, tokens_per_step=256, activation_bytes=4, step_seconds=0.01
     )
-    flops = cost.flops_per_token(gpt_config) * 100 * 256
+    flops = closed_forms.flops_per_token(gpt_config) * 100 * 256
     assert f"{flops:.3g} FLOPs" in lines[1] and f"6 N D = {6 * GPT(gpt_config).num_params() * 25600:.3g}" in lines[1]
     assert "~0.0 min for 100 steps" in lines[3]
 
 
 def test_without_communication_the_bubble_is_the_formula():
-    free = cost.Hardware("free links", 1e15, 1e12, float("inf"), float("inf"), 0.0, 8)
+    free = planner.Hardware("free links", 1e15, 1e12, float("inf"), float("inf"), 0.0, 8)
     gpt_config = cost.MODELS["1.3B"].gpt_config
     for pp, rows in [(2, 16), (4, 16), (4, 64)]:
-        plan = cost.plan_layout(gpt_config, free, Layout(pp=pp), rows, 1, 0.5)
+        plan = planner.plan_layout(gpt_config, free, Layout(pp=pp), rows, 1, 0.5)
         assert plan.parts["bubble"] / plan.step_seconds == pytest.approx((pp - 1) / (rows + pp - 1))
 
 
 def test_a_ring_all_reduce_costs_2_n_minus_1_over_n_of_the_message():
-    hw = cost.Hardware("slow links", 1e30, 1e12, 1e9, 1e9, 0.0, 8)  # compute free: the step is communication
+    hw = planner.Hardware("slow links", 1e30, 1e12, 1e9, 1e9, 0.0, 8)  # compute free: the step is communication
     gpt_config = cost.MODELS["1.3B"].gpt_config
-    gradients = 4 * cost.parameters_on_rank(gpt_config)
+    gradients = 4 * closed_forms.parameters_on_rank(gpt_config)
     for dp in (2, 4, 8):
-        plan = cost.plan_layout(gpt_config, hw, Layout(dp=dp), 8 * dp, 8, 0.5)  # one micro-step: nothing to overlap
+        plan = planner.plan_layout(gpt_config, hw, Layout(dp=dp), 8 * dp, 8, 0.5)  # one micro-step: nothing to overlap
         assert plan.parts["dp"] == pytest.approx(2 * (dp - 1) / dp * gradients / 1e9)
 
 
@@ -273,7 +278,7 @@ def test_context_parallelism_keeps_less_than_sequence_parallelism_by_the_kv_savi
     h = gpt_config.n_embd
     kv = gpt_config.kv_width
     assert (kv < h) == gqa
-    for row in cost.long_context_rows(gpt_config, n, [4096, 131072]):
+    for row in planner.long_context_rows(gpt_config, n, [4096, 131072]):
         act = row["activations"]
         saving = 4 * (h - kv) * (n - 1) / n * row["T"] * gpt_config.n_layer  # bytes at 16 bits
         assert act["tp+sp"] - act["cp"] == pytest.approx(saving)  # the logits: T V / n positions-by-vocab on both

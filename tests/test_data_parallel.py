@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from machinery import checkpoint
-from machinery import cost
+from machinery import closed_forms
 import train
 from conftest import ROOT, write_word_corpus, run_script
 from machinery.local_ranks import run_ranks
@@ -284,13 +284,13 @@ def check_layout_takes_the_steps_of(single, corpus, world_size, extra):
     # every step logs its communication, each dimension on its busiest rank, as the closed form says
     _, _, configs = parse_args(argv)
     layout, cfg = configs.parallel, configs.train
-    closed_form = cost.busiest_stage_comm_bytes(
+    closed_form = closed_forms.busiest_stage_comm_bytes(
         configs.model, layout, batch_size=cfg.batch_size, accumulation=cfg.gradient_accumulation_steps, compute_bytes=4
     )
     # the state at the first update, on the fullest rank, as the closed form says (ZeRO: up to its padding,
     # under dp elements per bucket)
     (state,) = [r["state_bytes"] for r in metrics(out) if "state_bytes" in r]
-    state_closed_form = cost.fullest_rank_state_bytes(configs.model, layout)  # FSDP2: ZeRO's stage 3
+    state_closed_form = closed_forms.fullest_rank_state_bytes(configs.model, layout)  # FSDP2: ZeRO's stage 3
     padding = 16 * layout.dp * len(list(GPT(configs.model).parameters())) if layout.zero_stage else 0
     assert state_closed_form <= state <= state_closed_form + padding
     for record in metrics(out)[:-1] if world_size > 1 else []:  # the last holds the final val loss only
@@ -601,7 +601,9 @@ def test_mfu_counts_the_whole_model_under_tensor_parallelism(corpus):
     logged = [r for r in metrics(out) if "mfu" in r]
     assert len(logged) == 5
     for r in logged:  # tokens/s of the group x FLOPs per token of the whole model / (2 devices x 1 TFLOP/s)
-        assert r["mfu"] == pytest.approx(cost.flops_per_token(whole.config) * r["tokens_per_s"] / (2 * 1e12), rel=1e-12)
+        assert r["mfu"] == pytest.approx(
+            closed_forms.flops_per_token(whole.config) * r["tokens_per_s"] / (2 * 1e12), rel=1e-12
+        )
 
 
 def _check_visibility(paths_by_rank):
@@ -663,7 +665,7 @@ def test_zero_shares_out_the_state_as_the_closed_form_says(corpus):
         train_ranks(2, args(corpus, out, "--dp", 2, "--batch_size", 4, "--max_iters", 2, "--zero", zero))
         (measured[zero],) = [r["state_bytes"] for r in metrics(out) if "state_bytes" in r]
         _, _, configs = parse_args(args(corpus, out))
-        closed_form = cost.fullest_rank_state_bytes(configs.model, Layout(dp=2, zero=zero))
+        closed_form = closed_forms.fullest_rank_state_bytes(configs.model, Layout(dp=2, zero=zero))
         assert closed_form <= measured[zero] < closed_form + 16 * 2, zero
     assert measured[1] / measured[0] == pytest.approx(0.75, abs=1e-4)
     assert measured[2] / measured[0] == pytest.approx(0.625, abs=1e-4)
@@ -690,7 +692,7 @@ def test_a_zero2_run_killed_mid_way_resumes_on_one_process(corpus, single):
     assert_same_run(corpus / "zero2-to-zero1", single)
     # each rank took only its pieces of the checkpoint's moments, not views that keep them whole
     state = [r["state_bytes"] for r in metrics(corpus / "zero2-to-zero1") if "state_bytes" in r][-1]  # resumed
-    closed_form = cost.fullest_rank_state_bytes(parse_args(resumed)[2].model, Layout(dp=2, zero=1))
+    closed_form = closed_forms.fullest_rank_state_bytes(parse_args(resumed)[2].model, Layout(dp=2, zero=1))
     assert closed_form <= state < closed_form + 16 * 2 * len(list(GPT(parse_args(resumed)[2].model).parameters()))
 
 

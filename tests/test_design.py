@@ -117,7 +117,7 @@ OUR_MODULES = {path.stem: path.stem for path in ROOT.glob("*.py")} | {"parallel"
 for package in (
     "parallel",
     "machinery",
-):  # a module of a package by its own name too: grid.Launch, cost.flops_per_token
+):  # a module of a package by its own name too: grid.Launch, closed_forms.flops_per_token
     OUR_MODULES |= {
         path.stem: f"{package}.{path.stem}" for path in ROOT.glob(f"{package}/*.py") if path.stem != "__init__"
     }

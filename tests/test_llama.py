@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from machinery import checkpoint
-from machinery import cost
+from machinery import closed_forms
 from machinery.corpus import get_tokenizer
 import train
 from machinery import transfer
@@ -67,7 +67,7 @@ def test_the_kv_cache_gives_the_tokens_of_the_whole_context(n_kv_head):
 )
 def test_the_closed_form_counts_the_llama_parameters(extra):
     gpt_config = GPTConfig(**{**LLAMA, **extra})
-    assert cost.parameters_on_rank(gpt_config) == GPT(gpt_config).num_params()
+    assert closed_forms.parameters_on_rank(gpt_config) == GPT(gpt_config).num_params()
     assert GPTConfig(**LLAMA).hidden == 192  # 8 C / 3 = 170.7, up to a multiple of 64
 
 
@@ -75,8 +75,8 @@ def test_the_closed_form_counts_the_llama_parameters(extra):
     "fields", [{}, {"arch": "llama"}, {"arch": "llama", "n_kv_head": 1, "mlp_hidden": 512}], ids=["gpt", "llama", "gqa"]
 )
 def test_the_planners_activations_per_block_match_what_autograd_keeps(fields):
-    """cost.memory_per_gpu's bytes per block (SwiGLU's four hidden tensors, RoPE's rotated q and k, GQA's smaller
-    k and v) against the saved tensors of one more block, within the 25% notebook 09 allows GPT's."""
+    """closed_forms.memory_per_gpu's bytes per block (SwiGLU's four hidden tensors, RoPE's rotated q and k, GQA's
+    smaller k and v) against the saved tensors of one more block, within the 25% notebook 09 allows GPT's."""
     from machinery.monitor import SavedActivations
 
     def kept(n_layer):
@@ -85,7 +85,9 @@ def test_the_planners_activations_per_block_match_what_autograd_keeps(fields):
         model, tokens = GPT(gpt_config), torch.randint(256, (8, 64))
         with SavedActivations(model) as saved:
             model(tokens, tokens)[1].backward()
-        planned = cost.memory_per_gpu(gpt_config, Layout(), 8, 1, activation_bytes=4).activations  # fp32, as measured
+        planned = closed_forms.memory_per_gpu(
+            gpt_config, Layout(), 8, 1, activation_bytes=4
+        ).activations  # fp32, as measured
         return saved.peak, planned
 
     (measured_2, planned_2), (measured_3, planned_3) = kept(2), kept(3)

@@ -348,7 +348,7 @@ NOT_YES = {
     ),
     ("11_failing_fleet", "The best measured interval is Young/Daly's: the most goodput of the three"): (
         ("yes", "partly", "no"),
-        lambda measured: "(3 seeds)" in measured and "from cost.checkpoint_economics" in measured,
+        lambda measured: "(3 seeds)" in measured and "from planner.checkpoint_economics" in measured,
     ),
     ("11_failing_fleet", "At Young/Daly's interval a few percent of the steps are trained again"): (
         ("partly", "yes"),

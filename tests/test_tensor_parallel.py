@@ -420,7 +420,7 @@ def _activations_per_block(sequence_parallel, arch):
 def test_sequence_parallelism_cuts_the_norm_regions_as_the_closed_form_says(arch):
     """Per block on tp 2: the planner's activation bytes (fp32, as measured) with and without --sequence_parallel,
     each within 25% of what autograd keeps; the difference is the norms' tensors, halved."""
-    from machinery import cost
+    from machinery import closed_forms
 
     B, T, C = 8, 64, 128
     measured, planned = {}, {}
@@ -428,7 +428,7 @@ def test_sequence_parallelism_cuts_the_norm_regions_as_the_closed_form_says(arch
         measured[sp] = run_ranks(2, _activations_per_block, sp, arch, timeout=120)[0][1]
         blocks = [GPTConfig(n_layer=n, n_head=4, n_embd=C, block_size=T, vocab_size=256, arch=arch) for n in (2, 3)]
         two, three = (
-            cost.memory_per_gpu(g, Layout(tp=2, sequence_parallel=sp), B, 1, activation_bytes=4) for g in blocks
+            closed_forms.memory_per_gpu(g, Layout(tp=2, sequence_parallel=sp), B, 1, activation_bytes=4) for g in blocks
         )
         planned[sp] = three.activations - two.activations
         assert measured[sp] / planned[sp] == pytest.approx(1, abs=0.25)

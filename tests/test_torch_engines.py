@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from machinery import checkpoint
-from machinery import cost
+from machinery import closed_forms
 import train
 from conftest import write_word_corpus
 from machinery.config import parse_args
@@ -89,7 +89,7 @@ def test_torch_engine_takes_the_single_process_steps(corpus, single, dp_mode, ex
     train_ranks(2, argv)
     assert_takes_the_same_steps(out, single, f"--dp 2 --dp_mode {dp_mode} {' '.join(map(str, extra))}")
     _, _, configs = parse_args(argv)
-    closed_form, _ = cost.busiest_stage_comm_bytes(
+    closed_form, _ = closed_forms.busiest_stage_comm_bytes(
         configs.model,
         configs.parallel,
         batch_size=configs.train.batch_size,
@@ -100,7 +100,7 @@ def test_torch_engine_takes_the_single_process_steps(corpus, single, dp_mode, ex
     assert counted == [closed_form] * len(counted), f"{dp_mode}: {closed_form:,} B per step, got {counted}"
     # the state a rank holds at the first update: DDP all 16 B per parameter, FSDP2 (ZeRO-3) 16/dp
     (state,) = [r["state_bytes"] for r in metrics(out) if "state_bytes" in r]
-    assert state == cost.fullest_rank_state_bytes(configs.model, configs.parallel), f"{dp_mode}: {state:,} B"
+    assert state == closed_forms.fullest_rank_state_bytes(configs.model, configs.parallel), f"{dp_mode}: {state:,} B"
 
 
 def test_an_fsdp_checkpoint_resumes_on_one_process_and_back(corpus, single):
