@@ -1,4 +1,4 @@
-"""Weights in and out of a run: safetensors files, Hugging Face's GPT-2 and Llama layouts, pretrained starts, exports.
+"""Weights in and out of a run: pretrained starts (a run, a Hugging Face folder, a named base) and exports.
 
     python train.py --preset gpt2-small --init_from gpt2 --source my_texts/   # start from OpenAI's GPT-2
     python train.py --export_hf out/hf --out_dir out/gpt2-run                 # a folder transformers and lm-eval load
@@ -10,21 +10,14 @@ run's model. Out: `export_hf` writes a run's weights as a transformers folder
 (GPT2LMHeadModel or LlamaForCausalLM) with its tokenizer files, which
 `lm_eval --model hf` scores.
 
-safetensors is read and written here by code of our own (read_safetensors,
-write_safetensors, a sharded folder's index): the format is an 8-byte
-little-endian header length N, N bytes of JSON header ({name: {dtype, shape,
-data_offsets}}, plus an optional "__metadata__" of strings), then the tensors'
-raw little-endian bytes at those offsets. Writing it ourselves keeps the
-run-time dependencies at torch, numpy, tiktoken and matplotlib, and shows that a
-weights file is nothing more. (The tests check it against the safetensors package.)
+The files are safetensors (safetensors_format.py, code of our own) in Hugging Face's layouts of
+the two families (hf_layouts.py).
 """
 
 import contextlib
 import json
-import math
 import os
 import re
-import struct
 import urllib.request
 import uuid
 from dataclasses import asdict, replace
@@ -35,479 +28,23 @@ import torch
 from machinery import checkpoint
 from machinery import files
 from machinery.corpus import get_tokenizer
+from machinery.hf_layouts import (
+    EXPORTED_BY,
+    GPT2_ARCHITECTURE,
+    LLAMA_ARCHITECTURE,
+    count_blocks,
+    flag_text,
+    gpt_config_from_hf,
+    hf_config,
+    llama_config_from_hf,
+    llama_hf_config,
+    llama_state_dict_to_hf,
+    state_dict_from_hf,
+    state_dict_to_hf,
+)
+from machinery.safetensors_format import SHARD_INDEX, read_safetensors, read_safetensors_folder, shard_writers
 from model import GPT, GPTConfig, padded_vocab_size
 from machinery.run_folder import recorded_gpt_config
-
-# ----------------------------------------------------------------------------
-# safetensors
-
-SAFETENSORS_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-SAFETENSORS_NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
-
-
-def read_safetensors(path):
-    """{name: tensor} of a .safetensors file, on the CPU in the file's dtypes (the bytes are read as
-    little-endian, as on every machine torch runs on)."""
-
-    def malformed(problem):
-        return ValueError(f"{path} is not a valid safetensors file: {problem}")
-
-    file_size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        if file_size < 8:
-            raise malformed(f"{file_size} bytes, shorter than the 8-byte header length")
-        (header_size,) = struct.unpack("<Q", f.read(8))
-        if header_size > file_size - 8:
-            raise malformed(f"its header length {header_size} runs past the end of the file ({file_size} bytes)")
-        try:
-            header = json.loads(f.read(header_size))
-        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise malformed(f"its header is not JSON ({e})") from None
-        if not isinstance(header, dict):
-            raise malformed("its header is not a JSON object")
-        header.pop("__metadata__", None)
-        data_start, data_size = 8 + header_size, file_size - 8 - header_size
-        tensors = {}
-        for name, entry in header.items():
-            dtype, shape, begin, end = _tensor_entry(name, entry, data_size, malformed)
-            f.seek(data_start + begin)
-            buffer = bytearray(end - begin)
-            f.readinto(buffer)
-            # frombuffer shares the bytearray's memory: no second copy of the weights
-            tensors[name] = (
-                torch.frombuffer(buffer, dtype=dtype).reshape(shape) if buffer else torch.empty(shape, dtype=dtype)
-            )
-    return tensors
-
-
-def _tensor_entry(name, entry, data_size, malformed):
-    """(dtype, shape, begin, end) of one header entry, checked: a known dtype, and offsets that lie in
-    the data and span exactly the bytes its shape needs."""
-    if not isinstance(entry, dict):
-        raise malformed(f"tensor {name}'s entry {entry!r} is not a JSON object")
-    if entry.get("dtype") not in SAFETENSORS_DTYPES:
-        raise malformed(
-            f"tensor {name} has dtype {entry.get('dtype')!r}; this reader knows {', '.join(SAFETENSORS_DTYPES)}"
-        )
-    try:
-        shape = [int(n) for n in entry["shape"]]
-        begin, end = (int(n) for n in entry["data_offsets"])
-    except (KeyError, TypeError, ValueError):
-        raise malformed(f"tensor {name}'s entry {entry} lacks a shape or a [begin, end] data_offsets") from None
-    dtype = SAFETENSORS_DTYPES[entry["dtype"]]
-    needed = math.prod(shape) * dtype.itemsize
-    if not 0 <= begin <= end <= data_size or end - begin != needed:
-        raise malformed(
-            f"tensor {name} ({entry['dtype']} {shape}, {needed} bytes) has data_offsets [{begin}, {end}] "
-            f"in a data section of {data_size} bytes"
-        )
-    return dtype, shape, begin, end
-
-
-def write_safetensors(path, tensors, metadata=None):
-    """Write {name: tensor} to path as safetensors (atomically: a reader finds the old file or the whole new
-    one). metadata: {str: str}, the header's "__metadata__" (transformers looks for {"format": "pt"})."""
-    files.write_atomic(path, safetensors_writer(tensors, metadata), mode="wb")
-
-
-def safetensors_writer(tensors, metadata=None):
-    """write(f): writes {name: tensor} as a safetensors file into f, opened "wb" (write_safetensors)."""
-    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()}
-    header, offset = ({"__metadata__": dict(metadata)} if metadata else {}), 0
-    for name, tensor in tensors.items():
-        if tensor.dtype not in SAFETENSORS_NAMES:
-            raise ValueError(
-                f"tensor {name} has dtype {tensor.dtype}; safetensors holds {', '.join(SAFETENSORS_DTYPES)}"
-            )
-        size = tensor.numel() * tensor.element_size()
-        header[name] = {
-            "dtype": SAFETENSORS_NAMES[tensor.dtype],
-            "shape": list(tensor.shape),
-            "data_offsets": [offset, offset + size],
-        }
-        offset += size
-    header_bytes = json.dumps(header, separators=(",", ":")).encode()
-    header_bytes += b" " * (-len(header_bytes) % 8)  # spaces up to a multiple of 8, as the reference pads it
-
-    def write(f):
-        f.write(struct.pack("<Q", len(header_bytes)))
-        f.write(header_bytes)
-        for tensor in tensors.values():
-            f.write(tensor.reshape(-1).view(torch.uint8).numpy())  # its raw bytes, in the machine's (little) endianness
-
-    return write
-
-
-# A large model's weights in several files: model-00001-of-0000N.safetensors, and model.safetensors.index.json
-# whose "weight_map" names each tensor's file (Hugging Face's layout)
-SHARD_INDEX = "model.safetensors.index.json"
-
-
-def read_safetensors_folder(folder):
-    """{name: tensor} of a folder's model.safetensors, or of every shard its model.safetensors.index.json names."""
-    index = os.path.join(folder, SHARD_INDEX)
-    if not os.path.isfile(index):
-        return read_safetensors(os.path.join(folder, "model.safetensors"))
-    try:
-        with open(index) as f:
-            weight_map = json.load(f)["weight_map"]  # {tensor name: its shard's file name}
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{index} is not a shard index (a JSON object with a weight_map): {e}") from None
-    tensors = {}
-    for shard in sorted(set(weight_map.values())):
-        tensors.update(read_safetensors(os.path.join(folder, shard)))
-    if missing := sorted(set(weight_map) - set(tensors)):
-        raise ValueError(f"{index} names tensors its shards do not hold: {', '.join(missing[:5])}")
-    return tensors
-
-
-def shard_writers(tensors, max_bytes, metadata=None):
-    """{file name: write(f)} of tensors in as few files as hold at most max_bytes each (a larger tensor alone):
-    model.safetensors when one file does, else the numbered shards and their index."""
-    shards, size = [{}], 0
-    for name, tensor in tensors.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if shards[-1] and size + nbytes > max_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name], size = tensor, size + nbytes
-    if len(shards) == 1:
-        return {"model.safetensors": safetensors_writer(tensors, metadata)}
-    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    index = {"metadata": {"total_size": total}, "weight_map": {t: n for n, s in zip(names, shards) for t in s}}
-    writers = {name: safetensors_writer(shard, metadata) for name, shard in zip(names, shards)}
-    return writers | {SHARD_INDEX: lambda f: f.write(json.dumps(index, indent=2).encode())}
-
-
-# ----------------------------------------------------------------------------
-# Hugging Face's GPT-2 layout <-> ours
-
-# GPT-2's architecture in our GPTConfig's terms. nn.LayerNorm's eps 1e-5 is GPT-2's layer_norm_epsilon.
-GPT2_ARCHITECTURE = dict(
-    arch="gpt2", norm="layernorm", bias=True, norm_position="pre", activation="gelu_tanh", tie_embeddings=True
-)
-# what a Llama export needs: Llama's norm without biases (q/k/v biases are Qwen2's, which LlamaConfig cannot say)
-LLAMA_ARCHITECTURE = dict(norm="rmsnorm", bias=False, norm_position="pre", qkv_bias=False)
-
-# Every parameter of a block: our name, GPT2LMHeadModel's (under transformer.h.{i}.), and whether it is
-# transposed. HF's GPT-2 builds its matrices as Conv1D, which stores a weight (in, out) and computes x @ W;
-# our nn.Linear stores (out, in) and computes x @ W^T.
-BLOCK_PARAMETERS = [
-    ("norm_1.weight", "ln_1.weight", False),
-    ("norm_1.bias", "ln_1.bias", False),
-    ("attn.c_attn.weight", "attn.c_attn.weight", True),  # ours (3C, C), theirs (C, 3C): q, k, v side by side
-    ("attn.c_attn.bias", "attn.c_attn.bias", False),
-    ("attn.c_proj.weight", "attn.c_proj.weight", True),  # (C, C)
-    ("attn.c_proj.bias", "attn.c_proj.bias", False),
-    ("norm_2.weight", "ln_2.weight", False),
-    ("norm_2.bias", "ln_2.bias", False),
-    ("mlp.c_fc.weight", "mlp.c_fc.weight", True),  # ours (4C, C), theirs (C, 4C)
-    ("mlp.c_fc.bias", "mlp.c_fc.bias", False),
-    ("mlp.c_proj.weight", "mlp.c_proj.weight", True),  # ours (C, 4C), theirs (4C, C)
-    ("mlp.c_proj.bias", "mlp.c_proj.bias", False),
-]
-OUTER_PARAMETERS = [
-    ("wte.weight", "wte.weight", False),  # (V, C) both ways; also our tied lm_head.weight
-    ("wpe.weight", "wpe.weight", False),  # (block_size, C)
-    ("norm_f.weight", "ln_f.weight", False),
-    ("norm_f.bias", "ln_f.bias", False),
-]
-
-
-def _parameter_names(n_layer):
-    """(our name, HF's name without "transformer.", transposed) for every parameter of an n_layer GPT-2."""
-    names = list(OUTER_PARAMETERS)
-    for i in range(n_layer):
-        names += [(f"blocks.{i}.{ours}", f"h.{i}.{theirs}", t) for ours, theirs, t in BLOCK_PARAMETERS]
-    return names
-
-
-def hf_folder_config(init_from):
-    """The GPTConfig that the config.json of a Hugging Face folder describes (--init_from the folder, or a
-    .safetensors file beside it), or a named base's, or None for any other --init_from (a run of ours, a bare file):
-    the architecture a run from it takes (config.parse_args)."""
-    if is_named_base(init_from):
-        return NAMED_BASES[init_from].gpt_config
-    if os.path.isfile(os.path.join(init_from, "run.json")):
-        return None
-    path = os.path.join(init_from if os.path.isdir(init_from) else os.path.dirname(init_from), "config.json")
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path) as f:
-            return gpt_config_from_hf(json.load(f))
-    except ValueError as e:  # not JSON, or neither GPT-2's nor Llama's
-        raise ValueError(f"{path}: {e}") from None
-
-
-def hf_tokenizer_of(init_from):
-    """The folder of --init_from as a --tokenizer, where it holds a tokenizer.json (a base's own), or will once a
-    named base is fetched; else None."""
-    if is_named_base(init_from):
-        return named_base_folder(init_from) if "tokenizer.json" in NAMED_BASES[init_from].files else None
-    folder = os.path.abspath(init_from if os.path.isdir(init_from) else os.path.dirname(init_from))  # from any cwd
-    return folder if os.path.isfile(os.path.join(folder, "tokenizer.json")) else None
-
-
-def _count_blocks(names, prefix):
-    return len({name.split(".")[1] for name in names if name.startswith(prefix)})
-
-
-def state_dict_from_hf(tensors):
-    """Our state dict, in fp32 (our master weights), from a GPT2LMHeadModel's tensors (keys with or without
-    "transformer.", the causal-mask buffers of old checkpoints ignored, the tied head filled from wte), or from a
-    LlamaForCausalLM's (llama_state_dict_from_hf)."""
-    if any(name.startswith("model.layers.") for name in tensors):
-        return llama_state_dict_from_hf(tensors)
-    hf = {
-        name.removeprefix("transformer."): tensor
-        for name, tensor in tensors.items()
-        if not name.endswith((".attn.bias", ".attn.masked_bias"))  # buffers (the causal mask), not weights
-    }
-    head = hf.pop("lm_head.weight", None)  # tied to wte; save_pretrained usually leaves it out
-    state = {}
-    for ours, theirs, transposed in _parameter_names(_count_blocks(hf, "h.")):
-        if theirs not in hf:
-            raise ValueError(f"no tensor {theirs} (or transformer.{theirs}): not a GPT2LMHeadModel's weights")
-        tensor = hf.pop(theirs)
-        state[ours] = (tensor.t().contiguous() if transposed else tensor).float()
-    if hf:
-        raise ValueError(f"tensors that GPT-2's layout has none of: {', '.join(sorted(hf)[:5])}")
-    if head is not None and not torch.equal(head.float(), state["wte.weight"]):
-        raise ValueError(
-            "lm_head.weight differs from wte.weight: an untied head, which our GPT (one tied matrix) cannot hold"
-        )
-    state["lm_head.weight"] = state["wte.weight"]  # the same tensor, as GPT's state_dict() lists it
-    return state
-
-
-def state_dict_to_hf(state_dict, vocab_size):
-    """A GPT2LMHeadModel's tensors (named as save_pretrained names them, lm_head left out: it is tied) from our
-    state dict. Only the first vocab_size rows of wte are kept: the tokenizer's real vocabulary, without the
-    rows our runs pad it with."""
-    rows = state_dict["wte.weight"].shape[0]
-    if vocab_size > rows:
-        raise ValueError(f"vocab_size {vocab_size} exceeds the {rows} rows of wte.weight")
-    hf = {}
-    for ours, theirs, transposed in _parameter_names(_count_blocks(state_dict, "blocks.")):
-        if ours not in state_dict:
-            raise ValueError(f"no {ours} in the state dict: GPT-2's layout needs it (biases and LayerNorm: --bias)")
-        tensor = state_dict[ours][:vocab_size] if ours == "wte.weight" else state_dict[ours]
-        hf[f"transformer.{theirs}"] = (tensor.t() if transposed else tensor).float().contiguous()
-    return hf
-
-
-# Llama's layout (LlamaForCausalLM as save_pretrained names it): nn.Linear on both sides, so nothing is transposed;
-# our one q|k|v matrix is its q_proj, k_proj and v_proj stacked along the output features (k and v narrower under
-# GQA), our one gate|up matrix its gate_proj and up_proj. Each entry: our name, theirs under model.layers.{i}.
-LLAMA_BLOCK_PARAMETERS = [
-    ("norm_1.weight", ["input_layernorm.weight"]),
-    ("attn.c_attn.weight", ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"]),
-    ("attn.c_attn.bias", ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"]),  # Qwen2.5's
-    ("attn.c_proj.weight", ["self_attn.o_proj.weight"]),
-    ("norm_2.weight", ["post_attention_layernorm.weight"]),
-    ("mlp.c_fc.weight", ["mlp.gate_proj.weight", "mlp.up_proj.weight"]),
-    ("mlp.c_proj.weight", ["mlp.down_proj.weight"]),
-]
-LLAMA_OUTER_PARAMETERS = [
-    ("wte.weight", ["model.embed_tokens.weight"]),
-    ("norm_f.weight", ["model.norm.weight"]),
-    ("lm_head.weight", ["lm_head.weight"]),  # absent where tied to the embedding
-]
-
-
-def _llama_parameter_names(n_layer):
-    """(our name, [HF's names, stacked in this order]) for every parameter of an n_layer Llama."""
-    names = list(LLAMA_OUTER_PARAMETERS)
-    for i in range(n_layer):
-        names += [
-            (f"blocks.{i}.{ours}", [f"model.layers.{i}.{t}" for t in theirs]) for ours, theirs in LLAMA_BLOCK_PARAMETERS
-        ]
-    return names
-
-
-def llama_state_dict_from_hf(tensors):
-    """Our state dict, in fp32, from a LlamaForCausalLM's tensors: the separate projections stacked into ours, the
-    q/k/v biases where it has them, a tied head (no lm_head.weight) filled from the embedding."""
-    hf = {name: t for name, t in tensors.items() if not name.endswith("rotary_emb.inv_freq")}  # a buffer, not a weight
-    state = {}
-    n_layer = len({name.split(".")[2] for name in hf if name.startswith("model.layers.")})
-    for ours, theirs in _llama_parameter_names(n_layer):
-        present = [name in hf for name in theirs]
-        if not any(present) and (ours.endswith("bias") or ours == "lm_head.weight"):
-            continue  # optional: biases (Qwen2.5's), an untied head
-        if not all(present):
-            raise ValueError(f"no tensor {theirs[present.index(False)]}: not a LlamaForCausalLM's weights")
-        state[ours] = torch.cat([hf.pop(name) for name in theirs]).float()
-    if hf:
-        raise ValueError(f"tensors that Llama's layout has none of: {', '.join(sorted(hf)[:5])}")
-    state.setdefault("lm_head.weight", state["wte.weight"])  # tied: the same tensor, as GPT's state_dict() lists it
-    return state
-
-
-def llama_state_dict_to_hf(state_dict, gpt_config, vocab_size):
-    """A LlamaForCausalLM's tensors from our state dict: our stacked matrices cut back into its projections, the
-    vocabulary trimmed to the tokenizer's vocab_size rows, lm_head.weight only for an untied head."""
-    C, hidden = gpt_config.n_embd, gpt_config.hidden
-    kv = gpt_config.kv_heads * (C // gpt_config.n_head)
-    sizes = {"attn.c_attn": [C, kv, kv], "mlp.c_fc": [hidden, hidden]}
-    hf = {}
-    for ours, theirs in _llama_parameter_names(gpt_config.n_layer):
-        if ours not in state_dict or (ours == "lm_head.weight" and gpt_config.tie_embeddings):
-            continue
-        tensor = state_dict[ours][:vocab_size] if ours in ("wte.weight", "lm_head.weight") else state_dict[ours]
-        module = ours.split(".", 2)[-1].rsplit(".", 1)[0]  # blocks.0.attn.c_attn.weight -> attn.c_attn
-        pieces = tensor.split(sizes[module]) if len(theirs) > 1 else [tensor]
-        hf.update({name: piece.float().contiguous() for name, piece in zip(theirs, pieces)})
-    return hf
-
-
-def llama_config_from_hf(hf_config):
-    """Our GPTConfig (arch llama) of a Llama config.json (a dict); refuses what our GPT computes differently. RoPE's
-    settings are read in both spellings: rope_theta, and rope_parameters as transformers 5 writes them."""
-    rope = hf_config.get("rope_parameters") or {}
-    scaling = hf_config.get("rope_scaling") or ({} if rope.get("rope_type", "default") == "default" else rope)
-    computed_otherwise = {  # each: config.json's value, and what our GPT computes
-        "hidden_act": (hf_config.get("hidden_act", "silu"), ("silu",)),
-        "attention_bias": (hf_config.get("attention_bias", False), (False,)),  # Llama's puts one on o_proj too
-        "mlp_bias": (hf_config.get("mlp_bias", False), (False,)),
-        "rope_scaling": (scaling or None, (None,)),  # Llama 3.1's long-context scaling: not built
-        "head_dim": (hf_config.get("head_dim"), (None, hf_config["hidden_size"] // hf_config["num_attention_heads"])),
-    }
-    for key, (value, ours) in computed_otherwise.items():
-        if value not in ours:
-            raise ValueError(f"config.json has {key} {value!r}; our GPT computes {' or '.join(map(repr, ours))}")
-    return GPTConfig(
-        arch="llama",
-        block_size=hf_config["max_position_embeddings"],
-        vocab_size=hf_config["vocab_size"],
-        n_layer=hf_config["num_hidden_layers"],
-        n_head=hf_config["num_attention_heads"],
-        n_kv_head=hf_config.get("num_key_value_heads") or hf_config["num_attention_heads"],
-        n_embd=hf_config["hidden_size"],
-        mlp_hidden=hf_config["intermediate_size"],
-        rope_theta=float(hf_config.get("rope_theta", rope.get("rope_theta", 10000.0))),
-        rms_norm_eps=hf_config.get("rms_norm_eps", 1e-6),
-        tie_embeddings=hf_config.get("tie_word_embeddings", False),  # LlamaConfig's default: untied
-    )
-
-
-def llama_hf_config(gpt_config, vocab_size, eot_id):
-    """config.json of a LlamaForCausalLM with our model's shape, as transformers loads it."""
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": vocab_size,
-        "max_position_embeddings": gpt_config.block_size,
-        "hidden_size": gpt_config.n_embd,
-        "intermediate_size": gpt_config.hidden,
-        "num_hidden_layers": gpt_config.n_layer,
-        "num_attention_heads": gpt_config.n_head,
-        "num_key_value_heads": gpt_config.kv_heads,
-        "head_dim": gpt_config.n_embd // gpt_config.n_head,
-        "hidden_act": "silu",
-        "rms_norm_eps": gpt_config.rms_norm_eps,
-        "rope_theta": gpt_config.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": gpt_config.rope_theta},
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "mlp_bias": False,
-        "initializer_range": 0.02,
-        "bos_token_id": eot_id,
-        "eos_token_id": eot_id,
-        "tie_word_embeddings": gpt_config.tie_embeddings,
-        "use_cache": True,
-        "dtype": "float32",
-        "exported_by": EXPORTED_BY,
-    }
-
-
-def gpt_config_from_hf(hf_config):
-    """Our GPTConfig of a GPT-2 (or a Llama: llama_config_from_hf) config.json (a dict); refuses what our GPT
-    computes differently."""
-    if hf_config.get("model_type") == "llama":
-        return llama_config_from_hf(hf_config)
-    if hf_config.get("model_type") != "gpt2":
-        raise ValueError(f"config.json has model_type {hf_config.get('model_type')!r}: GPT-2 (gpt2) and Llama load")
-    activations = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
-    activation = hf_config.get("activation_function", "gelu_new")
-    if activation not in activations:
-        raise ValueError(f"config.json has activation_function {activation!r}; we compute {', '.join(activations)}")
-    missing = [key for key in ("n_positions", "vocab_size", "n_layer", "n_head", "n_embd") if key not in hf_config]
-    if missing:
-        raise ValueError(f"config.json lacks {', '.join(missing)}")
-    n_embd = hf_config["n_embd"]
-    computed_otherwise = {  # each: config.json's value, and the value our GPT computes
-        "n_inner": (hf_config.get("n_inner"), (None, 4 * n_embd)),
-        "layer_norm_epsilon": (hf_config.get("layer_norm_epsilon", 1e-5), (1e-5,)),
-        "scale_attn_weights": (hf_config.get("scale_attn_weights", True), (True,)),
-        "scale_attn_by_inverse_layer_idx": (hf_config.get("scale_attn_by_inverse_layer_idx", False), (False,)),
-        "reorder_and_upcast_attn": (hf_config.get("reorder_and_upcast_attn", False), (False,)),
-    }
-    for key, (value, ours) in computed_otherwise.items():
-        if value not in ours:
-            raise ValueError(f"config.json has {key} {value!r}; our GPT computes {' or '.join(map(repr, ours))}")
-    return GPTConfig(
-        block_size=hf_config["n_positions"],
-        vocab_size=hf_config["vocab_size"],
-        n_layer=hf_config["n_layer"],
-        n_head=hf_config["n_head"],
-        n_embd=n_embd,
-        **{**GPT2_ARCHITECTURE, "activation": activations[activation]},
-    )
-
-
-EXPORTED_BY = "minipretrain"  # marks a config.json as ours: a later export may replace the files it wrote
-
-
-def hf_config(gpt_config, vocab_size, eot_id):
-    """config.json of a GPT2LMHeadModel with our model's shape, as transformers 5 loads it. No dropout:
-    the weights are for evaluation and fine-tuning, which set their own."""
-    block_size = gpt_config.block_size
-    return {
-        "architectures": ["GPT2LMHeadModel"],
-        "model_type": "gpt2",
-        "vocab_size": vocab_size,
-        "n_positions": block_size,
-        "n_ctx": block_size,
-        "n_embd": gpt_config.n_embd,
-        "n_layer": gpt_config.n_layer,
-        "n_head": gpt_config.n_head,
-        "n_inner": None,  # 4 n_embd
-        "activation_function": {"gelu_tanh": "gelu_new", "gelu": "gelu"}[gpt_config.activation],
-        "resid_pdrop": 0.0,
-        "embd_pdrop": 0.0,
-        "attn_pdrop": 0.0,
-        "layer_norm_epsilon": 1e-5,
-        "initializer_range": 0.02,
-        "scale_attn_weights": True,
-        "scale_attn_by_inverse_layer_idx": False,
-        "reorder_and_upcast_attn": False,
-        "bos_token_id": eot_id,
-        "eos_token_id": eot_id,
-        "tie_word_embeddings": True,
-        "use_cache": True,
-        "dtype": "float32",
-        "exported_by": EXPORTED_BY,
-    }
-
-
-def _flag(key, value):
-    """A config field as the command line takes it: --bias true, --n_layer 4."""
-    return f"--{key} {str(value).lower() if isinstance(value, bool) else value}"
-
 
 # ----------------------------------------------------------------------------
 # Where a run's first weights come from
@@ -592,6 +129,33 @@ NAMED_BASES = {
         ),
     ),
 }
+
+
+def hf_folder_config(init_from):
+    """The GPTConfig that the config.json of a Hugging Face folder describes (--init_from the folder, or a
+    .safetensors file beside it), or a named base's, or None for any other --init_from (a run of ours, a bare file):
+    the architecture a run from it takes (config.parse_args)."""
+    if is_named_base(init_from):
+        return NAMED_BASES[init_from].gpt_config
+    if os.path.isfile(os.path.join(init_from, "run.json")):
+        return None
+    path = os.path.join(init_from if os.path.isdir(init_from) else os.path.dirname(init_from), "config.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            return gpt_config_from_hf(json.load(f))
+    except ValueError as e:  # not JSON, or neither GPT-2's nor Llama's
+        raise ValueError(f"{path}: {e}") from None
+
+
+def hf_tokenizer_of(init_from):
+    """The folder of --init_from as a --tokenizer, where it holds a tokenizer.json (a base's own), or will once a
+    named base is fetched; else None."""
+    if is_named_base(init_from):
+        return named_base_folder(init_from) if "tokenizer.json" in NAMED_BASES[init_from].files else None
+    folder = os.path.abspath(init_from if os.path.isdir(init_from) else os.path.dirname(init_from))  # from any cwd
+    return folder if os.path.isfile(os.path.join(folder, "tokenizer.json")) else None
 
 
 def is_named_base(init_from):
@@ -736,7 +300,7 @@ def _shape_of(state_dict):
     """The GPTConfig fields a state dict shows by its shapes alone (n_head and the architecture it does not)."""
     vocab_size, n_embd = state_dict["wte.weight"].shape
     return dict(
-        n_layer=_count_blocks(state_dict, "blocks."),
+        n_layer=count_blocks(state_dict, "blocks."),
         n_embd=n_embd,
         vocab_size=vocab_size,
         block_size=state_dict["wpe.weight"].shape[0],
@@ -772,7 +336,7 @@ def fit_to_run(source_gpt_config, state_dict, run_gpt_config, source_description
         raise ValueError(
             f"--init_from {source_description} holds {', '.join(f'{k} {source[k]}' for k in differ)}; this run has "
             f"{', '.join(f'{k} {getattr(run_gpt_config, k)}' for k in differ)}: "
-            f"pass {' '.join(_flag(k, source[k]) for k in differ)}" + hint
+            f"pass {' '.join(flag_text(k, source[k]) for k in differ)}" + hint
         )
     padded = padded_vocab_size(run_gpt_config.vocab_size)  # the run's tokenizer's vocabulary, padded (it may be)
     if padded_vocab_size(source["vocab_size"]) != padded:
@@ -888,7 +452,7 @@ def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print, max_s
         raise ValueError(
             f"--export_hf writes {'Llama' if llama else 'GPT-2'}'s architecture; this run has {has}: train with "
             + ("" if llama else "--preset gpt2-small or ")
-            + " ".join(_flag(k, wanted[k]) for k in differ)
+            + " ".join(flag_text(k, wanted[k]) for k in differ)
         )
     # a tokenizer.json's folder (--tokenizer names the file or the folder); GPT-2's files come from tiktoken's cache
     folder = tokenizer_name if os.path.isdir(tokenizer_name) else os.path.dirname(tokenizer_name)

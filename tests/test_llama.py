@@ -13,7 +13,7 @@ from machinery import checkpoint
 from machinery import closed_forms
 from machinery.corpus import get_tokenizer
 import train
-from machinery import transfer
+from machinery import hf_layouts, transfer
 from conftest import SHAKESPEARE, needs_gpt2, needs_shakespeare, save_bpe_tokenizer, write_word_corpus
 from machinery.files import file_sha256
 from parallel.layout import check_layout, model_for_rank
@@ -261,7 +261,7 @@ def test_a_named_llama_base_brings_its_config_and_tokenizer(tmp_path, monkeypatc
     served = serve_from_a_local_hub(monkeypatch, tmp_path, "someone/llama", "abc123",
                                     {name: (made / name).read_bytes() for name in names})  # fmt: skip
     pinned = {name: file_sha256(served / name) for name in names}
-    base = transfer.NamedBase("someone/llama", "abc123", pinned, transfer.llama_config_from_hf(fields))
+    base = transfer.NamedBase("someone/llama", "abc123", pinned, hf_layouts.llama_config_from_hf(fields))
     monkeypatch.setitem(transfer.NAMED_BASES, "tiny-llama", base)
     out = tmp_path / "continued"
     with contextlib.redirect_stdout(io.StringIO()) as printed:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from machinery import checkpoint
-from machinery import transfer
+from machinery import hf_layouts, safetensors_format
 from conftest import ROOT, TIKTOKEN_CACHE, needs_gpt2, run_script, write_word_corpus
 from model import GPT, GPTConfig
 from machinery.run_folder import recorded_gpt_config
@@ -208,8 +208,8 @@ def test_a_source_that_changed_under_a_run_is_refused_when_read_again(tmp_path, 
             activation="gelu_tanh",
         )
         # fmt: on
-        transfer.write_safetensors(
-            str(tmp_path / "w.safetensors"), transfer.state_dict_to_hf(GPT(gpt_config).state_dict(), rows)
+        safetensors_format.write_safetensors(
+            str(tmp_path / "w.safetensors"), hf_layouts.state_dict_to_hf(GPT(gpt_config).state_dict(), rows)
         )
 
     flags = [

@@ -12,7 +12,7 @@ import torch
 from machinery import checkpoint
 from machinery import config
 import train
-from machinery import transfer
+from machinery import hf_layouts, safetensors_format, transfer
 from conftest import needs_gpt2
 from machinery.files import file_sha256
 from model import GPT, GPTConfig
@@ -42,7 +42,7 @@ def sample_tensors():
 def test_safetensors_we_write_the_package_reads(tmp_path):
     safetensors = pytest.importorskip("safetensors", reason="the safetensors package is the reference (test-only)")
     path, tensors = tmp_path / "ours.safetensors", sample_tensors()
-    transfer.write_safetensors(str(path), tensors, metadata={"format": "pt", "note": "ours"})
+    safetensors_format.write_safetensors(str(path), tensors, metadata={"format": "pt", "note": "ours"})
     with safetensors.safe_open(str(path), "pt") as f:
         assert f.metadata() == {"format": "pt", "note": "ours"}
         loaded = {name: f.get_tensor(name) for name in f.keys()}
@@ -57,7 +57,7 @@ def test_safetensors_the_package_writes_we_read(tmp_path):
     safetensors_torch = pytest.importorskip("safetensors.torch", reason="the safetensors package is the reference")
     path, tensors = tmp_path / "theirs.safetensors", sample_tensors()
     safetensors_torch.save_file({k: t.contiguous() for k, t in tensors.items()}, str(path), metadata={"a": "b"})
-    loaded = transfer.read_safetensors(str(path))
+    loaded = safetensors_format.read_safetensors(str(path))
     assert loaded.keys() == tensors.keys()
     for name, tensor in tensors.items():
         assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor), name
@@ -65,17 +65,17 @@ def test_safetensors_the_package_writes_we_read(tmp_path):
 
 def test_a_malformed_safetensors_file_is_named_with_its_problem(tmp_path):
     path = tmp_path / "w.safetensors"
-    transfer.write_safetensors(str(path), {"w": torch.ones(4)})
+    safetensors_format.write_safetensors(str(path), {"w": torch.ones(4)})
     whole = path.read_bytes()
     path.write_bytes(whole[:-4])  # the last float cut off
     with pytest.raises(ValueError, match=r"w\.safetensors is not a valid safetensors file: tensor w .*16 bytes"):
-        transfer.read_safetensors(str(path))
+        safetensors_format.read_safetensors(str(path))
     path.write_bytes(whole.replace(b'"F32"', b'"F99"'))
     with pytest.raises(ValueError, match=r"tensor w has dtype 'F99'; this reader knows F64, F32"):
-        transfer.read_safetensors(str(path))
+        safetensors_format.read_safetensors(str(path))
     path.write_bytes(b"\x00" * 5)
     with pytest.raises(ValueError, match="shorter than the 8-byte header length"):
-        transfer.read_safetensors(str(path))
+        safetensors_format.read_safetensors(str(path))
 
 
 def test_older_gpt2_layouts_load_in_fp32():
@@ -84,24 +84,24 @@ def test_older_gpt2_layouts_load_in_fp32():
     model, _ = small_model(**GPT2_SHAPED)
     hf = {
         name.removeprefix("transformer."): t.half()
-        for name, t in transfer.state_dict_to_hf(model.state_dict(), 256).items()
+        for name, t in hf_layouts.state_dict_to_hf(model.state_dict(), 256).items()
     }
     hf |= {
         "h.0.attn.bias": torch.ones(1, 1, 32, 32),
         "h.1.attn.masked_bias": torch.tensor(-1e4),
         "lm_head.weight": hf["wte.weight"],
     }
-    state_dict = transfer.state_dict_from_hf(hf)
+    state_dict = hf_layouts.state_dict_from_hf(hf)
     assert state_dict.keys() == model.state_dict().keys()
     for name, tensor in model.state_dict().items():
         assert state_dict[name].dtype == torch.float32
         torch.testing.assert_close(state_dict[name], tensor.half().float(), rtol=0, atol=0)
     assert state_dict["lm_head.weight"] is state_dict["wte.weight"]
     with pytest.raises(ValueError, match="lm_head.weight differs from wte.weight: an untied head"):
-        transfer.state_dict_from_hf({**hf, "lm_head.weight": torch.zeros_like(hf["wte.weight"])})
+        hf_layouts.state_dict_from_hf({**hf, "lm_head.weight": torch.zeros_like(hf["wte.weight"])})
     del hf["h.1.mlp.c_fc.bias"]
     with pytest.raises(ValueError, match=r"no tensor h\.1\.mlp\.c_fc\.bias \(or transformer\.h\.1\.mlp\.c_fc\.bias\)"):
-        transfer.state_dict_from_hf(hf)
+        hf_layouts.state_dict_from_hf(hf)
 
 
 def random_hf_gpt2(transformers):
@@ -123,7 +123,7 @@ def test_gpt2_weights_come_in_and_go_out_with_the_same_logits(tmp_path):
     gpt_config, state_dict, tokenizer, _, _ = transfer.initial_weights(str(tmp_path / "hf"))
     assert tokenizer == "gpt2"
     assert gpt_config == GPTConfig(
-        block_size=128, vocab_size=50257, n_layer=2, n_head=4, n_embd=64, **transfer.GPT2_ARCHITECTURE
+        block_size=128, vocab_size=50257, n_layer=2, n_head=4, n_embd=64, **hf_layouts.GPT2_ARCHITECTURE
     )
     ours = GPT(gpt_config).eval()
     ours.load_state_dict(state_dict)
@@ -226,7 +226,7 @@ def test_fit_to_run_keeps_the_source_vocabulary():
 def test_a_bare_safetensors_file_is_compared_by_its_tensors(tmp_path):
     source, source_gpt_config = small_model(**GPT2_SHAPED)
     path = tmp_path / "w.safetensors"
-    transfer.write_safetensors(str(path), transfer.state_dict_to_hf(source.state_dict(), 256))
+    safetensors_format.write_safetensors(str(path), hf_layouts.state_dict_to_hf(source.state_dict(), 256))
     gpt_config, state_dict, tokenizer, description, data = transfer.initial_weights(str(path))
     assert (gpt_config, tokenizer, description, data) == (None, None, str(path), None)
     said = []
@@ -282,7 +282,7 @@ def test_export_run_takes_the_newest_checkpoint_and_says_how_to_score_it(tmp_pat
         said[-1]
         == f"score it on HellaSwag: lm_eval --model hf --model_args pretrained={dest} --tasks hellaswag --device cpu"
     )
-    written = transfer.read_safetensors(str(dest / "model.safetensors"))
+    written = safetensors_format.read_safetensors(str(dest / "model.safetensors"))
     assert written["transformer.wte.weight"].shape == (50257, 64)
     torch.testing.assert_close(written["transformer.wte.weight"], model.wte.weight[:50257].detach())
     hf_config = json.loads((dest / "config.json").read_text())
@@ -314,7 +314,7 @@ def save_steps(out_dir, steps):
 
 
 def exported_wte(dest):
-    return transfer.read_safetensors(str(dest / "model.safetensors"))["transformer.wte.weight"]
+    return safetensors_format.read_safetensors(str(dest / "model.safetensors"))["transformer.wte.weight"]
 
 
 @needs_gpt2
@@ -357,7 +357,7 @@ def test_an_export_that_fails_removes_only_what_it_made(tmp_path, monkeypatch):
 
         return write
 
-    monkeypatch.setattr(transfer, "safetensors_writer", full_disk)
+    monkeypatch.setattr(safetensors_format, "safetensors_writer", full_disk)
     for dest in (before, tmp_path / "new"):
         with pytest.raises(OSError, match="No space left"):
             transfer.export_hf(model.state_dict(), gpt_config, "gpt2", str(dest))
@@ -444,7 +444,7 @@ def serve_from_a_local_hub(monkeypatch, tmp_path, repo, revision, contents, lfs=
 def test_a_named_base_is_fetched_once_and_checked_against_its_sha256(tmp_path, monkeypatch):
     model, gpt_config = small_model(**GPT2_SHAPED)
     weights = tmp_path / "weights.safetensors"
-    transfer.write_safetensors(str(weights), transfer.state_dict_to_hf(model.state_dict(), 256))
+    safetensors_format.write_safetensors(str(weights), hf_layouts.state_dict_to_hf(model.state_dict(), 256))
     served = serve_from_a_local_hub(
         monkeypatch, tmp_path, "someone/tiny", "abc123", {"model.safetensors": weights.read_bytes()}
     )
@@ -468,7 +468,7 @@ def test_a_named_base_is_fetched_once_and_checked_against_its_sha256(tmp_path, m
 def test_a_named_base_without_a_published_hash_is_checked_against_the_hubs(tmp_path, monkeypatch):
     model, gpt_config = small_model(**GPT2_SHAPED)
     weights = tmp_path / "weights.safetensors"
-    transfer.write_safetensors(str(weights), transfer.state_dict_to_hf(model.state_dict(), 256))
+    safetensors_format.write_safetensors(str(weights), hf_layouts.state_dict_to_hf(model.state_dict(), 256))
     contents = {"model.safetensors": weights.read_bytes()}
     serve_from_a_local_hub(monkeypatch, tmp_path, "someone/tiny", "abc123", contents, lfs=["model.safetensors"])
     base = transfer.NamedBase("someone/tiny", "abc123", {"model.safetensors": None}, gpt_config)
