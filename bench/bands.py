@@ -8,7 +8,7 @@ default out/bands/P), --jobs at a time on one thread each, its output in RUNS/se
 the same configuration is read, not trained again; an interrupted one resumes from its checkpoint; a finished run of
 another configuration is refused by name. Flags after `--` go to every run: --url for a corpus held
 locally, or a smaller model (the band then belongs to that model: it records the identity its runs share).
-curves.make_band sums the runs up (the mean, std and 5/50/95% quantiles of the train and val loss at each logged
+bands.make_band sums the runs up (the mean, std and 5/50/95% quantiles of the train and val loss at each logged
 step), calibrates the band's edge on them (each seed judged against the band of the others) and records how it was
 made. It writes bands/<preset>.json unless --out names another file; an existing file is kept unless --overwrite.
 """
@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from machinery import curves  # noqa: E402
+from machinery import bands  # noqa: E402
 from machinery.config import config_file_form, parse_args  # noqa: E402
 from data import read_json  # noqa: E402
 from machinery.run_folder import is_finished  # noqa: E402
@@ -99,8 +99,8 @@ def main(argv=None):
         seeds = seed_list(args.seeds)
     except ValueError as e:
         parser.error(str(e))
-    if len(seeds) < curves.MIN_SEEDS:
-        parser.error(f"--seeds {args.seeds}: a band needs at least {curves.MIN_SEEDS} seeds")
+    if len(seeds) < bands.MIN_SEEDS:
+        parser.error(f"--seeds {args.seeds}: a band needs at least {bands.MIN_SEEDS} seeds")
     out = args.out or os.path.join(ROOT, "bands", f"{args.preset}.json")
     if os.path.exists(out) and not args.overwrite:
         parser.error(f"{out} exists: pass --overwrite to replace it, or --out another file")
@@ -123,7 +123,7 @@ def main(argv=None):
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d"),
     }
-    band = curves.make_band([curves.read_run(run_dirs[s]) for s in seeds], args.preset, made_by)
+    band = bands.make_band([bands.read_run(run_dirs[s]) for s in seeds], args.preset, made_by)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     write_json_atomic(out, band)
     rule = band["rule"]

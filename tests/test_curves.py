@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, run_script
-from machinery import compare, curves
+from machinery import bands, compare, curves
 from machinery.files import write_json_atomic
 
 STEPS = 200
@@ -43,7 +43,7 @@ def synthetic_run(seed, offset=None, jump_at=None, plateau_from=None, **settings
         "TrainConfig": {**lr, "seed": seed, "data_order": seed, "global_batch": 8, "eval_iters": 10, "lanes": 64,
                         "init_from": "", "dtype": "float32"},
     }  # fmt: skip
-    run = curves.RunCurves(f"runs/seed_{seed}", identity, {"preset": "tiny", "recovery": {}})
+    run = bands.RunCurves(f"runs/seed_{seed}", identity, {"preset": "tiny", "recovery": {}})
     for t in steps:
         run.train[int(t)], run.lr[int(t)] = float(train[t]), lr["learning_rate"]
         run.grad_norm[int(t)], run.grad_z[int(t)] = 1.0, 0.0
@@ -54,7 +54,7 @@ def synthetic_run(seed, offset=None, jump_at=None, plateau_from=None, **settings
 
 @pytest.fixture(scope="module")
 def band():
-    return curves.make_band([synthetic_run(s) for s in range(1, 11)], "tiny", {"command": "a test"})
+    return bands.make_band([synthetic_run(s) for s in range(1, 11)], "tiny", {"command": "a test"})
 
 
 def test_the_band_holds_the_seeds_statistics_and_how_it_was_made(band):
@@ -68,17 +68,17 @@ def test_the_band_holds_the_seeds_statistics_and_how_it_was_made(band):
     assert all(lo <= mid <= hi for lo, mid, hi in zip(train["q05"], train["q50"], train["q95"]))
     assert band["val"]["step"] == list(range(0, STEPS, 20))
     rule = band["rule"]
-    assert rule["z"] in curves.Z_CHOICES and rule["persist"] == curves.PERSIST
+    assert rule["z"] in bands.Z_CHOICES and rule["persist"] == bands.PERSIST
     assert "each of the 10 seeds against the band of the other 9" in rule["calibration"]
 
 
 def test_a_band_needs_enough_seeds_of_one_recipe():
     with pytest.raises(ValueError, match="at least 8 seeds"):
-        curves.make_band([synthetic_run(s) for s in range(1, 5)], "tiny", {})
+        bands.make_band([synthetic_run(s) for s in range(1, 5)], "tiny", {})
     other = synthetic_run(9)
     other.identity["GPTConfig"]["n_layer"] = 4
     with pytest.raises(ValueError, match="runs/seed_9 is another recipe .*model n_layer 4 \\(the band's 2\\)"):
-        curves.make_band([synthetic_run(s) for s in range(1, 9)] + [other], "tiny", {})
+        bands.make_band([synthetic_run(s) for s in range(1, 9)] + [other], "tiny", {})
 
 
 def test_healthy_new_seeds_read_normal(band):
@@ -188,11 +188,11 @@ def test_the_verdict_leads_with_the_longest_stretch_and_ends_with_the_p_value(ba
         "verdict: not normal: left the band at step 100 for 100 steps, above it, the longest of 2 stretches out of it "
         "(the first at step 10, below it, for 6 steps)"
     ), reading.verdict
-    step, value, p = curves.val_p(run, band)
+    step, value, p = bands.val_p(run, band)
     assert f"for 6 steps); val loss {value:.4f} at step {step}, p = {p:.2g}; " in reading.verdict
     healthy = curves.read_curve(synthetic_run(102), band)
     assert (
-        healthy.normal and healthy.verdict == f"verdict: normal (p = {curves.val_p(synthetic_run(102), band)[2]:.2f})"
+        healthy.normal and healthy.verdict == f"verdict: normal (p = {bands.val_p(synthetic_run(102), band)[2]:.2f})"
     )
 
 
@@ -285,38 +285,38 @@ def test_the_shapes_of_a_curve():
 
 
 def test_the_p_value_is_students_t():
-    assert curves.student_t_p(0.0, 9) == 1.0
-    assert curves.student_t_p(2.262, 9) == pytest.approx(0.05, abs=5e-4)  # the table's 97.5% point, 9 dof
-    assert curves.student_t_p(-3.250, 9) == pytest.approx(0.01, abs=2e-4)
-    assert curves.student_t_p(1.96, 10_000) == pytest.approx(0.05, abs=5e-4)  # the normal's, for many dof
+    assert bands.student_t_p(0.0, 9) == 1.0
+    assert bands.student_t_p(2.262, 9) == pytest.approx(0.05, abs=5e-4)  # the table's 97.5% point, 9 dof
+    assert bands.student_t_p(-3.250, 9) == pytest.approx(0.01, abs=2e-4)
+    assert bands.student_t_p(1.96, 10_000) == pytest.approx(0.05, abs=5e-4)  # the normal's, for many dof
 
 
 def test_without_a_band_the_reader_says_why(tmp_path, band):
     run = synthetic_run(101)
-    assert curves.find_band(run.identity, "tiny", str(tmp_path / "none.json"))[1].startswith("no band file")
+    assert bands.find_band(run.identity, "tiny", str(tmp_path / "none.json"))[1].startswith("no band file")
     other = dict(band, recipe={**band["recipe"], "data": {**band["recipe"]["data"], "source_sha256": "cd34"}})
     write_json_atomic(str(tmp_path / "other.json"), other)
-    _, why = curves.find_band(run.identity, "tiny", str(tmp_path / "other.json"))
+    _, why = bands.find_band(run.identity, "tiny", str(tmp_path / "other.json"))
     assert "is another recipe: data source_sha256 'ab12' (the band's 'cd34')" in why
     write_json_atomic(str(tmp_path / "anchors.json"), {"preset": "gpt2-small", "anchors": []})
-    assert "holds published anchors only" in curves.find_band(run.identity, "", str(tmp_path / "anchors.json"))[1]
+    assert "holds published anchors only" in bands.find_band(run.identity, "", str(tmp_path / "anchors.json"))[1]
     (tmp_path / "broken.json").write_text("{")
-    assert "cannot be read" in curves.find_band(run.identity, "", str(tmp_path / "broken.json"))[1]
+    assert "cannot be read" in bands.find_band(run.identity, "", str(tmp_path / "broken.json"))[1]
     reading = curves.read_curve(run, None, why)
     assert reading.verdict.startswith("verdict: no band for this run: ") and reading.normal is None
 
 
 def test_the_committed_bands_name_their_seeds_and_their_making():
-    band = curves.read_json(os.path.join(ROOT, "bands", "shakespeare.json"))
-    assert len(band["seeds"]) >= curves.MIN_SEEDS and band["made_by"]["command"].startswith("python bench/bands.py")
+    band = bands.read_json(os.path.join(ROOT, "bands", "shakespeare.json"))
+    assert len(band["seeds"]) >= bands.MIN_SEEDS and band["made_by"]["command"].startswith("python bench/bands.py")
     assert len(band["train"]["runs"]) == len(band["seeds"]) and band["recipe"]["data"]["source_sha256"]
-    anchors = curves.read_json(os.path.join(ROOT, "bands", "gpt2-small.json"))["anchors"]
+    anchors = bands.read_json(os.path.join(ROOT, "bands", "gpt2-small.json"))["anchors"]
     assert anchors and all(a["source"].startswith("https://") for a in anchors)
 
 
 def test_a_folder_that_is_not_a_run_is_named(tmp_path):
     with pytest.raises(ValueError, match=f"{tmp_path}: no run.json"):
-        curves.read_run(str(tmp_path))
+        bands.read_run(str(tmp_path))
 
 
 # ----------------------------------------------------------------------------
@@ -352,7 +352,7 @@ def planted(tmp_path_factory):
         return str(root / name)
 
     folders = {f"band_{s}": run(f"band_{s}", s) for s in range(1, 9)}
-    band = curves.make_band([curves.read_run(folders[f"band_{s}"]) for s in range(1, 9)], "tiny", {"test": "planted"})
+    band = bands.make_band([bands.read_run(folders[f"band_{s}"]) for s in range(1, 9)], "tiny", {"test": "planted"})
     write_json_atomic(str(root / "band.json"), band)
     (root / "bands").mkdir()
     write_json_atomic(str(root / "bands" / "tiny.json"), band)  # as bench/bands.py would write it for this recipe
@@ -378,7 +378,7 @@ def planted(tmp_path_factory):
 
 def reading_of(planted, name):
     folders, band, *_ = planted
-    return curves.read_curve(curves.read_run(folders[name]), band)
+    return curves.read_curve(bands.read_run(folders[name]), band)
 
 
 @pytest.mark.integration
@@ -421,7 +421,7 @@ def test_planted_spike_is_flagged_at_its_step_with_the_incident(planted):
 @pytest.mark.integration
 def test_a_planted_nan_weight_is_the_first_cause_and_no_point_after_the_skip_is_a_jump(planted):
     folders, *_ = planted
-    run = curves.read_run(folders["nan"])
+    run = bands.read_run(folders["nan"])
     reading = curves.read_curve(run, planted[1])
     assert causes_of(reading)["a hardware bit flip"] == (1, "planted")
     (action,) = [incident["action"] for incident in run.incidents]
@@ -450,7 +450,7 @@ def test_planted_other_data_order_is_inside_the_band_and_compares_tied(planted):
     assert reading_of(planted, "order").normal
     results, verdict = compare.compare_runs([folders["healthy_101"], folders["order"]], band_path, say=print)
     assert verdict.startswith("verdict: tied within noise")
-    own = curves.read_run(folders["order"]).val
+    own = bands.read_run(folders["order"]).val
     assert results[folders["order"]][150] == {"val_loss": own[150]}  # the fixed evaluation: the run's own
 
 
@@ -475,11 +475,11 @@ def test_the_bands_bench_writes_a_band(tmp_path):
     command = ["bench/bands.py", "--preset", "tiny", "--seeds", "1-8", "--runs", tmp_path / "runs", "--out", out]
     done = run_script([*command, "--", *flags], ROOT)
     assert done.returncode == 0, done.stderr
-    band = curves.read_json(str(out))
+    band = bands.read_json(str(out))
     assert band["seeds"] == list(range(1, 9)) and band["train"]["step"] == list(range(0, 12, 2)) + [11]
     again = run_script([*command, "--overwrite", "--", *flags], ROOT)  # the finished runs are read again
     assert again.returncode == 0 and again.stdout.count("finished earlier") == 8, again.stderr
-    assert curves.read_json(str(out))["train"] == band["train"]
+    assert bands.read_json(str(out))["train"] == band["train"]
     other = run_script([*command, "--overwrite", "--", *flags, "--learning_rate", "1e-3"], ROOT)
     assert other.returncode != 0 and "seed_1 holds a finished run of another configuration" in other.stderr
     refused = run_script([*command, "--", *flags], ROOT)
