@@ -209,3 +209,39 @@ def test_the_layout_is_one_frozen_value_that_no_function_takes_apart():
     frozen = [k for k in getattr(decorator, "keywords", []) if k.arg == "frozen" and getattr(k.value, "value", 0)]
     assert frozen, "parallel.grid.Layout must be @dataclass(frozen=True)"
     assert not loose, f"functions that take tp and pp apart, not a Layout: {loose}"
+
+
+# ----------------------------------------------------------------------------
+# The lesson one person reads in an afternoon: its budgets
+
+LESSON_LINES = 3000  # the root's *.py and parallel/: what the README's reading path asks a learner to read
+ONE_PARALLELISM = ("model.py", "train.py", "data.py", "parallel/grid.py", "parallel/data_parallel.py")
+ONE_PARALLELISM_LINES = 1500  # the model, the loop, the tokens and data parallelism: the shortest whole path
+TRAIN_IMPORTS = 6  # train.py's modules of ours: the loop reaches the machinery through the Run's hooks
+FILE_LINES = 600  # any file of ours: past this, split it along a seam DESIGN.md shows
+
+
+def line_count(path):
+    """Every line of the file, comments and docstrings included: they are read too."""
+    return len((ROOT / path).read_text().splitlines())
+
+
+def test_the_lesson_keeps_its_budgets():
+    """Prints and checks the four budgets (python -m pytest tests/test_design.py -k budgets -s shows them)."""
+    lesson = sorted(path for path in product_files() if "/" not in path or path.startswith("parallel/"))
+    lesson_lines = sum(map(line_count, lesson))
+    path_lines = sum(map(line_count, ONE_PARALLELISM))
+    train_imports = sorted(code_graph()["train.py"])
+    largest = max(product_files(), key=line_count)
+    print(
+        f"\nthe lesson ({len(lesson)} files: the root's *.py and parallel/): {lesson_lines:,} lines (at most "
+        f"{LESSON_LINES:,})\nthe path to one parallelism ({', '.join(ONE_PARALLELISM)}): {path_lines:,} lines (at "
+        f"most {ONE_PARALLELISM_LINES:,})\ntrain.py's modules of ours: {len(train_imports)} "
+        f"({', '.join(train_imports)}; at most {TRAIN_IMPORTS})\nthe largest file of ours: {largest}, "
+        f"{line_count(largest)} lines (at most {FILE_LINES})"
+    )
+    assert lesson_lines <= LESSON_LINES, f"the lesson has grown to {lesson_lines:,} lines: {lesson}"
+    assert path_lines <= ONE_PARALLELISM_LINES, f"the path to one parallelism has grown to {path_lines:,} lines"
+    assert len(train_imports) <= TRAIN_IMPORTS, f"train.py imports {len(train_imports)} modules of ours"
+    over = {path: line_count(path) for path in product_files() if line_count(path) > FILE_LINES}
+    assert not over, f"files over {FILE_LINES} lines: {over}; split each along a seam, and show it in DESIGN.md"
