@@ -3,7 +3,6 @@ matrices transposed; Llama's q/k/v and gate/up stacked into ours), the config.js
 GPTConfig and written from one.
 """
 
-
 import torch
 
 from model import GPTConfig
@@ -294,5 +293,3 @@ def hf_config(gpt_config, vocab_size, eot_id):
 def flag_text(key, value):
     """A config field as the command line takes it: --bias true, --n_layer 4."""
     return f"--{key} {str(value).lower() if isinstance(value, bool) else value}"
-
-

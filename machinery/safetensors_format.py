@@ -162,5 +162,3 @@ def shard_writers(tensors, max_bytes, metadata=None):
     index = {"metadata": {"total_size": total}, "weight_map": {t: n for n, s in zip(names, shards) for t in s}}
     writers = {name: safetensors_writer(shard, metadata) for name, shard in zip(names, shards)}
     return writers | {SHARD_INDEX: lambda f: f.write(json.dumps(index, indent=2).encode())}
-
-

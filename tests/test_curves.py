@@ -191,9 +191,7 @@ def test_the_verdict_leads_with_the_longest_stretch_and_ends_with_the_p_value(ba
     step, value, p = bands.val_p(run, band)
     assert f"for 6 steps); val loss {value:.4f} at step {step}, p = {p:.2g}; " in reading.verdict
     healthy = curves.read_curve(synthetic_run(102), band)
-    assert (
-        healthy.normal and healthy.verdict == f"verdict: normal (p = {bands.val_p(synthetic_run(102), band)[2]:.2f})"
-    )
+    assert healthy.normal and healthy.verdict == f"verdict: normal (p = {bands.val_p(synthetic_run(102), band)[2]:.2f})"
 
 
 def test_the_precision_line_says_which_dtype_the_run_computed_in():
