@@ -58,7 +58,7 @@ def code_graph():
 
 def design_graph():
     """{file: the files DESIGN.md says it imports}, in the order of its lines."""
-    tree = (ROOT / "DESIGN.md").read_text().split("```")[1]
+    tree = next(block for block in (ROOT / "DESIGN.md").read_text().split("```")[1::2] if "──>" in block)
     tokens = re.findall(r"[\w/]+\.py|──>", re.sub(r"\(.*?\)", "", tree))  # notes, and (none), name no file
     graph = {}
     for token, following in zip(tokens, tokens[1:] + [""]):
@@ -245,3 +245,65 @@ def test_the_lesson_keeps_its_budgets():
     assert len(train_imports) <= TRAIN_IMPORTS, f"train.py imports {len(train_imports)} modules of ours"
     over = {path: line_count(path) for path in product_files() if line_count(path) > FILE_LINES}
     assert not over, f"files over {FILE_LINES} lines: {over}; split each along a seam, and show it in DESIGN.md"
+
+
+def test_the_readmes_reading_path_counts_the_lines_the_files_hold():
+    """The README's table of the lesson gives each file's lines and their sum, as the files hold them now."""
+    readme = (ROOT / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `([\w/]+\.py)` \| ([\d,]+) \|", readme, re.MULTILINE))
+    lesson = [path for path in product_files() if "/" not in path or path.startswith("parallel/")]
+    listed = sorted(set(lesson) - {"parallel/__init__.py"})
+    assert sorted(rows) == listed, f"the README's lesson table lists {sorted(rows)}, the lesson is {listed}"
+    wrong = {path: (int(n.replace(",", "")), line_count(path)) for path, n in rows.items()}
+    wrong = {path: counts for path, counts in wrong.items() if counts[0] != counts[1]}
+    assert not wrong, f"the README's line counts (listed, held): {wrong}"
+    total = sum(map(line_count, lesson))
+    one_path = sum(map(line_count, ONE_PARALLELISM))
+    assert f"**The lesson**, {total:,} lines" in readme and f"is {one_path:,} lines" in readme, (total, one_path)
+
+
+# ----------------------------------------------------------------------------
+# The picture of the house, drawn from the imports
+
+FIGURE_START, FIGURE_END = "<!-- the house: drawn by tests/test_design.py -->", "<!-- end of the house -->"
+
+
+def house_figure():
+    """DESIGN.md's picture (a Mermaid flowchart): the lesson's files and the imports among them, each file of the
+    machinery and the files of the lesson it imports, and what train.py imports of the machinery. The machinery's
+    imports among its own files are the tree's, above the picture."""
+    graph = code_graph()
+    lesson = sorted(f for f in graph if "/" not in f or f.startswith("parallel/"))
+    machinery = sorted(f for f in graph if f.startswith("machinery/"))
+    node = {f: re.sub(r"\W", "_", f.removesuffix(".py")) for f in lesson + machinery}
+    lines = ["```mermaid", "flowchart LR"]
+    for name, title, files in (("lesson", "the lesson", lesson), ("machinery", "machinery/", machinery)):
+        lines.append(f'  subgraph {name}["{title}: {len(files)} files, {sum(map(line_count, files)):,} lines"]')
+        lines += [f'    {node[f]}["{f.removeprefix("machinery/")}"]' for f in files]
+        lines.append("  end")
+    edges = [
+        (a, b)
+        for a in lesson + machinery
+        for b in sorted(graph[a])
+        if b in node and (b in lesson or a in lesson)  # into the lesson, or out of it (train.py's hooks)
+    ]
+    lines += [f"  {node[a]} --> {node[b]}" for a, b in edges]
+    return "\n".join([FIGURE_START, *lines, "```", FIGURE_END])
+
+
+def test_the_picture_of_the_house_is_drawn_from_the_imports():
+    design = (ROOT / "DESIGN.md").read_text()
+    start, end = design.find(FIGURE_START), design.find(FIGURE_END)
+    drawn = design[start : end + len(FIGURE_END)] if 0 <= start < end else "(none)"
+    assert drawn == house_figure(), "DESIGN.md's picture differs from the imports: python tests/test_design.py"
+    # the lesson imports nothing of the machinery but what train.py's loop calls
+    graph = code_graph()
+    upward = {(a, b) for a, imported in graph.items() for b in imported if b.startswith("machinery/")}
+    upward = {(a, b) for a, b in upward if not a.startswith(("machinery/", "train.py"))}
+    assert not upward, f"the lesson imports the machinery: {sorted(upward)}"
+
+
+if __name__ == "__main__":  # python tests/test_design.py: draw the house into DESIGN.md again
+    design = (ROOT / "DESIGN.md").read_text()
+    start, end = design.find(FIGURE_START), design.find(FIGURE_END)
+    (ROOT / "DESIGN.md").write_text(design[:start] + house_figure() + design[end + len(FIGURE_END) :])
