@@ -5,10 +5,50 @@ the tests hold them against what the code does: the model's own count, comm_coun
 tensors, the optimizer's state.
 """
 
+import ast
+import operator
+import re
 from dataclasses import dataclass
 
 from model import stage_layers
 from parallel.grid import Layout
+
+
+# ----------------------------------------------------------------------------
+# A closed form: its arithmetic, computed as written
+
+OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
+OPERATORS[ast.Div] = operator.truediv
+
+
+def computed(arithmetic, **values):
+    """The value of arithmetic as it is written: names of values, numbers, + - * / // and parentheses. A formula
+    printed beside a measurement is the expression that computed the number, so the two cannot drift apart."""
+
+    def value(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.Name):
+            return values[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
+            return OPERATORS[type(node.op)](value(node.left), value(node.right))
+        raise ValueError(f"{ast.unparse(node)!r} in {arithmetic!r} is not arithmetic of named values")
+
+    return value(ast.parse(arithmetic, mode="eval").body)
+
+
+def closed_form(terms, **values):
+    """(value, formula) of a sum of terms [(arithmetic, what it counts)], each computed as written, the formula
+    naming the values its terms use: 'A * 4 * P (gradients reduce-scattered) + 4 * P (weights gathered), A=2
+    P=1,234'. No terms: (0, 'none: a group of 1')."""
+    if not terms:
+        return 0, "none: a group of 1"
+    used = {name for arithmetic, _ in terms for name in re.findall(r"[A-Za-z_]\w*", arithmetic)}
+    named = " ".join(f"{name}={value:,}" for name, value in values.items() if name in used)
+    return sum(computed(arithmetic, **values) for arithmetic, _ in terms), (
+        " + ".join(f"{arithmetic} ({what})" for arithmetic, what in terms) + f", {named}"
+    )
+
 
 # ----------------------------------------------------------------------------
 # The model: parameters and FLOPs
@@ -83,9 +123,12 @@ def comm_bytes_per_step(gpt_config, layout, *, stage, batch_size, accumulation, 
     communication in one optimizer step (what comm_count.counted counts), with the step's
     formula: {dimension: (bytes, formula)}.
 
-    B = batch_size rows per micro-step (all of a pipeline's micro-batches together), A
-    micro-steps of accumulation, T = the positions of a sequence a rank holds (block_size / cp), C = n_embd,
-    L = the stage's blocks. The
+    Each dimension's bytes are a sum of terms, each an arithmetic of named values computed as written
+    (closed_form): B = batch_size rows per micro-step (all of a pipeline's micro-batches together), A micro-steps
+    of accumulation, T = the positions of a sequence a rank holds (block_size / cp), C = n_embd, L = the stage's
+    blocks, c = compute_bytes, r = 1 under recomputation, m = a pipeline's micro-batches, n = its sends a
+    micro-step, s = tp under sequence parallelism (else 1), P = the parameters the rank holds, W = those it holds
+    whole, Vtp = the vocabulary rows a TP rank holds, kv = its key/value width. The
     activations cross in fp32, except the row-parallel matmul outputs, which are in the
     compute dtype (compute_bytes: 2 under bf16 or fp16 autocast).
       tp: per block, 2 all-reduces forward (after attention and after the MLP) and 2 backward
@@ -113,78 +156,48 @@ def comm_bytes_per_step(gpt_config, layout, *, stage, batch_size, accumulation, 
           FSDP2 (zero 3) its reduce-scatter alone is counted (its all-gathers carry weights, not gradients).
     """
     dp, tp, pp, cp, zero = layout.dp, layout.tp, layout.pp, layout.cp, layout.zero_stage
-    recompute, sequence_parallel = layout.recompute, layout.sequence_parallel
-    micro_batches, virtual_stages = layout.pipeline_micro_batches, layout.virtual_stages
-    B, T, C, A = batch_size, gpt_config.block_size // cp, gpt_config.n_embd, accumulation
+    r, sp, m, v = int(layout.recompute), layout.sequence_parallel, layout.pipeline_micro_batches, layout.virtual_stages
+    B, T, C, A, c = batch_size, gpt_config.block_size // cp, gpt_config.n_embd, accumulation, compute_bytes
     first_block, end_block = stage_layers(gpt_config.n_layer, pp)[stage]
     L, first, last = end_block - first_block, stage == 0, stage == pp - 1
-    act = B * T * C  # elements of one (B, T, C) activation
-    tp_bytes = pp_bytes = dp_bytes = 0
-    tp_how = pp_how = dp_how = "none: a group of 1"
-    if tp > 1 and not sequence_parallel:
-        per_micro_step = (
-            L * act * ((2 + recompute) * compute_bytes + 2 * 4) + first * act * 4 + last * (act * 4 + 3 * B * T * 4)
+    P = parameters_on_rank(gpt_config, layout, stage)  # the parameters this rank holds, whose gradients it sends
+    tp_terms = pp_terms = dp_terms = cp_terms = []  # [(arithmetic, what it counts)]: none, a group of 1
+    if tp > 1 and not sp:
+        tp_terms = [("A * L * B * T * C * ((2 + r) * c + 2 * 4)", "all-reduces, two each way at every layer")]
+        tp_terms += [("A * B * T * C * 4", "the embedding's")] if first else []
+        tp_terms += [("A * B * T * C * 4", "the head's"), ("A * 3 * B * T * 4", "the loss's sums")] if last else []
+    if tp > 1 and sp:
+        tp_terms = [("A * L * B * T * C * ((4 + r) * c + (4 + 2 * r) * 4)", "gathers and scatters at every layer")]
+        tp_terms += [("A * B * T * C * 8", "the embedding's, both ways")] if first else []
+        tp_terms += (
+            [("A * B * T * C * 8", "the head's, both ways"), ("A * 3 * B * T * 4", "the loss's sums")] if last else []
         )
-        tp_bytes = A * per_micro_step
-        tp_how = (
-            f"A x [L B T C x ({2 + recompute} x {compute_bytes} + 2 x 4) at every layer"
-            + (" + B T C x 4 (embedding)" if first else "")
-            + (" + B T C x 4 (head) + 3 B T x 4 (loss)" if last else "")
-            + f"], A={A} L={L} B={B} T={T} C={C}"
-        )
-    if tp > 1 and sequence_parallel:
-        whole = whole_parameters_on_stage(gpt_config, pp, stage)
-        per_layer = (4 + recompute) * compute_bytes + (4 + 2 * recompute) * 4
-        per_micro_step = (
-            L * act * per_layer + (first + last) * act * 8 + last * 3 * B * T * 4 + micro_batches * whole * 4
-        )
-        tp_bytes = A * per_micro_step
-        tp_how = (
-            f"A x [L B T C x ({4 + recompute} x {compute_bytes} + {4 + 2 * recompute} x 4) at every layer"
-            + (" + B T C x 8 (embedding)" if first else "")
-            + (" + B T C x 8 (head) + 3 B T x 4 (loss)" if last else "")
-            + f" + {micro_batches} x {whole:,} x 4 (whole parameters' gradients)], A={A} L={L} B={B} T={T} C={C}"
-        )
+        tp_terms += [("A * m * W * 4", "the whole parameters' gradients summed")]
+    # pp: sends a micro-step, forward from each chunk but the model's last, backward from each but its first
+    n, s = 2 * v - first - last, tp if sp else 1
     if pp > 1:
-        neighbours = 2 * virtual_stages - first - last  # sends a micro-step: forward from each chunk but the
-        # model's last, backward from each but its first
-        tied = (first or last) * gpt_config.tie_embeddings * -(-gpt_config.vocab_size // tp) * C * 4  # its two copies
-        pp_bytes = A * neighbours * act // (tp if sequence_parallel else 1) * 4 + tied
-        sent = (
-            "activations forward and gradients back"
-            if neighbours >= 2
-            else "activations to the next stage"
-            if first
-            else "gradients to the stage before"
-        )
-        pp_how = (
-            f"A x {neighbours} x B T C{' / tp' if sequence_parallel else ''} x 4 ({sent})"
-            + (f" + V/tp x C x 4 (tied embedding's gradient), V={gpt_config.vocab_size}" if tied else "")
-            + f", A={A} B={B} T={T} C={C}"
-        )
-    if dp > 1:
-        held = parameters_on_rank(gpt_config, layout, stage)
-        scatters = A if zero == 2 else 1  # ZeRO-2 reduces every micro-step's gradient
-        ours = zero in (1, 2)  # FSDP2 (stage 3) counts its reduce-scatters only: its all-gathers carry weights
-        dp_bytes = (4 * scatters + 4 if ours else 4) * held
-        dp_how = (
-            f"{'A x ' if zero == 2 else ''}4 x {held:,} parameters on the rank, reduce-scattered, + 4 x {held:,} "
-            "all-gathered, per step (a ring moves (dp - 1)/dp of each: one all-reduce's worth each pair)"
-            + (f", A={A}" if zero == 2 else "")
-            if ours
-            else f"4 x {held:,} parameters on the rank, once per step"
-        )
-    cp_bytes, cp_how = 0, "none: a group of 1"
+        sent = "activations forward, gradients back" if n >= 2 else "activations on" if first else "gradients back"
+        pp_terms = [("A * n * B * T * C // s * 4", sent)]
+        if (first or last) and gpt_config.tie_embeddings:  # its two copies
+            pp_terms += [("Vtp * C * 4", "the tied embedding's gradient")]
+    if dp > 1 and zero in (1, 2):  # ours: reduce-scattered (ZeRO-2: every micro-step), then the weights all-gathered
+        dp_terms = [
+            ("A * 4 * P" if zero == 2 else "4 * P", "gradients reduce-scattered"),
+            ("4 * P", "weights gathered"),
+        ]
+    elif dp > 1:  # FSDP2 (stage 3) counts its reduce-scatters only: its all-gathers carry weights
+        dp_terms = [("4 * P", "gradients averaged, once per step")]
     if cp > 1:
-        kv = gpt_config.kv_width // tp  # this TP rank's key/value width
-        held = parameters_on_rank(gpt_config, layout, stage)
-        cp_bytes = A * (L * (cp - 1) * (2 + recompute) * 2 * B * T * kv * compute_bytes + micro_batches * 4 * held)
-        cp_how = (
-            f"A x [L x (cp - 1) x {2 + recompute} x 2 B T kv x {compute_bytes} (keys and values around the ring) + "
-            f"{micro_batches} x 4 x {held:,} parameters (their gradients averaged)], A={A} L={L} B={B} T={T} "
-            f"kv={kv} cp={cp}"
-        )
-    return {"dp": (dp_bytes, dp_how), "tp": (tp_bytes, tp_how), "pp": (pp_bytes, pp_how), "cp": (cp_bytes, cp_how)}
+        cp_terms = [
+            ("A * L * (cp - 1) * (2 + r) * 2 * B * T * kv * c", "keys and values around the ring"),
+            ("A * m * 4 * P", "the gradients averaged over the group"),
+        ]
+    values = dict(A=A, L=L, B=B, T=T, C=C, c=c, r=r, m=m, n=n, s=s, cp=cp, P=P, kv=gpt_config.kv_width // tp)
+    values.update(W=whole_parameters_on_stage(gpt_config, pp, stage), Vtp=-(-gpt_config.vocab_size // tp))
+    return {
+        d: closed_form(terms, **values)
+        for d, terms in (("dp", dp_terms), ("tp", tp_terms), ("pp", pp_terms), ("cp", cp_terms))
+    }
 
 
 def busiest_stage_comm_bytes(gpt_config, layout, *, batch_size, accumulation, compute_bytes):
@@ -211,18 +224,21 @@ def busiest_stage_comm_bytes(gpt_config, layout, *, batch_size, accumulation, co
 # A rank's memory: the training state and the activations
 
 
+# fp32 weights (4), gradients (4) and AdamW's two moments (8), per parameter a rank holds, by ZeRO's stage
+STATE_BYTES = {0: "4 + 4 + 8", 1: "4 + 4 + 8/dp", 2: "4 + 12/dp", 3: "16/dp"}
+
+
 def state_bytes_per_parameter(dp=1, zero=0):
     """Bytes of training state per parameter a rank holds: fp32 weights (4), gradients (4) and AdamW's two
     moments (8). ZeRO (zero.py; Rajbhandari et al. 2020) shares out over the dp ranks, stage 1: the moments,
     4 + 4 + 8/dp; stage 2: the gradients too, 4 + 12/dp; stage 3 (FSDP): the weights too, 16/dp. (With bf16
     weights and gradients beside fp32 master weights, the paper's case, stage 1 leaves 4 + 12/dp of 16.)"""
-    return {0: 16, 1: 8 + 8 / dp, 2: 4 + 12 / dp, 3: 16 / dp}[zero]
+    return computed(STATE_BYTES[zero], dp=dp)
 
 
 def state_bytes_formula(dp=1, zero=0):
-    """state_bytes_per_parameter as a formula, for the printed comparisons: '4 + 4 + 8/2 = 12 B'."""
-    terms = {0: "4 + 4 + 8", 1: f"4 + 4 + 8/{dp}", 2: f"4 + 12/{dp}", 3: f"16/{dp}"}[zero]
-    return f"{terms} = {state_bytes_per_parameter(dp, zero):g} B"
+    """state_bytes_per_parameter as its formula, for the printed comparisons: '4 + 4 + 8/2 = 12 B'."""
+    return f"{STATE_BYTES[zero].replace('dp', str(dp))} = {state_bytes_per_parameter(dp, zero):g} B"
 
 
 def fullest_rank_state_bytes(gpt_config, layout):

@@ -199,10 +199,10 @@ def print_pipeline_bubble(run, timeline):
     p, m, v = layout.pp, layout.micro_batches, layout.virtual_stages
     schedule = layout.schedule if v == 1 else f"interleaved {layout.schedule}, v={v}"
     measured = bubble_fraction(timeline)
-    formula = "(p - 1) / (m + p - 1)" if v == 1 else "(p - 1) / (v m + p - 1)"
+    formula = "(p - 1) / (m + p - 1)" if v == 1 else "(p - 1) / (v * m + p - 1)"  # computed as written
     run.say(
         f"pipeline bubble of the last step: measured {measured:.3f}, {formula} = "
-        f"{(p - 1) / (v * m + p - 1):.3f} ({schedule}, p={p}, m={m})"
+        f"{closed_forms.computed(formula, p=p, m=m, v=v):.3f} ({schedule}, p={p}, m={m})"
     )
     title = f"{schedule}, p={p}, m={m}: bubble {measured:.2f}"
     plot_gantt(timeline, os.path.join(run.out_dir, "pipeline.png"), title)

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -290,3 +291,38 @@ def test_long_context_table_from_the_command_line(capsys):
     cost.main(["--model", "70B", "--long_context", "8"])
     out = capsys.readouterr().out
     assert "524,288" in out and "cp keeps 4 (h - kv)(n - 1)/n = 25,088 B" in out
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        Layout(dp=2, tp=2, pp=2, zero=1, micro_batches=4),
+        Layout(tp=4, pp=2, sequence_parallel=True, recompute=True, micro_batches=2, virtual_stages=2),
+        Layout(dp=2, cp=2, zero=2),
+        Layout(dp=4, dp_mode="fsdp"),
+    ],
+    ids=["dp2-tp2-pp2-zero1", "tp4-sp-pp2-v2-recompute", "dp2-cp2-zero2", "fsdp4"],
+)
+def test_each_printed_formula_computes_the_bytes_it_stands_beside(layout):
+    """A run prints each dimension's closed form as bytes = formula; the formula is the arithmetic that computed
+    them, so evaluating the printed text with the values it names gives the bytes again, on every stage."""
+    gpt_config = GPTConfig(block_size=64, vocab_size=101, n_layer=8, n_head=4, n_embd=32)
+    for stage in range(layout.pp):
+        sent = closed_forms.comm_bytes_per_step(
+            gpt_config, layout, stage=stage, batch_size=8, accumulation=2, compute_bytes=2
+        )
+        for dimension, (bytes_, formula) in sent.items():
+            if bytes_ == 0:
+                assert formula == "none: a group of 1", (dimension, formula)
+                continue
+            terms, named = formula.rsplit(", ", 1)
+            values = {name: int(value.replace(",", "")) for name, value in (kv.split("=") for kv in named.split())}
+            arithmetic = re.sub(r" \([^()]*\)(?= \+ |$)", "", terms)  # each term's words dropped
+            assert closed_forms.computed(arithmetic, **values) == bytes_, (dimension, formula)
+
+
+def test_a_closed_forms_arithmetic_is_arithmetic_only():
+    assert closed_forms.computed("A * (B + 2) // 3", A=4, B=1) == 4
+    for text in ("__import__('os')", "A ** 2", "A.real", "[A]"):
+        with pytest.raises(ValueError, match="is not arithmetic"):
+            closed_forms.computed(text, A=2)
