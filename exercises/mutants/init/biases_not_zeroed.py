@@ -1,9 +1,6 @@
 # wrong: biases keep PyTorch's default uniform init instead of starting at 0
-C, L, naive = self.config.n_embd, self.config.n_layer, self.config.naive_init_std
-if naive:
-    if isinstance(module, (nn.Embedding, nn.Linear)) and module is not self.lm_head:
-        nn.init.normal_(module.weight, std=naive)
-elif isinstance(module, nn.Embedding):
+C, L = self.config.n_embd, self.config.n_layer
+if isinstance(module, nn.Embedding):
     nn.init.normal_(module.weight, std=self.embedding_std(C))
 elif isinstance(module, (CausalSelfAttention, MLP)):
     nn.init.normal_(module.c_proj.weight, std=self.init_std(C) / math.sqrt(2 * L))

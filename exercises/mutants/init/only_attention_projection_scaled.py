@@ -1,11 +1,6 @@
 # wrong: only attention's c_proj is scaled by depth; the MLP's c_proj writes into the residual stream too
-C, L, naive = self.config.n_embd, self.config.n_layer, self.config.naive_init_std
-if naive:
-    if isinstance(module, (nn.Embedding, nn.Linear)) and module is not self.lm_head:
-        nn.init.normal_(module.weight, std=naive)
-    if isinstance(module, nn.Linear) and module.bias is not None:
-        nn.init.zeros_(module.bias)
-elif isinstance(module, nn.Embedding):
+C, L = self.config.n_embd, self.config.n_layer
+if isinstance(module, nn.Embedding):
     nn.init.normal_(module.weight, std=self.embedding_std(C))
 elif isinstance(module, CausalSelfAttention):
     nn.init.normal_(module.c_proj.weight, std=self.init_std(C) / math.sqrt(2 * L))

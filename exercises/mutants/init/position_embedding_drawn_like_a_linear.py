@@ -1,11 +1,6 @@
 # wrong: the position embedding gets the hidden std sqrt(2 / (5 C)), not the token embedding's 0.25 / sqrt(C)
-C, L, naive = self.config.n_embd, self.config.n_layer, self.config.naive_init_std
-if naive:
-    if isinstance(module, (nn.Embedding, nn.Linear)) and module is not self.lm_head:
-        nn.init.normal_(module.weight, std=naive)
-    if isinstance(module, nn.Linear) and module.bias is not None:
-        nn.init.zeros_(module.bias)
-elif module is self.wte:
+C, L = self.config.n_embd, self.config.n_layer
+if module is self.wte:
     nn.init.normal_(module.weight, std=self.embedding_std(C))
 elif module is self.wpe:
     nn.init.normal_(module.weight, std=self.init_std(C))
