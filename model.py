@@ -2,10 +2,11 @@
 
 Follows GPT-2 (Radford et al. 2019) as nanoGPT writes it, with the stability
 choices of modern pretraining: Pre-LN blocks, RMSNorm (Zhang & Sennrich 2019),
-no biases, width-scaled initialization. LayerNorm and Post-LN stay selectable
-so the two can be compared, and attention can run written out instead of in
-PyTorch's fused kernel. The loss is the causal language modelling (CLM) loss:
-cross-entropy of each position's prediction of the next token, in fp32.
+no biases, width-scaled initialization; LayerNorm with biases where a preset
+claims GPT-2. The loss is the causal language modelling (CLM) loss:
+cross-entropy of each position's prediction of the next token, in fp32. The
+counterfactuals the notebooks measure these choices against (Post-LN, no norm,
+a naive init, attention written out) are machinery/arms.py's subclass of this GPT.
 
 `--arch llama` is the family today's small bases belong to (Llama, SmolLM2, Qwen2.5), beside GPT-2 and sharing
 everything else: rotary positions instead of learned ones (`apply_rope`), grouped-query attention (`--n_kv_head`:
@@ -17,6 +18,7 @@ Shapes: B batch, T sequence, C channels (n_embd), H heads, V vocab.
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
@@ -33,12 +35,8 @@ class GPTConfig:
     n_embd: int = 128  # C
     dropout: float = 0.0
     bias: bool = False  # biases in Linear and LayerNorm; GPT-2 had them, modern models drop them
-    norm: str = "rmsnorm"  # rmsnorm | layernorm | none (no normalization at all: the counterfactual of a lesson)
-    norm_position: str = "pre"  # pre (Pre-LN: x + f(norm(x))) | post (Post-LN: norm(x + f(x)))
+    norm: str = "rmsnorm"  # rmsnorm | layernorm (GPT-2's, with bias)
     activation: str = "gelu"  # gelu (exact, erf) | gelu_tanh (GPT-2's tanh approximation of it)
-    naive_init_std: float = 0.0  # 0: the width-scaled init (GPT._init_weights); > 0: N(0, std^2) everywhere, to compare
-    # sdpa: PyTorch's fused kernel, the (T, T) scores never stored | manual: written out, as a learner reads it
-    attention: str = "sdpa"
     # gpt2: learned positions, a GELU MLP | llama: rotary positions, a SwiGLU MLP, grouped-query attention
     arch: str = "gpt2"
     n_kv_head: int = 0  # llama: key/value heads, each shared by n_head / n_kv_head query heads; 0 = n_head
@@ -47,6 +45,7 @@ class GPTConfig:
     qkv_bias: bool = False  # llama: biases on q, k and v only (Qwen2.5 has them)
     tie_embeddings: bool = True  # the output head is the token embedding (false: a matrix of its own)
     rms_norm_eps: float = 1e-6  # RMSNorm's epsilon (Llama's bases use 1e-5; their weights expect theirs)
+    NORMS: ClassVar = ("rmsnorm", "layernorm")
 
     def __post_init__(self):
         if self.n_embd % self.n_head:
@@ -56,16 +55,10 @@ class GPTConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout {self.dropout} must lie in [0, 1)")
-        if self.norm not in ("rmsnorm", "layernorm", "none"):
-            raise ValueError(f"norm {self.norm!r} must be rmsnorm, layernorm or none")
-        if self.norm_position not in ("pre", "post"):
-            raise ValueError(f"norm_position {self.norm_position!r} must be pre or post")
+        if self.norm not in self.NORMS:
+            raise ValueError(f"norm {self.norm!r} must be {' or '.join(self.NORMS)}")
         if self.activation not in ("gelu", "gelu_tanh"):
             raise ValueError(f"activation {self.activation!r} must be gelu or gelu_tanh")
-        if self.naive_init_std < 0:
-            raise ValueError(f"naive_init_std {self.naive_init_std} must be 0 (width-scaled init) or positive")
-        if self.attention not in ("sdpa", "manual"):
-            raise ValueError(f"attention {self.attention!r} must be sdpa or manual")
         if self.arch not in ("gpt2", "llama"):
             raise ValueError(f"arch {self.arch!r} must be gpt2 or llama")
         if self.arch == "gpt2" and (self.n_kv_head not in (0, self.n_head) or self.qkv_bias):
@@ -118,8 +111,6 @@ def make_norm(gpt_config):
         return RMSNorm(gpt_config.n_embd, gpt_config.rms_norm_eps)
     elif gpt_config.norm == "layernorm":
         return nn.LayerNorm(gpt_config.n_embd, bias=gpt_config.bias)
-    elif gpt_config.norm == "none":
-        return nn.Identity()
     else:
         raise ValueError(f"unknown norm {gpt_config.norm!r}")
 
@@ -142,28 +133,6 @@ def causal_attention(q, k, v, dropout_p):
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, dropout_p=dropout_p)
 
 
-def manual_causal_attention(q, k, v, dropout_p):
-    """causal_attention written out, as a learner reads it: softmax(q k^T / sqrt(C/H) + causal mask) v, each
-    attention weight dropped with probability dropout_p (the kept ones scaled by 1 / (1 - dropout_p)).
-    q, k, v (B, H, T, C/H) -> (B, H, T, C/H) in v's dtype. It stores the (B, H, T, T) scores and weights that
-    the fused kernel never does: memory grows with T^2. (Sampling with the KV cache passes one query, the newest
-    token, against the S keys so far: scores (B, H, 1, S), the mask built from q's length hiding nothing.)
-
-    The scores and their softmax are fp32 whatever the inputs' dtype, as in the fused kernels: a score near
-    100 held in bf16 is off by up to 0.25, which moves its weight by up to 28%. (Under autocast the matmul
-    itself runs in bf16, as do the model's other matmuls.)"""
-    # exercise attention: begin
-    T, head_size = q.size(-2), q.size(-1)
-    # 1/sqrt(head size): q . k sums head_size products, so its spread grows like sqrt(head size)
-    scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(head_size)  # (B, H, T, T): query t, key s
-    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(diagonal=1)  # (T, T): True where s > t
-    scores = scores.masked_fill(future, float("-inf"))  # exp(-inf) = 0: no weight on the future
-    weights = F.softmax(scores, dim=-1)  # (B, H, T, T): over the keys s, each row sums to 1
-    weights = F.dropout(weights, dropout_p)  # each weight dropped with probability p, the others scaled by 1/(1-p)
-    return weights.to(v.dtype) @ v  # (B, H, T, C/H): each position's weighted sum of the values it sees
-    # exercise attention: end
-
-
 def rope_angles(head_dim, positions, theta):
     """(cos, sin), each (T, head_dim / 2), of the T positions (a (T,) tensor): position t turns the pair of
     channels (i, i + head_dim / 2) by the angle t · theta^(-2i / head_dim), fast turns in the first pairs, slow
@@ -183,11 +152,12 @@ def apply_rope(x, cos, sin):
 
 
 class CausalSelfAttention(nn.Module):
+    kernel = staticmethod(causal_attention)  # softmax(q k^T / sqrt(C/H) + causal mask) v: PyTorch's fused one
+
     def __init__(self, gpt_config):
         super().__init__()
         self.head_dim = gpt_config.n_embd // gpt_config.n_head
         self.dropout = gpt_config.dropout
-        self.attention = gpt_config.attention
         self.n_head, self.n_kv_head = gpt_config.n_head, gpt_config.kv_heads
         self.rope_theta = gpt_config.rope_theta if gpt_config.arch == "llama" else None  # None: learned positions
         kv_width = self.n_kv_head * self.head_dim  # GQA: k and v narrower than q
@@ -223,14 +193,10 @@ class CausalSelfAttention(nn.Module):
     def attend(self, q, k, v, dropout_p):
         """softmax(q k^T / sqrt(C/H) + causal mask) v: position t attends to positions <= t only. q (B, H, T, C/H),
         k and v (B, kv_heads, S, C/H). A cached step's one query is the newest position, which attends to all S:
-        both kernels then mask nothing (the manual one's (1, 1) mask above the diagonal is empty)."""
+        the kernel then masks nothing."""
         if k.size(1) != q.size(1):  # GQA: each key/value head serves a group of n_head / n_kv_head query heads
             k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))  # (B, H, S, C/H)
-        if self.attention == "sdpa":
-            return causal_attention(q, k, v, dropout_p)  # (B, H, T, C/H)
-        if self.attention == "manual":
-            return manual_causal_attention(q, k, v, dropout_p)  # the same, with the (B, H, T, T) weights stored
-        raise ValueError(f"unknown attention {self.attention!r}")
+        return self.kernel(q, k, v, dropout_p)  # (B, H, T, C/H)
 
 
 class MLP(nn.Module):
@@ -270,26 +236,20 @@ class Block(nn.Module):
 
     Pre-LN normalizes the branch input and leaves the residual stream x
     untouched, so gradients reach early layers through an identity path; Post-LN
-    (the original Transformer) normalizes after the sum and is known to need a
-    careful warmup to train at depth (Xiong et al. 2020).
+    (the original Transformer, machinery/arms.py's PostLNBlock) normalizes after
+    the sum and is known to need a careful warmup to train at depth (Xiong et al. 2020).
     """
 
     def __init__(self, gpt_config):
         super().__init__()
-        self.pre_norm = gpt_config.norm_position == "pre"
         self.norm_1 = make_norm(gpt_config)
         self.attn = CausalSelfAttention(gpt_config)
         self.norm_2 = make_norm(gpt_config)
         self.mlp = SwiGLU(gpt_config) if gpt_config.arch == "llama" else MLP(gpt_config)
 
     def forward(self, x, cache=None):  # (B, T, C) -> (B, T, C); cache: this layer's KVCache when generating
-        if self.pre_norm:
-            x = x + self.attn(self.norm_1(x), cache)
-            x = x + self.mlp(self.norm_2(x))
-        else:
-            x = self.norm_1(x + self.attn(x, cache))
-            x = self.norm_2(x + self.mlp(x))
-        return x
+        x = x + self.attn(self.norm_1(x), cache)
+        return x + self.mlp(self.norm_2(x))
 
 
 def clm_loss(logits, targets):
@@ -343,8 +303,7 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(gpt_config.block_size, gpt_config.n_embd) if gpt_config.arch == "gpt2" else None
         self.drop = nn.Dropout(gpt_config.dropout)
         self.blocks = nn.ModuleList(Block(gpt_config) for _ in range(gpt_config.n_layer))
-        # Pre-LN leaves the residual stream unnormalized, so it gets one last norm; Post-LN already ends on one.
-        self.norm_f = make_norm(gpt_config) if gpt_config.norm_position == "pre" else nn.Identity()
+        self.norm_f = make_norm(gpt_config)  # Pre-LN leaves the residual stream unnormalized: one last norm
         self.lm_head = nn.Linear(gpt_config.n_embd, gpt_config.vocab_size, bias=False)
         if gpt_config.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # tied: one (V, C) matrix reads tokens in and scores them out
@@ -365,9 +324,7 @@ class GPT(nn.Module):
     #   far above it; as the embedding it is a small input that the first norm rescales.
     # - Position embedding: the same std as the token embedding it is added to.
     # - Norm weights 1, biases 0.
-    # --naive_init_std s > 0 replaces all of it by one fixed std for every matrix and embedding, with no
-    # residual scaling: the naive init whose failures (a first loss far above ln V, a residual stream
-    # that grows with depth) the notebooks measure.
+    # (machinery/arms.py's --naive_init_std replaces all of it by one std everywhere, to show what it buys.)
     @staticmethod
     def init_std(n_embd):
         return math.sqrt(2 / (5 * n_embd))
@@ -378,15 +335,8 @@ class GPT(nn.Module):
 
     def _init_weights(self, module):
         # exercise init: begin
-        C, L, naive = self.config.n_embd, self.config.n_layer, self.config.naive_init_std
-        if naive:
-            if isinstance(module, (nn.Embedding, nn.Linear)) and (
-                module is not self.lm_head or not self.config.tie_embeddings
-            ):
-                nn.init.normal_(module.weight, std=naive)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding) or module is self.lm_head and not self.config.tie_embeddings:
+        C, L = self.config.n_embd, self.config.n_layer
+        if isinstance(module, nn.Embedding) or module is self.lm_head and not self.config.tie_embeddings:
             nn.init.normal_(module.weight, std=self.embedding_std(C))  # an untied head scores as the tied one
         elif isinstance(module, (CausalSelfAttention, MLP, SwiGLU)):
             nn.init.normal_(module.c_proj.weight, std=self.init_std(C) / math.sqrt(2 * L))

@@ -49,12 +49,11 @@ EXERCISES = [
         (
             "tests/test_model.py::test_init_std_follows_the_stated_rule",
             "tests/test_model.py::test_initial_loss_is_uniform_guessing",
-            "tests/test_model.py::test_naive_init_uses_one_std_everywhere_and_starts_far_above_ln_v",
         ),
     ),
     Exercise(
         "attention",
-        "model.py",
+        "machinery/arms.py",
         ("manual_causal_attention",),
         "softmax(q k^T / sqrt(head size) + causal mask) v, scores in fp32, dropout on the weights",
         (),

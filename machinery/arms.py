@@ -109,7 +109,9 @@ class ArmedGPT(GPT):
         naive = self.config.naive_init_std
         if not naive:
             return super()._init_weights(module)
-        if isinstance(module, (nn.Embedding, nn.Linear)) and (module is not self.lm_head or not self.config.tie_embeddings):
+        if isinstance(module, (nn.Embedding, nn.Linear)) and (
+            module is not self.lm_head or not self.config.tie_embeddings
+        ):
             nn.init.normal_(module.weight, std=naive)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
@@ -118,4 +120,6 @@ class ArmedGPT(GPT):
 def check_arms(arms, layout):
     """Name an arm the layout cannot run (before any process group exists, as parallel.layout.check_layout does)."""
     if layout.cp > 1 and arms.attention != "sdpa":
-        raise ValueError(f"--cp {layout.cp} attends around its ring, not with --attention {arms.attention}: leave it out")
+        raise ValueError(
+            f"--cp {layout.cp} attends around its ring, not with --attention {arms.attention}: leave it out"
+        )

@@ -29,7 +29,7 @@ import numpy as np
 from data import read_json
 from machinery.config import RecoveryConfig, TrainConfig
 from machinery.run_folder import COMMAND_RECORDS, fill_new_fields, identity_defaults, read_jsonl
-from model import GPTConfig
+from machinery.arms import ArmsConfig
 
 BANDS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bands")
 MIN_SEEDS = 8  # fewer seeds than this leave the std too uncertain to draw an edge with
@@ -94,7 +94,7 @@ def read_run(folder):
     if not any("loss" in r for r in records):
         raise ValueError(f"{folder}: metrics.jsonl holds no logged step yet; read it once the run has logged one")
     identity = {k: v for k, v in recorded.items() if k not in COMMAND_RECORDS}
-    identity = fill_new_fields(identity, identity_defaults(GPTConfig(), TrainConfig()))  # an older run.json
+    identity = fill_new_fields(identity, identity_defaults(ArmsConfig(), TrainConfig()))  # an older run.json
     run = RunCurves(folder, identity, recorded.get("config", {}), computed_in=recorded.get("computed_in", []))
     for r in records:
         if "loss" in r:

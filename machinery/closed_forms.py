@@ -54,6 +54,18 @@ def closed_form(terms, **values):
 # The model: parameters and FLOPs
 
 
+def norm_parameters(gpt_config):
+    """One norm's parameters: C weights, and C biases under GPT-2's LayerNorm; none under arms.py's --norm none."""
+    if gpt_config.norm == "none":
+        return 0
+    return gpt_config.n_embd * (2 if gpt_config.norm == "layernorm" and gpt_config.bias else 1)
+
+
+def final_norm(gpt_config):
+    """Whether the model ends on a norm of its own: Pre-LN's last norm, which arms.py's Post-LN has not."""
+    return getattr(gpt_config, "norm_position", "pre") == "pre"  # a GPTConfig: Pre-LN; an ArmsConfig says
+
+
 def parameters_on_rank(gpt_config, layout=Layout(), stage=0):
     """Closed form of the parameters one rank of the layout holds (stage `stage` of pp, a 1/tp slice of its
     matrices); with the defaults, the whole model's count, GPT(gpt_config).num_params().
@@ -67,7 +79,7 @@ def parameters_on_rank(gpt_config, layout=Layout(), stage=0):
     C, V, H = gpt_config.n_embd, gpt_config.vocab_size, gpt_config.hidden
     kv, tp, pp = gpt_config.kv_width, layout.tp, layout.pp
     mlp_matrices = 3 if gpt_config.arch == "llama" else 2
-    norm = 0 if gpt_config.norm == "none" else C * (2 if gpt_config.norm == "layernorm" and gpt_config.bias else 1)
+    norm = norm_parameters(gpt_config)
     matrices = C * (C + 2 * kv) + C * C + mlp_matrices * C * H
     column_biases = (C + 2 * kv if gpt_config.bias or gpt_config.qkv_bias else 0) + (
         (mlp_matrices - 1) * H if gpt_config.bias else 0
@@ -80,7 +92,7 @@ def parameters_on_rank(gpt_config, layout=Layout(), stage=0):
         n += embedding + (gpt_config.block_size * C if gpt_config.arch == "gpt2" else 0)  # learned positions
     if stage == pp - 1:
         head = embedding if pp > 1 or not gpt_config.tie_embeddings else 0
-        n += (norm if gpt_config.norm_position == "pre" else 0) + head
+        n += (norm if final_norm(gpt_config) else 0) + head
     return n
 
 
@@ -89,11 +101,11 @@ def whole_parameters_on_stage(gpt_config, pp=1, stage=0):
     learned positions on the first stage, the final norm on the last (parameters_on_rank's uncut part). Under
     sequence parallelism each TP rank's gradient of them comes from its T/tp positions, so they are summed."""
     C = gpt_config.n_embd
-    norm = 0 if gpt_config.norm == "none" else C * (2 if gpt_config.norm == "layernorm" and gpt_config.bias else 1)
+    norm = norm_parameters(gpt_config)
     first_block, end_block = stage_layers(gpt_config.n_layer, pp)[stage]
     n = (end_block - first_block) * (2 * norm + (2 * C if gpt_config.bias else 0))
     n += gpt_config.block_size * C if stage == 0 and gpt_config.arch == "gpt2" else 0
-    return n + (norm if stage == pp - 1 and gpt_config.norm_position == "pre" else 0)
+    return n + (norm if stage == pp - 1 and final_norm(gpt_config) else 0)
 
 
 def lookup_parameters(gpt_config):

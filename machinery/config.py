@@ -1,6 +1,6 @@
 """Configuration: one dataclass per concern, named presets, and the command line that sets them.
 
-Every field of GPTConfig (model.py), DataConfig (corpus.py), Layout
+Every field of GPTConfig (model.py, with the arms of ArmsConfig: arms.py), DataConfig (corpus.py), Layout
 (parallel/grid.py) and the dataclasses below is a flag, `--name value`, type-checked;
 defaults < preset < --config file < command line. nanoGPT's names mean the same here.
 A config file (JSON, or TOML on Python 3.11+) holds the same settings, one table
@@ -24,7 +24,7 @@ except ModuleNotFoundError:  # Python 3.10: JSON config files only
     tomllib = None
 
 from machinery.corpus import DataConfig
-from model import GPTConfig
+from machinery.arms import ArmsConfig
 from parallel.grid import Layout
 from machinery.transfer import hf_folder_config, hf_tokenizer_of
 
@@ -171,7 +171,7 @@ def parse_bool(text):
 class Configs:
     """A run's settings, one dataclass per concern; every field of each is a flag."""
 
-    model: GPTConfig
+    model: ArmsConfig  # the GPT's configuration with the notebooks' counterfactual arms (arms.py)
     data: DataConfig
     train: TrainConfig
     parallel: Layout  # the [parallel] table of a config file
@@ -187,7 +187,7 @@ MODES = ("sample", "eval_only", "export_hf")  # what to do instead of training: 
 # ----------------------------------------------------------------------------
 # Config files: JSON, or TOML where Python reads it. A preset is such a file, shipped in presets/.
 
-CONCERNS = {concern.name: concern.type for concern in dataclasses.fields(Configs)}  # "model": GPTConfig, ...
+CONCERNS = {concern.name: concern.type for concern in dataclasses.fields(Configs)}  # "model": ArmsConfig, ...
 NOT_FLAGS = ("vocab_size",)  # set from the data, not by hand
 # every flag: name -> (the concern whose dataclass has it, its dataclasses.Field)
 FLAGS = {
@@ -315,7 +315,7 @@ def read_presets():
     presets = {name: read_preset(name) for name in names}
 
     def size(name):
-        model = {**asdict(GPTConfig()), **presets[name]}
+        model = {**asdict(ArmsConfig()), **presets[name]}
         return model["n_layer"] * model["n_embd"] ** 2
 
     return {
@@ -350,7 +350,7 @@ def take_architecture_from(values, given):
         k: v for k, v in asdict(source).items() if k not in ("vocab_size", "attention", "dropout", "naive_init_std")
     }
     if "block_size" not in given:  # the run's context (its preset's), up to the base's: a longer one costs memory
-        theirs["block_size"] = min(values.get("block_size", GPTConfig().block_size), source.block_size)
+        theirs["block_size"] = min(values.get("block_size", ArmsConfig().block_size), source.block_size)
     for key, value in theirs.items():
         if key in given and given[key] != value and not (key == "block_size" and given[key] < value):
             raise ValueError(

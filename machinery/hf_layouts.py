@@ -8,11 +8,9 @@ import torch
 from model import GPTConfig
 
 # GPT-2's architecture in our GPTConfig's terms. nn.LayerNorm's eps 1e-5 is GPT-2's layer_norm_epsilon.
-GPT2_ARCHITECTURE = dict(
-    arch="gpt2", norm="layernorm", bias=True, norm_position="pre", activation="gelu_tanh", tie_embeddings=True
-)
+GPT2_ARCHITECTURE = dict(arch="gpt2", norm="layernorm", bias=True, activation="gelu_tanh", tie_embeddings=True)
 # what a Llama export needs: Llama's norm without biases (q/k/v biases are Qwen2's, which LlamaConfig cannot say)
-LLAMA_ARCHITECTURE = dict(norm="rmsnorm", bias=False, norm_position="pre", qkv_bias=False)
+LLAMA_ARCHITECTURE = dict(norm="rmsnorm", bias=False, qkv_bias=False)
 
 # Every parameter of a block: our name, GPT2LMHeadModel's (under transformer.h.{i}.), and whether it is
 # transposed. HF's GPT-2 builds its matrices as Conv1D, which stores a weight (in, out) and computes x @ W;

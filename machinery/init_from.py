@@ -9,7 +9,8 @@ from typing import NamedTuple
 from machinery import checkpoint
 from machinery.run_folder import config_changes, data_changes
 from machinery.transfer import fit_to_run, initial_weights
-from model import GPT, padded_vocab_size
+from machinery.arms import ArmedGPT
+from model import padded_vocab_size
 from machinery.cluster import raise_on_every_rank, run_on_rank0
 
 
@@ -27,15 +28,15 @@ def initial_model(configs, meta, grid, say, device, out_dir):
     vocabulary (the source's rows, recorded in run.json) shapes the model."""
     configs = replace(configs, model=replace(configs.model, vocab_size=padded_vocab_size(meta["vocab_size"])))
     if not configs.train.init_from:
-        return configs, GPT(configs.model).to(device), None
+        return configs, ArmedGPT(configs.model).to(device), None
     # rank 0 decides, and every rank follows: a rank that read the source alone would wait for the others forever
     recorded_vocab_size = run_on_rank0(lambda: vocab_size_of_a_run_to_resume(out_dir, configs.train), grid.rank == 0)
     if recorded_vocab_size is not None:
         configs = replace(configs, model=replace(configs.model, vocab_size=recorded_vocab_size))
-        return configs, GPT(configs.model).to(device), None
+        return configs, ArmedGPT(configs.model).to(device), None
     gpt_config, weights = read_initial_weights(configs, meta, grid, say)
     configs = replace(configs, model=gpt_config)
-    return configs, GPT(configs.model).to(device), weights
+    return configs, ArmedGPT(configs.model).to(device), weights
 
 
 def vocab_size_of_a_run_to_resume(out_dir, cfg):

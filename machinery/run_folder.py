@@ -18,7 +18,7 @@ from dataclasses import asdict
 
 from machinery.files import remove_if_exists, write_json_atomic
 from machinery.mixture import weight_changes
-from model import GPTConfig
+from machinery.arms import ArmsConfig
 
 
 def out_dir_of(preset, cfg):
@@ -48,7 +48,7 @@ def run_identity(gpt_config, cfg, meta, global_batch):
 def recorded_gpt_config(identity):
     """The model's GPTConfig from a run's identity, as run.json and every checkpoint's "config" record it (the
     attention kernel, which is not recorded, at its default)."""
-    return GPTConfig(**identity["GPTConfig"])
+    return ArmsConfig(**identity["GPTConfig"])
 
 
 def identity_defaults(gpt_config, cfg):

@@ -18,6 +18,7 @@ import torch
 
 from data import TokenStream
 from machinery import closed_forms, evaluation, incidents, planner, reporting, resume
+from machinery.arms import check_arms
 from machinery.cluster import Watch, end_with_launcher
 from machinery.config import Configs, config_file_form
 from machinery.corpus import default_data_dir, get_tokenizer, load_or_prepare
@@ -218,6 +219,7 @@ def start_processes(configs):
     dtype = pick_dtype(cfg.dtype, device)
     # before any process group exists: a collective would wait forever for a peer that refused
     check_layout(layout, configs.model, cfg.batch_size, launch.world_size, dtype)
+    check_arms(configs.model, layout)
     init_distributed(layout.dist_timeout, launch)
     if launch.torchrun:
         end_with_launcher(launch.rank)  # an orphan would train on beside the next job in its folder (cluster.py)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from machinery import checkpoint
 from machinery.corpus import get_tokenizer
-from model import GPT
+from machinery.arms import ArmedGPT
 from machinery.run_folder import out_dir_of, recorded_gpt_config
 
 SEPARATOR = "\n<|endoftext|>\n"  # between the documents of a sample
@@ -119,7 +119,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=1.0,
 
 def single_device_model(gpt_config, state_dict, device):
     """A plain GPT of gpt_config on one device from a single-device state dict, whatever layout trained it."""
-    model = GPT(gpt_config).to(device)
+    model = ArmedGPT(gpt_config).to(device)
     model.load_state_dict(state_dict)
     return model
 

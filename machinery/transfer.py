@@ -43,7 +43,8 @@ from machinery.hf_layouts import (
     state_dict_to_hf,
 )
 from machinery.safetensors_format import SHARD_INDEX, read_safetensors, read_safetensors_folder, shard_writers
-from model import GPT, GPTConfig, padded_vocab_size
+from machinery.arms import ArmedGPT, ArmsConfig
+from model import GPTConfig, padded_vocab_size
 from machinery.run_folder import recorded_gpt_config
 
 # ----------------------------------------------------------------------------
@@ -134,9 +135,9 @@ NAMED_BASES = {
 def hf_folder_config(init_from):
     """The GPTConfig that the config.json of a Hugging Face folder describes (--init_from the folder, or a
     .safetensors file beside it), or a named base's, or None for any other --init_from (a run of ours, a bare file):
-    the architecture a run from it takes (config.parse_args)."""
+    the architecture a run from it takes (config.parse_args), as an ArmsConfig: with every arm at its default."""
     if is_named_base(init_from):
-        return NAMED_BASES[init_from].gpt_config
+        return ArmsConfig.of(NAMED_BASES[init_from].gpt_config)
     if os.path.isfile(os.path.join(init_from, "run.json")):
         return None
     path = os.path.join(init_from if os.path.isdir(init_from) else os.path.dirname(init_from), "config.json")
@@ -144,7 +145,7 @@ def hf_folder_config(init_from):
         return None
     try:
         with open(path) as f:
-            return gpt_config_from_hf(json.load(f))
+            return ArmsConfig.of(gpt_config_from_hf(json.load(f)))
     except ValueError as e:  # not JSON, or neither GPT-2's nor Llama's
         raise ValueError(f"{path}: {e}") from None
 
@@ -327,6 +328,7 @@ def fit_to_run(source_gpt_config, state_dict, run_gpt_config, source_description
     else:
         source = asdict(source_gpt_config)
     keys = ["n_layer", "n_head", "n_embd", *GPT2_ARCHITECTURE, "n_kv_head", "mlp_hidden", "rope_theta", "qkv_bias"]
+    keys += ["norm_position"]  # an arm of a run of ours (arms.py): its blocks hold their norms elsewhere
     keys += ["rms_norm_eps"]
     differ = [key for key in keys if key in source and source[key] != getattr(run_gpt_config, key)]
     if source["block_size"] < run_gpt_config.block_size:
@@ -356,7 +358,7 @@ def fit_to_run(source_gpt_config, state_dict, run_gpt_config, source_description
         else:  # rotary positions are a formula of the position: a shorter block changes no tensor
             say(shorter + "its rotary positions need no table, so every tensor is kept as it is")
     with torch.device("meta"):  # the model's shapes, without memory or init
-        expected = GPT(gpt_config).state_dict()
+        expected = ArmedGPT(gpt_config).state_dict()
     for name, tensor in expected.items():
         if name not in state_dict:
             raise ValueError(f"--init_from {source_description} has no tensor {name}, which this run's model has")
@@ -443,7 +445,8 @@ def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print, max_s
     then renamed over its name). dest_dir is new, empty or an earlier export of ours; anything else is refused. Over an
     earlier export, only those six files are replaced: a file a user added there (lm-eval's results) is kept."""
     llama = gpt_config.arch == "llama"
-    wanted = LLAMA_ARCHITECTURE if llama else GPT2_ARCHITECTURE
+    wanted = {**(LLAMA_ARCHITECTURE if llama else GPT2_ARCHITECTURE), "norm_position": "pre"}  # no arm (arms.py)
+    gpt_config = ArmsConfig.of(gpt_config)
     differ = [key for key, value in wanted.items() if getattr(gpt_config, key) != value]
     if differ:
         has = ", ".join(

@@ -201,10 +201,6 @@ def check_layout(layout, gpt_config, batch_size, world_size, dtype):
             f"--cp {cp}: ring attention has no attention dropout, and --dropout is {gpt_config.dropout}: pass "
             "--dropout 0 (pretraining's usual setting)"
         )
-    if cp > 1 and gpt_config.attention != "sdpa":
-        raise ValueError(
-            f"--cp {cp} attends around its ring, not with --attention {gpt_config.attention}: leave it out"
-        )
     # pipeline parallelism: every stage at least one block, every micro-batch the same size
     if gpt_config.n_layer < pp:
         raise ValueError(

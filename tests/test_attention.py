@@ -1,4 +1,4 @@
-"""Causal self-attention written out (model.manual_causal_attention): against PyTorch's fused kernel, and
+"""Causal self-attention written out (arms.manual_causal_attention): against PyTorch's fused kernel, and
 against what a reader can compute by hand: who sees whom, weights that average, the 1/sqrt(head size) scale,
 fp32 scores under bf16 inputs, dropout of the weights. Then the model with --attention manual, on every layout."""
 
@@ -13,7 +13,8 @@ from machinery import checkpoint
 import train
 from machinery.config import parse_args
 from machinery.local_ranks import run_ranks
-from model import GPT, GPTConfig, manual_causal_attention
+from machinery.arms import ArmedGPT, ArmsConfig, ManualAttention, manual_causal_attention
+from model import GPT, GPTConfig
 from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed
 from parallel.layout import model_for_rank
 from parallel.pipeline import run_schedule
@@ -350,12 +351,12 @@ def test_attention_flag_is_parsed_and_validated():
     assert parse_args(["--attention", "manual"])[2].model.attention == "manual"
     assert parse_args([])[2].model.attention == "sdpa"
     with pytest.raises(ValueError, match="attention 'flash' must be sdpa or manual"):
-        GPTConfig(attention="flash")
+        ArmsConfig(attention="flash")
 
 
 def loss_and_grads(attention, autocast=False):
     with seeded_global_generator(0):
-        model = GPT(GPTConfig(**SMALL, attention=attention))
+        model = ArmedGPT(ArmsConfig(**SMALL, attention=attention))
     x, y = (torch.randint(64, (3, 16), generator=torch.Generator().manual_seed(seed)) for seed in (1, 2))
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         _, loss = model(x, y)
@@ -380,7 +381,7 @@ def _manual_attention_on_ranks(tp, pp):
     with seeded_global_generator(0):
         single = GPT(GPTConfig(**SMALL))
     with seeded_global_generator(0):
-        manual = GPT(GPTConfig(**SMALL, attention="manual"))
+        manual = ArmedGPT(ArmsConfig(**SMALL, attention="manual"))
     x, y = (torch.randint(64, (4, 16), generator=torch.Generator().manual_seed(seed)) for seed in (1, 2))
     _, loss = single(x, y)
     loss.backward()
@@ -393,7 +394,7 @@ def _manual_attention_on_ranks(tp, pp):
         rank_loss, _, _ = run_schedule(model.module, model.order, x, y, 2, grid, SMALL["n_embd"])
         model.reduce_gradients()
     blocks = model.module.blocks if pp == 1 else [b for chunk in model.module.chunks for b in chunk.blocks]
-    assert all(block.attn.attention == "manual" for block in blocks)
+    assert all(isinstance(block.attn, ManualAttention) for block in blocks)
     reference = dict(single.named_parameters())
     for name, param, cut in model.local_parameters():  # TP slices gathered whole
         torch.testing.assert_close(checkpoint.gather_whole(param.grad, cut, grid), reference[name].grad, msg=name)

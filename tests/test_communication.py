@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from bench.layouts import measure_layout, pipelined
+from machinery.arms import ArmedGPT, ArmsConfig
 from model import GPT, GPTConfig
 from machinery.closed_forms import parameters_on_rank
 from machinery.monitor import SavedActivations
@@ -44,8 +45,8 @@ def test_counted_bytes_equal_the_closed_form_on_every_rank(layout, gpt_config, d
 def test_parameters_on_rank_add_up_to_the_model():
     """The stages of one TP rank hold the model once, plus the last stage's copy of the tied embedding."""
     for kwargs in ({}, {"bias": True, "norm": "layernorm"}, {"norm_position": "post"}):
-        gpt_config = GPTConfig(**{**vars(SMALL), **kwargs})
-        whole = GPT(gpt_config).num_params()
+        gpt_config = ArmsConfig(**{**vars(SMALL), **kwargs})  # Post-LN: an arm (arms.py)
+        whole = ArmedGPT(gpt_config).num_params()
         assert parameters_on_rank(gpt_config) == whole
         assert (
             sum(parameters_on_rank(gpt_config, Layout(pp=4), s) for s in range(4))

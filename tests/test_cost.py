@@ -11,7 +11,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from machinery import closed_forms, cost, planner
 from conftest import ROOT, run_script
-from model import GPT, GPTConfig
+from machinery.arms import ArmedGPT, ArmsConfig
+from model import GPT, CausalSelfAttention, GPTConfig
 from parallel.grid import Layout
 
 
@@ -37,8 +38,8 @@ SHAPES = [
 @pytest.mark.parametrize("kwargs", SHAPES)
 def test_parameters_follow_the_model(kwargs, monkeypatch):
     monkeypatch.setattr(GPT, "_init_weights", lambda self, module: None)  # the count needs no particular values
-    gpt_config = GPTConfig(**kwargs)
-    N = GPT(gpt_config).num_params()
+    gpt_config = ArmsConfig(**kwargs)  # arms.py's Post-LN and no norm among them
+    N = ArmedGPT(gpt_config).num_params()
     counted = closed_forms.parameters_on_rank(gpt_config)
     assert counted == N, f"the closed form counts the model's parameters: expected {N}, got {counted}"
 
@@ -57,10 +58,10 @@ def test_flops_per_token_counts_the_matmuls_of_forward_and_backward(kwargs, monk
     """torch counts the FLOPs of every matmul of one forward and backward over full rows of block_size
     tokens: the weights' 6 per parameter and attention's 12 L C T. 6 N also counts the norms' and biases'
     vectors, which do no matmul; N leaves out only the positions, which are looked up."""
-    monkeypatch.setattr("model.causal_attention", attention_by_matmuls)
+    monkeypatch.setattr(CausalSelfAttention, "kernel", staticmethod(attention_by_matmuls))
     monkeypatch.setattr(GPT, "_init_weights", lambda self, module: None)  # FLOPs do not depend on the values
-    gpt_config = GPTConfig(**kwargs)
-    gpt = GPT(gpt_config)
+    gpt_config = ArmsConfig(**kwargs)  # arms.py's Post-LN and no norm among them
+    gpt = ArmedGPT(gpt_config)
     idx = torch.randint(gpt_config.vocab_size, (2, gpt_config.block_size), generator=torch.Generator().manual_seed(0))
     with FlopCounterMode(display=False) as counter:
         logits, _ = gpt(idx)

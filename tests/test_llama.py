@@ -17,6 +17,7 @@ from machinery import hf_layouts, transfer
 from conftest import SHAKESPEARE, needs_gpt2, needs_shakespeare, save_bpe_tokenizer, write_word_corpus
 from machinery.files import file_sha256
 from parallel.layout import check_layout, model_for_rank
+from machinery.arms import ArmedGPT, ArmsConfig
 from machinery.sample import KVCache, generate
 from model import GPT, GPTConfig, apply_rope, padded_vocab_size, rope_angles
 from parallel.grid import Layout, ProcessGrid
@@ -326,7 +327,7 @@ def test_a_llama_base_with_more_positions_trains_samples_and_exports_on_a_shorte
     train.main(["--export_hf", str(longer_base / "export"), "--out_dir", str(out)])
     theirs = transformers.AutoModelForCausalLM.from_pretrained(longer_base / "export").eval()
     _, state = checkpoint.load_latest(out / "ckpt")
-    ours = GPT(GPTConfig(**{**run, "vocab_size": 50257})).eval()
+    ours = ArmedGPT(ArmsConfig(**{**run, "vocab_size": 50257})).eval()  # run.json records the model with its arms
     ours.load_state_dict(state["model"])
     tokens = torch.randint(0, 50257, (2, 64))
     with torch.no_grad():

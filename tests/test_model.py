@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from machinery.sample import generate
+from machinery.arms import ArmedGPT, ArmsConfig
 from model import GPT, GPTConfig, causal_attention, clm_loss
 
 SMALL = dict(block_size=32, vocab_size=256, n_layer=3, n_head=4, n_embd=64)
@@ -24,7 +25,7 @@ def first_loss(model, gpt_config, batch=8):
         pytest.param({}, id="pre-LN, rmsnorm"),
         pytest.param(dict(n_embd=256, n_head=8), id="n_embd=256"),
         pytest.param(dict(vocab_size=50304, n_embd=128), id="vocab=50304"),
-        pytest.param(dict(norm="layernorm", norm_position="post"), id="post-LN, layernorm"),
+        pytest.param(dict(norm="layernorm", bias=True), id="layernorm, biases"),
     ],
 )
 def test_initial_loss_is_uniform_guessing(overrides):
@@ -39,9 +40,9 @@ def test_initial_loss_is_uniform_guessing(overrides):
 
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
 def test_causality(norm_position):
-    """Changing token t+1 never changes the logits at positions <= t."""
+    """Changing token t+1 never changes the logits at positions <= t (and under arms.py's Post-LN)."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**SMALL, norm_position=norm_position)).eval()
+    model = ArmedGPT(ArmsConfig(**SMALL, norm_position=norm_position)).eval()
     x = torch.randint(256, (2, 32))
     logits, _ = model(x)
     for t in (0, 10, 30):
@@ -57,7 +58,7 @@ def test_causality(norm_position):
     [
         pytest.param(dict(n_layer=6, n_embd=512, vocab_size=4096), id="L=6, C=512"),
         pytest.param(
-            dict(n_layer=2, n_embd=256, vocab_size=2048, bias=True, norm="layernorm", norm_position="post"),
+            dict(n_layer=2, n_embd=256, vocab_size=2048, bias=True, norm="layernorm"),
             id="L=2, C=256, biases, layernorm",
         ),
     ],
@@ -100,9 +101,10 @@ def test_init_std_follows_the_stated_rule(overrides):
 
 
 def test_naive_init_uses_one_std_everywhere_and_starts_far_above_ln_v():
+    """arms.py's --naive_init_std: the counterfactual of the width-scaled init."""
     torch.manual_seed(0)
-    gpt_config = GPTConfig(**{**SMALL, "n_embd": 128}, bias=True, naive_init_std=0.02)
-    for name, p in GPT(gpt_config).named_parameters():
+    gpt_config = ArmsConfig(**{**SMALL, "n_embd": 128}, bias=True, naive_init_std=0.02)
+    for name, p in ArmedGPT(gpt_config).named_parameters():
         if name.endswith(".bias"):
             assert torch.equal(p, torch.zeros_like(p)), (
                 f"the naive init zeroes biases too: expected every value of {name} 0, got values up to "
@@ -118,8 +120,8 @@ def test_naive_init_uses_one_std_everywhere_and_starts_far_above_ln_v():
                 f"--naive_init_std 0.02 gives every matrix and embedding std 0.02, residual projections too (no "
                 f"depth scaling): {name} has std {p.std().item():.5f}"
             )
-    gpt_config = GPTConfig(**SMALL, naive_init_std=1.0)
-    loss, uniform = first_loss(GPT(gpt_config), gpt_config), math.log(gpt_config.vocab_size)
+    gpt_config = ArmsConfig(**SMALL, naive_init_std=1.0)
+    loss, uniform = first_loss(ArmedGPT(gpt_config), gpt_config), math.log(gpt_config.vocab_size)
     assert loss > 3 * uniform, (
         f"naive_init_std 1.0 is confidently wrong from the first step: expected a first loss above 3 ln V = "
         f"{3 * uniform:.2f}, got {loss:.2f}"
@@ -249,7 +251,9 @@ def test_config_errors_name_the_values():
     with pytest.raises(ValueError, match="norm 'batchnorm'"):
         GPTConfig(norm="batchnorm")
     with pytest.raises(ValueError, match="naive_init_std -1"):
-        GPTConfig(naive_init_std=-1)
+        ArmsConfig(naive_init_std=-1)
+    with pytest.raises(ValueError, match="norm 'none' must be rmsnorm or layernorm"):
+        GPTConfig(norm="none")  # an arm's (arms.py), not the lesson's GPT's
 
 
 def test_counts_and_generate():

@@ -16,6 +16,7 @@ from conftest import ROOT, needs_gpt2
 from machinery.config import SampleConfig
 from machinery.corpus import ByteTokenizer, DataConfig, get_tokenizer, prepare
 from machinery.sample import KVCache, filter_top_p, generate
+from machinery.arms import ArmedGPT, ArmsConfig
 from model import GPT, GPTConfig
 from machinery.sample import TextPrinter, sample_text, sample_texts
 
@@ -26,7 +27,7 @@ def spread_model(**overrides):
     """A random GPT whose logits are far apart (std ~3, not init's near-uniform 0.25): a greedy choice then
     never hangs on a difference in the last bits between two ways of computing the same logits."""
     torch.manual_seed(0)
-    return GPT(GPTConfig(**{**SMALL, "naive_init_std": 0.5, **overrides})).eval()
+    return ArmedGPT(ArmsConfig(**{**SMALL, "naive_init_std": 0.5, **overrides})).eval()
 
 
 KERNELS = [

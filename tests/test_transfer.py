@@ -13,11 +13,12 @@ from machinery import checkpoint
 from machinery import config
 import train
 from machinery import hf_layouts, safetensors_format, transfer
+from machinery.arms import ArmsConfig
 from conftest import needs_gpt2
 from machinery.files import file_sha256
 from model import GPT, GPTConfig
 
-GPT2_SHAPED = dict(norm="layernorm", bias=True, activation="gelu_tanh")  # norm_position "pre" is the default
+GPT2_SHAPED = dict(norm="layernorm", bias=True, activation="gelu_tanh")
 
 
 def small_model(**fields):
@@ -402,7 +403,8 @@ def test_initial_weights_from_a_run_takes_its_newest_healthy_checkpoint(tmp_path
     checkpoint.save(str(out_dir / "ckpt"), 200, state, healthy=True)
     checkpoint.save(str(out_dir / "ckpt"), 300, state, healthy=False)  # a spike's: not a start
     read_gpt_config, state_dict, tokenizer, description, data = transfer.initial_weights(str(out_dir))
-    assert (read_gpt_config, tokenizer, description) == (gpt_config, "byte", f"{out_dir}, its checkpoint of step 200")
+    expected = (ArmsConfig.of(gpt_config), "byte", f"{out_dir}, its checkpoint of step 200")  # with its arms
+    assert (read_gpt_config, tokenizer, description) == expected
     assert data == read  # what the run read, for the next run to say what it reads differently
     assert all(torch.equal(state_dict[k], v) for k, v in model.state_dict().items())
 
