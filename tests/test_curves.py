@@ -355,7 +355,7 @@ def planted(tmp_path_factory):
     (root / "bands").mkdir()
     write_json_atomic(str(root / "bands" / "tiny.json"), band)  # as bench/bands.py would write it for this recipe
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(curves, "BANDS_DIR", str(root / "bands"))
+        patch.setattr(bands, "BANDS_DIR", str(root / "bands"))
         folders |= {f"healthy_{s}": run(f"healthy_{s}", s) for s in range(101, 106)}
     folders["lr10"] = run("lr10", 101, "--learning_rate", 2e-2, "--min_lr", 2e-3)
     folders["spike"] = run("spike", 101, "--inject", "spike@120")
