@@ -11,16 +11,20 @@ replaces), then the body at indent 0. For each exercise this script grades, in a
 the project (every other exercise holding its reference body), first the reference, which must
 pass, then each mutant alone, which must fail. Most of a grading is pytest starting and importing,
 one core's work, so --jobs copies grade mutants side by side (default: one a core), each pytest on
-one thread. One line per mutant, in the folder's order, then `N/N mutants caught`; exits 1 if a
-mutant passed or a reference failed.
+one thread, and each copy's pytest runs in a child forked from a process that has imported torch,
+numpy and pytest once (Preloaded): the project's own modules, the ones a mutant changes, are imported
+afresh in every child. One line per mutant, in the folder's order, then `N/N mutants caught`; exits 1
+if a mutant passed or a reference failed.
 
 A teacher who adds a mutant file sees at once whether the graders catch it; if not, add the
 property test that does, and list it in the exercise's tests in catalog.py.
 """
 
 import argparse
+import json
 import os
 import queue
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +35,52 @@ from catalog import BY_NAME, EXERCISES, MUTANTS, mutants_of, reference_bodies, r
 from grade import grade  # noqa: E402
 from make import ROOT, make  # noqa: E402
 
-ONE_THREAD = dict(os.environ, OMP_NUM_THREADS="1")  # torch's threads: the jobs share the cores
+ONE_THREAD = dict(os.environ, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")  # the jobs share the cores
+
+# A process that imports what every grading imports, then runs each request {"arguments", "root", "timeout"} as
+# pytest in a forked child (it holds no thread to fork with), answering {"output"} (or {"timeout": true}).
+PRELOADED = r"""
+import json, os, sys, tempfile
+import numpy, pytest, torch
+sys.dont_write_bytecode = True  # an edited body must never meet a stale .pyc
+for line in sys.stdin:
+    request = json.loads(line)
+    with tempfile.TemporaryFile("w+") as output:
+        child = os.fork()
+        if child == 0:
+            os.chdir(request["root"])
+            sys.path.insert(0, request["root"])
+            os.dup2(output.fileno(), 1), os.dup2(output.fileno(), 2)
+            import signal; signal.alarm(request["timeout"])  # the child ends past its time, as a timeout
+            code = pytest.main(request["arguments"])
+            sys.stdout.flush(), sys.stderr.flush()
+            os._exit(code)
+        _, status = os.waitpid(child, 0)
+        output.seek(0)
+        answer = {"output": output.read(), "timeout": os.WIFSIGNALED(status) and os.WTERMSIG(status) == 14}
+    print(json.dumps(answer), flush=True)
+"""
+
+
+class Preloaded:
+    """pytest for one copy of the project, run by a PRELOADED process: grade.run_tests's `pytest`."""
+
+    def __init__(self):
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", PRELOADED], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ONE_THREAD
+        )
+
+    def __call__(self, arguments, root, env, timeout):
+        self.process.stdin.write(json.dumps({"arguments": arguments, "root": root, "timeout": timeout}) + "\n")
+        self.process.stdin.flush()
+        answer = json.loads(self.process.stdout.readline())
+        if answer["timeout"]:
+            raise subprocess.TimeoutExpired("pytest", timeout, output=answer["output"])
+        return answer["output"]
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait()
 
 
 def write_bodies(root, exercise, bodies):
@@ -47,9 +96,10 @@ def write_bodies(root, exercise, bodies):
 
 def check(exercise, copies, mutants):
     """(mutant, status, detail) for each mutant in order, after grading the reference (which must pass); the
-    mutants are graded side by side, one a copy of the project at a time."""
+    mutants are graded side by side, one a copy of the project at a time. copies: {folder: its Preloaded}."""
     reference = reference_bodies(ROOT, exercise)
-    status, detail = grade(copies[0], exercise, first_failure_only=True, env=ONE_THREAD)
+    first = next(iter(copies))
+    status, detail = grade(first, exercise, first_failure_only=True, env=ONE_THREAD, pytest=copies[first])
     if status != "passed":
         raise SystemExit(
             f"error: the reference body of {exercise.name} is graded {status}: {detail}. "
@@ -63,7 +113,7 @@ def check(exercise, copies, mutants):
         copy = free.get()
         write_bodies(copy, exercise, {mutant.where: mutant.lines})
         try:
-            return (mutant, *grade(copy, exercise, first_failure_only=True, env=ONE_THREAD))
+            return (mutant, *grade(copy, exercise, first_failure_only=True, env=ONE_THREAD, pytest=copies[copy]))
         finally:
             write_bodies(copy, exercise, reference)
             free.put(copy)
@@ -102,16 +152,20 @@ def main(argv=None):
         print(f"warning: no mutants for {', '.join(missing)}: their graders are unchecked", flush=True)
     start, caught, total = time.perf_counter(), 0, 0
     with tempfile.TemporaryDirectory() as tmp:
-        copies = [os.path.join(tmp, f"project-{job}") for job in range(args.jobs)]
-        for copy in copies:
-            make(copy, [], untracked=True, quiet=True)  # every body the reference: the teacher's files included
-        for exercise in chosen:
-            for mutant, status, detail in check(exercise, copies, args.mutants):
-                total += 1
-                caught += status == "failed"
-                verdict = "caught" if status == "failed" else f"NOT CAUGHT ({status})"
-                where = os.path.relpath(mutant.path)
-                print(f"{verdict:<12} {where}: {mutant.wrong}\n{'':<12} {detail[:300]}", flush=True)
+        copies = {os.path.join(tmp, f"project-{job}"): Preloaded() for job in range(args.jobs)}
+        try:
+            for copy in copies:
+                make(copy, [], untracked=True, quiet=True)  # every body the reference: the teacher's files included
+            for exercise in chosen:
+                for mutant, status, detail in check(exercise, copies, args.mutants):
+                    total += 1
+                    caught += status == "failed"
+                    verdict = "caught" if status == "failed" else f"NOT CAUGHT ({status})"
+                    where = os.path.relpath(mutant.path)
+                    print(f"{verdict:<12} {where}: {mutant.wrong}\n{'':<12} {detail[:300]}", flush=True)
+        finally:
+            for preloaded in copies.values():
+                preloaded.close()
     print(f"{caught}/{total} mutants caught in {time.perf_counter() - start:.0f} s")
     sys.exit(0 if caught == total and total else 1)
 

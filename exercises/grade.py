@@ -61,24 +61,23 @@ def what_failed(failure, exercise):
     return f"raised{at}: " + " ".join(first.split())
 
 
-def run_tests(root, tests, timeout, first_failure_only=False, env=None):
+def pytest_in_a_new_process(arguments, root, env, timeout):
+    """pytest's output, run in a fresh interpreter in root (raises subprocess.TimeoutExpired past timeout)."""
+    command = [sys.executable, "-m", "pytest", *arguments]
+    env = dict(env or os.environ, PYTHONDONTWRITEBYTECODE="1")  # an edited body must never meet a stale .pyc
+    result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=timeout, env=env)
+    return result.stdout + result.stderr
+
+
+def run_tests(root, tests, timeout, first_failure_only=False, env=None, pytest=pytest_in_a_new_process):
     """{(module, test name): (outcome, its report)} with outcome passed | failed | error (the report a JUnit XML
-    element, None when passed), and pytest's output. env: pytest's environment (default: this one's)."""
+    element, None when passed), and pytest's output. env: pytest's environment (default: this one's); pytest: what
+    runs it, given its arguments, root, env and timeout (check_graders.py's runs it in a process that has imported
+    torch already)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.xml")
-        command = [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            f"--junitxml={report}",
-            *(["-x"] if first_failure_only else []),
-            *tests,
-        ]
-        env = dict(env or os.environ, PYTHONDONTWRITEBYTECODE="1")  # an edited body must never meet a stale .pyc
-        result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=timeout, env=env)
+        arguments = ["-q", "-p", "no:cacheprovider", f"--junitxml={report}", *(["-x"] if first_failure_only else [])]
+        output = pytest([*arguments, *tests], root, env, timeout)
         cases = ET.parse(report).getroot().iter("testcase") if os.path.exists(report) else []
         outcomes = {}
         for case in cases:
@@ -89,18 +88,18 @@ def run_tests(root, tests, timeout, first_failure_only=False, env=None):
                 outcomes[key] = ("error", error)
             elif case.find("skipped") is None:
                 outcomes[key] = ("passed", None)
-    return outcomes, result.stdout + result.stderr
+    return outcomes, output
 
 
-def grade(root, exercise, timeout=900, first_failure_only=False, env=None):
-    """(status, detail) of one exercise in the project at root."""
+def grade(root, exercise, timeout=900, first_failure_only=False, env=None, pytest=pytest_in_a_new_process):
+    """(status, detail) of one exercise in the project at root (pytest: as run_tests takes it)."""
     stubs = stubbed_bodies(root, exercise)
     if len(stubs) == len(exercise.where):
         return "not attempted", f"write {', '.join(exercise.where)}: {exercise.what}"
     if stubs:
         return "failed", f"{', '.join(stubs)} is still the stub: write every body of the exercise"
     try:
-        outcomes, output = run_tests(root, exercise.tests, timeout, first_failure_only, env)
+        outcomes, output = run_tests(root, exercise.tests, timeout, first_failure_only, env, pytest)
     except subprocess.TimeoutExpired:
         return "failed", f"its tests did not finish within {timeout} s: does the body wait for something forever?"
     failed, waiting = [], {}

@@ -128,11 +128,11 @@ def test_a_hung_rank_is_named_by_the_survivor(corpus, tmp_path):
     out = tmp_path / "run"
     started = time.monotonic()
     extra = ("--dp", "2", "--max_iters", "20", "--ckpt_interval", "5", "--inject", "hang@12", "--dist_timeout", "5")
-    outcome = run_ranks(2, main, args(corpus, out, *extra), timeout=60)
+    outcome = run_ranks(2, main, args(corpus, out, *extra), timeout=30)  # the hung rank is killed at 30 s
     status, message = outcome[0]
     assert status == "exit" and "rank 1 stopped responding at step 12" in message, outcome
     assert "rank 1: injecting fault" not in message  # the detector's words, not the injector's
-    assert outcome[1][0] == "missing" and time.monotonic() - started < 90
+    assert outcome[1][0] == "missing" and time.monotonic() - started < 60
     assert run_ranks(2, main, args(corpus, out, *extra)) == {0: ("ok", None), 1: ("ok", None)}
 
 
