@@ -439,6 +439,11 @@ def run_dir(out_root, interval, seed, arm=""):
     return os.path.join(out_root, f"every_{interval}_seed_{seed}{arm}")
 
 
+def clean_dir(out_root, interval, repeat=0):
+    """A clean run's folder; the first at each interval is where calibrate's run of the densest interval lies."""
+    return os.path.join(out_root, f"clean_{interval}" + (f"_{repeat}" if repeat else ""))
+
+
 # ----------------------------------------------------------------------------
 # The table
 

@@ -16,9 +16,9 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class Layout:
-    """How the ranks share the model out: one value, its every field a flag (config.py), checked once by
-    layout.check_layout and passed whole to the grid, the rank's model, the closed forms (cost.py) and the benchmarks.
-    Frozen: a layout that passed its checks cannot change after them."""
+    """How the ranks share the model out: one value, its every field a flag (machinery/config.py), checked once by
+    layout.check_layout and passed whole to the grid, the rank's model, the closed forms (machinery/closed_forms.py),
+    the planner and the benchmarks. Frozen: a layout that passed its checks cannot change after them."""
 
     dp: int = 1  # data-parallel ranks: model copies, each reading its share of every batch
     tp: int = 1  # tensor-parallel ranks: one layer's matrices cut across them

@@ -27,6 +27,9 @@ SHAKESPEARE = TEST_DATA / "tinyshakespeare.txt"
 TIKTOKEN_CACHE = TEST_DATA / "tiktoken_cache"
 HELLASWAG_FIXTURE = ROOT / "tests" / "data" / "hellaswag_mini.jsonl"  # 8 examples in HellaSwag's format, 4 endings each
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # python -m pytest -n 2: two tests at a time, a core each, and so the
+    os.environ["OMP_NUM_THREADS"] = "1"  # scripts and ranks they start (torch reads it when first imported)
+
 if TIKTOKEN_CACHE.is_dir():  # tiktoken reads this at load time: gpt2 works offline
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))
 
@@ -37,6 +40,18 @@ needs_shakespeare = pytest.mark.skipif(
 needs_gpt2 = pytest.mark.skipif(
     not TIKTOKEN_CACHE.is_dir(), reason=f"needs GPT-2's BPE files (tiktoken_cache/) in a test-data folder: {FETCH}"
 )
+
+
+LONGEST_FIRST = ("slow", "graders")  # markers whose tests take minutes: started first, so none ends the run alone
+
+
+def pytest_collection_modifyitems(items):
+    """The tests under LONGEST_FIRST's markers first, in that order (a stable sort: each module's order kept)."""
+
+    def rank(item):
+        return next((i for i, name in enumerate(LONGEST_FIRST) if item.get_closest_marker(name)), len(LONGEST_FIRST))
+
+    items.sort(key=rank)
 
 
 def run_script(args, cwd, timeout=600):

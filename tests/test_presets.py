@@ -37,7 +37,11 @@ def shakespeare_clean(tmp_path_factory):
     return folder, shakespeare_run(folder, folder / "clean")
 
 
+SHARES_THE_CLEAN_RUNS = pytest.mark.xdist_group("shakespeare")  # under -n 2, on one worker: the runs are made once
+
+
 @needs_shakespeare
+@SHARES_THE_CLEAN_RUNS
 def test_shakespeare_baby_gpt_matches_nanogpt(shakespeare_clean):
     """nanoGPT's CPU baby GPT reaches val loss ~1.88 at 2000 iterations; so must ours."""
     _, val_loss = shakespeare_clean
@@ -58,6 +62,7 @@ def shakespeare_short_clean(shakespeare_clean):
 
 
 @needs_shakespeare
+@SHARES_THE_CLEAN_RUNS
 @pytest.mark.parametrize("fault", ["nan", "spike"])
 def test_a_first_incident_costs_under_2_percent(shakespeare_short_clean, fault):
     """A fault at step 220 of 600 is rolled back automatically. As a first incident it only
