@@ -329,6 +329,9 @@ SMALL = [
 # fmt: on
 
 
+SHARES_THE_PLANTED_RUNS = pytest.mark.xdist_group("planted")  # under -n 2, on one worker: the runs are made once
+
+
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
     """{name: run folder} of the test recipe's runs, and the band of its 8 seeds (band.json)."""
@@ -379,12 +382,14 @@ def reading_of(planted, name):
     return curves.read_curve(bands.read_run(folders[name]), band)
 
 
+@SHARES_THE_PLANTED_RUNS
 @pytest.mark.integration
 def test_planted_healthy_seeds_read_normal(planted):
     readings = [reading_of(planted, f"healthy_{s}") for s in range(101, 106)]
     assert sum(not r.normal for r in readings) <= 1, [r.verdict for r in readings]
 
 
+@SHARES_THE_PLANTED_RUNS
 @pytest.mark.integration
 def test_a_run_ends_pointing_at_the_reader_where_a_band_applies(planted):
     folders, _, _, logs = planted
@@ -396,6 +401,7 @@ def test_a_run_ends_pointing_at_the_reader_where_a_band_applies(planted):
     assert "curves.py" not in logs["band_1"]  # no band yet
 
 
+@SHARES_THE_PLANTED_RUNS
 @pytest.mark.integration
 def test_planted_lr_x10_is_flagged_where_it_left_the_band(planted):
     reading = reading_of(planted, "lr10")
@@ -403,12 +409,14 @@ def test_planted_lr_x10_is_flagged_where_it_left_the_band(planted):
     assert "learning_rate 0.02 (the band's 0.002)" in "\n".join(reading.lines)
 
 
+@SHARES_THE_PLANTED_RUNS
 @pytest.mark.integration
 def test_planted_shuffled_data_is_a_plateau_of_the_data_or_the_lr(planted):
     reading = reading_of(planted, "shuffled")
     assert not reading.normal and "plateau above the band: the data or the LR" in reading.verdict
 
 
+@SHARES_THE_PLANTED_RUNS
 @pytest.mark.integration
 def test_planted_spike_is_flagged_at_its_step_with_the_incident(planted):
     reading = reading_of(planted, "spike")
@@ -416,6 +424,7 @@ def test_planted_spike_is_flagged_at_its_step_with_the_incident(planted):
     assert "faults planted by --inject (injected.json): spike@120" in reading.lines
 
 
+@SHARES_THE_PLANTED_RUNS
 @pytest.mark.integration
 def test_a_planted_nan_weight_is_the_first_cause_and_no_point_after_the_skip_is_a_jump(planted):
     folders, *_ = planted
@@ -433,6 +442,7 @@ def test_a_planted_nan_weight_is_the_first_cause_and_no_point_after_the_skip_is_
     assert run.computed_in == [[0, "float32"]]  # run.json records the dtype the run computed in
 
 
+@SHARES_THE_PLANTED_RUNS
 @pytest.mark.integration
 def test_a_planted_run_without_warmup_names_the_warmup_as_a_cause(planted):
     reading = reading_of(planted, "no_warmup")
@@ -442,6 +452,7 @@ def test_a_planted_run_without_warmup_names_the_warmup_as_a_cause(planted):
     assert "warmup_iters 0 (the band's 30)" in said
 
 
+@SHARES_THE_PLANTED_RUNS
 @pytest.mark.integration
 def test_planted_other_data_order_is_inside_the_band_and_compares_tied(planted):
     folders, _, band_path, _ = planted
@@ -452,6 +463,7 @@ def test_planted_other_data_order_is_inside_the_band_and_compares_tied(planted):
     assert results[folders["order"]][150] == {"val_loss": own[150]}  # the fixed evaluation: the run's own
 
 
+@SHARES_THE_PLANTED_RUNS
 @pytest.mark.integration
 def test_the_command_line_ends_with_the_verdict(planted):
     folders, _, band_path, _ = planted
