@@ -40,7 +40,7 @@ ONE_THREAD = dict(os.environ, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1") 
 # A process that imports what every grading imports, then runs each request {"arguments", "root", "timeout"} as
 # pytest in a forked child (it holds no thread to fork with), answering {"output"} (or {"timeout": true}).
 PRELOADED = r"""
-import json, os, sys, tempfile
+import json, os, signal, sys, tempfile
 import numpy, pytest, torch
 sys.dont_write_bytecode = True  # an edited body must never meet a stale .pyc
 for line in sys.stdin:
@@ -50,10 +50,12 @@ for line in sys.stdin:
         if child == 0:
             os.chdir(request["root"])
             sys.path.insert(0, request["root"])
-            os.dup2(output.fileno(), 1), os.dup2(output.fileno(), 2)
-            import signal; signal.alarm(request["timeout"])  # the child ends past its time, as a timeout
+            os.dup2(output.fileno(), 1)
+            os.dup2(output.fileno(), 2)
+            signal.alarm(request["timeout"])  # the child ends past its time, as a timeout
             code = pytest.main(request["arguments"])
-            sys.stdout.flush(), sys.stderr.flush()
+            sys.stdout.flush()
+            sys.stderr.flush()
             os._exit(code)
         _, status = os.waitpid(child, 0)
         output.seek(0)
@@ -63,7 +65,8 @@ for line in sys.stdin:
 
 
 class Preloaded:
-    """pytest for one copy of the project, run by a PRELOADED process: grade.run_tests's `pytest`."""
+    """pytest for one copy of the project, run by a PRELOADED process: grade.run_tests's `pytest`. Its environment
+    is the one the process started with (ONE_THREAD), whatever env a call passes."""
 
     def __init__(self):
         self.process = subprocess.Popen(
