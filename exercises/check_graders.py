@@ -9,12 +9,11 @@ of exercise NAME, one per file: the classic mistakes of that function, each open
 `# wrong: what it gets wrong` (and, for an exercise of several bodies, `# in: WHERE`, the body it
 replaces), then the body at indent 0. For each exercise this script grades, in a fresh copy of
 the project (every other exercise holding its reference body), first the reference, which must
-pass, then each mutant alone, which must fail. Most of a grading is pytest starting and importing,
-one core's work, so --jobs copies grade mutants side by side (default: one a core), each pytest on
-one thread, and each copy's pytest runs in a child forked from a process that has imported torch,
-numpy and pytest once (Preloaded): the project's own modules, the ones a mutant changes, are imported
-afresh in every child. One line per mutant, in the folder's order, then `N/N mutants caught`; exits 1
-if a mutant passed or a reference failed.
+pass, then each mutant alone, which must fail. --jobs copies grade mutants side by side (default:
+one a core), each pytest on one thread, and each copy's pytest runs in a child forked from a process
+that has imported torch, numpy and pytest once (Preloaded): the project's own modules, the ones a
+mutant changes, are imported afresh in every child. One line per mutant, in the folder's order,
+then `N/N mutants caught`; exits 1 if a mutant passed or a reference failed.
 
 A teacher who adds a mutant file sees at once whether the graders catch it; if not, add the
 property test that does, and list it in the exercise's tests in catalog.py.
@@ -32,16 +31,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from catalog import BY_NAME, EXERCISES, MUTANTS, mutants_of, reference_bodies, replace_body  # noqa: E402
-from grade import grade  # noqa: E402
+from grade import GRADING_ENV, grade  # noqa: E402
 from make import ROOT, make  # noqa: E402
 
-ONE_THREAD = dict(os.environ, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")  # the jobs share the cores
+ONE_THREAD = dict(os.environ, OMP_NUM_THREADS="1", **GRADING_ENV)  # the jobs share the cores
 
 # A process that imports what every grading imports, then runs each request {"arguments", "root", "timeout"} as
-# pytest in a forked child (it holds no thread to fork with), answering {"output"} (or {"timeout": true}).
+# pytest in a forked child (it holds no thread to fork with), answering {"output"} (or {"timeout": true}). Imported
+# once: torch, numpy, pytest, and torch._dynamo, which AdamW's first call imports (1.2 s a child otherwise); then
+# frozen out of the garbage collector, whose passes over them took a child's pytest most of a second.
 PRELOADED = r"""
-import json, os, signal, sys, tempfile
-import numpy, pytest, torch
+import gc, json, os, signal, sys, tempfile
+import numpy, pytest, torch, torch._dynamo
+gc.freeze()
 sys.dont_write_bytecode = True  # an edited body must never meet a stale .pyc
 for line in sys.stdin:
     request = json.loads(line)

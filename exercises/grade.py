@@ -27,6 +27,10 @@ from catalog import BY_NAME, EXERCISES, MarkerError, body, in_needs_order, stub_
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STUB = re.compile(r"NotImplementedError: exercise (\w+):")
+# pytest's environment when it grades: an edited body must never meet a stale .pyc; and only pytest's own plugins,
+# as a plugin installed beside it (hypothesis's imports itself at every session's end, 1.5 s) neither grades
+# nor may change a grade
+GRADING_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
 def stubbed_bodies(root, exercise):
@@ -64,7 +68,7 @@ def what_failed(failure, exercise):
 def pytest_in_a_new_process(arguments, root, env, timeout):
     """pytest's output, run in a fresh interpreter in root (raises subprocess.TimeoutExpired past timeout)."""
     command = [sys.executable, "-m", "pytest", *arguments]
-    env = dict(env or os.environ, PYTHONDONTWRITEBYTECODE="1")  # an edited body must never meet a stale .pyc
+    env = dict(env or os.environ, **GRADING_ENV)
     result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=timeout, env=env)
     return result.stdout + result.stderr
 
