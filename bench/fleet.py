@@ -60,7 +60,7 @@ FLAGS = [
     "--source", "stdlib", "--tokenizer", "byte", "--dtype", "float32", "--seed", "1",
     "--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--batch_size", "4",
     "--warmup_iters", "20", "--learning_rate", "3e-3", "--log_interval", "1", "--eval_interval", "100000",
-    "--eval_iters", "2", "--num_samples", "0", "--keep_last", "3",
+    "--eval_iters", "2", "--num_samples", "0", "--plot", "false", "--keep_last", "3",
 ]
 # fmt: on
 KINDS = ("kill", "hang", "corrupt")

@@ -176,17 +176,19 @@ def finish(run, final_evaluation):
     append_jsonl(run.metrics_path, record)
     run.tracker.log(run.records)
     run.tracker.close()
-    plot_metrics(
-        run.records,
-        read_jsonl(run.incidents_path),
-        os.path.join(run.out_dir, "metrics.png"),
-        math.log(run.meta["vocab_size"]),
-    )
+    if run.configs.train.plot:
+        plot_metrics(
+            run.records,
+            read_jsonl(run.incidents_path),
+            os.path.join(run.out_dir, "metrics.png"),
+            math.log(run.meta["vocab_size"]),
+        )
     samples = sample_texts(model, get_tokenizer(run.meta["tokenizer"]), run.configs.sample, run.model.device)
     with open(os.path.join(run.out_dir, "samples.txt"), "w") as f:
         f.write("\n\n==========\n\n".join(samples) + "\n")
     shown = f"samples:\n{samples[0]}\n" if samples else ""  # --num_samples 0: none
-    print(f"{shown}wrote {run.out_dir}: metrics.jsonl, metrics.png, samples.txt, ckpt/")
+    drawn = " metrics.png," if run.configs.train.plot else ""
+    print(f"{shown}wrote {run.out_dir}: metrics.jsonl,{drawn} samples.txt, ckpt/")
     band, _ = find_band(run.identity, run.preset)
     if band:  # a band of this recipe over seeds (bands/<preset>.json): the reader sets the run against it
         seeds = len(band["seeds"])

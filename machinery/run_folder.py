@@ -30,10 +30,10 @@ def run_identity(gpt_config, cfg, meta, global_batch):
     """What makes two runs the same run. The layout is not part of it: the same global batch
     on dp=1 or dp=4 reads the same rows and takes the same step, so either may resume the other.
     Nor is the attention kernel: sdpa and manual compute the same function of the same weights; nor where
-    files come from (--init_url, the --mix file's path: a mix is named by what it holds), --max_epochs, or where
-    else the metrics go (--log_to)."""
+    files come from (--init_url, the --mix file's path: a mix is named by what it holds), --max_epochs, where
+    else the metrics go (--log_to), or whether they are drawn (--plot)."""
     layout_fields = ("out_dir", "overwrite", "device", "compile", "batch_size", "gradient_accumulation_steps")
-    elsewhere = ("init_url", "mix", "max_epochs", "log_to")
+    elsewhere = ("init_url", "mix", "max_epochs", "log_to", "plot")
     data_fields = ("mix", "tokenizer") if "mix" in meta else ("source", "source_sha256", "tokenizer")
     return {
         "GPTConfig": {k: v for k, v in asdict(gpt_config).items() if k != "attention"},

@@ -72,9 +72,11 @@ def run(name, *flags, fresh=True, ranks=1):
     ranks > 1 runs that many ranks over gloo on this machine, as torchrun would start them
     (local_ranks.run_ranks); the log is rank 0's. The dtype is float32 unless the flags say
     otherwise, so that every CPU, with native bf16 or without, measures what the notebook shows; no samples
-    are written at the end (--num_samples 0) unless the flags ask for them."""
+    are written at the end (--num_samples 0), nor metrics.png drawn (--plot false; the notebook draws its own
+    figures), unless the flags ask for them."""
     out_dir = f"out/notebooks/{name}"
-    argv = ["--out_dir", out_dir, "--dtype", "float32", "--num_samples", "0", *(["--overwrite"] if fresh else [])]
+    argv = ["--out_dir", out_dir, "--dtype", "float32", "--num_samples", "0", "--plot", "false"]
+    argv += ["--overwrite"] if fresh else []
     argv += map(str, flags)  # after the defaults: the last value of a flag wins
     if ranks == 1:
         log, error = _train_quietly(argv)

@@ -21,7 +21,7 @@ from train import main
 # fmt: off
 SMALL = [
     "--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--batch_size", "4",
-    "--log_interval", "1", "--eval_interval", "1000", "--eval_iters", "2", "--num_samples", "0",
+    "--log_interval", "1", "--eval_interval", "1000", "--eval_iters", "2", "--num_samples", "0", "--plot", "false",
 ]
 # fmt: on
 

@@ -324,7 +324,7 @@ def test_a_folder_that_is_not_a_run_is_named(tmp_path):
 SMALL = [
     "--n_layer", 2, "--n_embd", 32, "--n_head", 2, "--block_size", 64, "--batch_size", 8, "--max_iters", 150,
     "--warmup_iters", 30, "--log_interval", 1, "--eval_interval", 25, "--eval_iters", 10, "--ckpt_interval", 25,
-    "--keep_every", 25, "--num_samples", 0, "--dtype", "float32",
+    "--keep_every", 25, "--num_samples", 0, "--plot", "false", "--dtype", "float32",
 ]
 # fmt: on
 
@@ -481,7 +481,8 @@ def test_the_command_line_ends_with_the_verdict(planted):
 def test_the_bands_bench_writes_a_band(tmp_path):
     out = tmp_path / "band.json"
     flags = ["--n_layer", "1", "--n_embd", "16", "--n_head", "1", "--block_size", "32", "--batch_size", "4",
-             "--max_iters", "12", "--eval_interval", "6", "--eval_iters", "2", "--log_interval", "2"]  # fmt: skip
+             "--max_iters", "12", "--eval_interval", "6", "--eval_iters", "2", "--log_interval", "2",
+             "--plot", "false"]  # fmt: skip
     command = ["bench/bands.py", "--preset", "tiny", "--seeds", "1-8", "--runs", tmp_path / "runs", "--out", out]
     done = run_script([*command, "--", *flags], ROOT)
     assert done.returncode == 0, done.stderr

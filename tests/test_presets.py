@@ -26,7 +26,7 @@ def test_default_run_learns_from_uniform_guessing(tmp_path):
 
 def shakespeare_run(folder, out, *extra):
     args = ["--preset", "shakespeare", "--url", SHAKESPEARE.as_uri(), "--data_dir", folder / "data", "--out_dir", out]
-    result = run_script([ROOT / "train.py", *args, *extra], cwd=folder, timeout=900)
+    result = run_script([ROOT / "train.py", *args, "--plot", "false", *extra], cwd=folder, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
     return final_records(out)[1]
 

@@ -29,7 +29,7 @@ BASE = [
     "--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--batch_size", "4",
     "--max_iters", "60", "--ckpt_interval", "10", "--log_interval", "1", "--eval_interval", "20",
     "--eval_iters", "4", "--warmup_iters", "10", "--learning_rate", "3e-3", "--monitor_window", "20",
-    "--max_new_tokens", "20", "--num_samples", "1",
+    "--max_new_tokens", "20", "--num_samples", "1", "--plot", "false",
 ]
 # fmt: on
 

@@ -19,7 +19,7 @@ from machinery.sample import generate
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))  # for this process and the scripts it starts
 
 TINY = ["--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--batch_size", "4"]
-QUIET = ["--num_samples", "0", "--log_interval", "1", "--eval_iters", "2", "--dtype", "float32"]
+QUIET = ["--num_samples", "0", "--plot", "false", "--log_interval", "1", "--eval_iters", "2", "--dtype", "float32"]
 GPT2_ARCHITECTURE = ["--norm", "layernorm", "--bias", "--activation", "gelu_tanh"]
 
 

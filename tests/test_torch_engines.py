@@ -20,7 +20,7 @@ MODEL = [
     "--dtype", "float32", "--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32",
     "--max_iters", "12", "--warmup_iters", "4", "--learning_rate", "3e-3", "--log_interval", "1",
     "--eval_interval", "6", "--eval_iters", "2", "--ckpt_interval", "5", "--max_new_tokens", "5",
-    "--num_samples", "1", "--dist_timeout", "30",
+    "--num_samples", "1", "--plot", "false", "--dist_timeout", "30",
 ]
 # fmt: on
 

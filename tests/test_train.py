@@ -255,6 +255,19 @@ def test_short_run_in_process_and_out_dir_protection(small_corpus, tmp_path, cap
     assert (out / "samples.txt").read_text() == "\n"  # --num_samples 0: no samples, and no error
 
 
+def test_plot_false_draws_no_figure_and_says_only_what_it_wrote(small_corpus, tmp_path, capsys):
+    """--plot false: no metrics.png, and the closing line names the files written; the run is the same run, so
+    continued with a bare --plot it draws the figure."""
+    out = tmp_path / "run"
+    args = ["--source", small_corpus, "--data_dir", tmp_path / "data", "--out_dir", out, *QUICK, "--num_samples", "0"]
+    train.main([str(a) for a in [*args, "--max_iters", "2", "--plot", "false"]])
+    assert not (out / "metrics.png").exists()
+    assert f"wrote {out}: metrics.jsonl, samples.txt, ckpt/" in capsys.readouterr().out
+    train.main([str(a) for a in [*args, "--max_iters", "3", "--plot"]])
+    assert "resuming from the checkpoint of step 2" in capsys.readouterr().out
+    assert (out / "metrics.png").stat().st_size > 10_000
+
+
 def test_a_run_recorded_before_newer_fields_existed_continues(small_corpus, tmp_path, capsys):
     """run.json and the checkpoints of a run from before --activation and --init_from lack those fields: they read
     as their defaults, which is what that run did, so it continues; a command that sets one is another run."""
