@@ -447,20 +447,21 @@ def strip(notebook):
 
 
 # Two notebooks run side by side, each on one core (notebooks/lab.py sets one thread), which halves the wall time:
-# the longest first. Where a notebook times something, its arms share the machine alike, or (the two pipeline ranks
-# of 06 and of 12) raise their priority above the other notebook's.
+# the longest first (as measured by .ci/run), which also keeps 11's fleet, which times its jobs, clear of 06's and 12's
+# timed pipelines. Where a notebook times something, its arms share the machine alike, or (the two pipeline ranks of
+# 06 and of 12) raise their priority above the other notebook's.
 LONGEST_FIRST = (
-    "03_spikes_and_the_runbook",
     "08_three_tiers",
+    "03_spikes_and_the_runbook",
+    "11_failing_fleet",
+    "05_four_intuitions",
+    "06_parallelism",
+    "01_from_corpus_to_base_model",
     "02_four_defenses",
     "04_resume_needs_three_things",
-    "05_four_intuitions",
-    "01_from_corpus_to_base_model",
-    "10_choosing_the_run",
-    "06_parallelism",
-    "09_memory_wall",
-    "11_failing_fleet",
     "12_long_context",
+    "10_choosing_the_run",
+    "09_memory_wall",
 )
 
 
