@@ -24,7 +24,8 @@ the cost account, the runbook's actions): machinery/run_setup.py builds the `Run
 hooks (`run.start()`, `run.batches(step)`, `run.validate(step)`, `run.log(record)`, `run.save(step)`,
 `run.respond_to_incident(step, fired)`, `run.finish(...)`), listed in Run's docstring.
 
-A run writes into its out_dir: run.json, metrics.jsonl, incidents.jsonl, metrics.png, samples.txt and ckpt/.
+A run writes into its out_dir: run.json, metrics.jsonl, incidents.jsonl, metrics.png (unless --plot false),
+samples.txt and ckpt/.
 """
 
 import math

@@ -70,8 +70,9 @@ def train_seed(preset, seed, run_dir, train_flags):
 
 def without_where_from(config):
     """A recorded configuration without the flags that say where files come from or go (--url, --init_url, --log_to,
-    and --out_dir, however it was spelled): they are not part of a run (run_folder.run_identity leaves them out)."""
-    where_from = {"data": ("url",), "train": ("init_url", "log_to", "out_dir")}
+    --plot, and --out_dir, however it was spelled): they are not part of a run (run_folder.run_identity leaves them
+    out)."""
+    where_from = {"data": ("url",), "train": ("init_url", "log_to", "plot", "out_dir")}
     return {
         section: {k: v for k, v in values.items() if k not in where_from.get(section, ())}
         if isinstance(values, dict)

@@ -38,7 +38,7 @@ ONE_THREAD = dict(os.environ, OMP_NUM_THREADS="1", **GRADING_ENV)  # the jobs sh
 
 # A process that imports what every grading imports, then runs each request {"arguments", "root", "timeout"} as
 # pytest in a forked child (it holds no thread to fork with), answering {"output"} (or {"timeout": true}). Imported
-# once: torch, numpy, pytest, and torch._dynamo, which AdamW's first call imports (1.2 s a child otherwise); then
+# once: torch, numpy, pytest, and torch._dynamo, which AdamW's constructor imports (1.2 s a child otherwise); then
 # frozen out of the garbage collector, whose passes over them took a child's pytest most of a second.
 PRELOADED = r"""
 import gc, json, os, signal, sys, tempfile

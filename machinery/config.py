@@ -66,7 +66,7 @@ class TrainConfig:
     # monitoring
     log_interval: int = 25
     log_to: str = ""  # also log to: tensorboard, wandb, or both ("tensorboard,wandb"); "" = metrics.jsonl only
-    plot: bool = True  # draw metrics.png at the end (false: a sweep of many short runs spares its second a run)
+    plot: bool = True  # draw the run's figures at its end (false: a sweep of many short runs saves ~1 s a run)
     eval_interval: int = 250
     eval_iters: int = 20  # global batches per val-loss estimate: always the first ones of val.bin
     peak_tflops: float = 0.0  # device peak for MFU; 0 = look it up by GPU name

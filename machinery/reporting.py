@@ -206,8 +206,9 @@ def print_pipeline_bubble(run, timeline):
         f"pipeline bubble of the last step: measured {measured:.3f}, {formula} = "
         f"{closed_forms.computed(formula, p=p, m=m, v=v):.3f} ({schedule}, p={p}, m={m})"
     )
-    title = f"{schedule}, p={p}, m={m}: bubble {measured:.2f}"
-    plot_gantt(timeline, os.path.join(run.out_dir, "pipeline.png"), title)
+    if run.configs.train.plot:
+        title = f"{schedule}, p={p}, m={m}: bubble {measured:.2f}"
+        plot_gantt(timeline, os.path.join(run.out_dir, "pipeline.png"), title)
 
 
 def stop_for_signal(run, step):

@@ -88,7 +88,7 @@ def test_torchrun_3d_takes_the_single_process_steps(tmp_path):
     # fmt: off
     args = [
         "--preset", "shakespeare", "--url", SHAKESPEARE.as_uri(), "--data_dir", tmp_path / "data",
-        "--out_dir", tmp_path / "3d",
+        "--out_dir", tmp_path / "3d", "--plot", "false",
         *THREE_D,
         "--dp", "2", "--tp", "2", "--pp", "2", "--micro_batches", "2", "--schedule", "1f1b",
     ]
