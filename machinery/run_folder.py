@@ -4,8 +4,8 @@ A run writes run.json (what makes it this run; under "config", the
 configuration it was trained with, which `--config OUT/run.json` repeats; under
 "computed_in", the dtype each start computed in),
 metrics.jsonl, incidents.jsonl, injected.json, metrics.png, pipeline.png (no
-figures with --plot false), samples.txt and ckpt/ into its out_dir (and curves.py its plots, curves.png and
-compare.png); the job that runs it keeps lock.json
+figures with --plot false), samples.txt and ckpt/ into its out_dir (and
+curves.py its plots, curves.png and compare.png); the job that runs it keeps lock.json
 and heartbeat/ there (cluster.py). A second command with the same out_dir
 continues that run, or is refused: nothing of an earlier run, and nothing that
 is not a run of ours, is overwritten unless --overwrite says so.
