@@ -196,7 +196,6 @@ FLAGS = {
 }
 # what one command does to a run, not what the run is: never recorded
 ACTIONS = ("overwrite", "resume", "ckpt_step", "export_hf", "max_shard_mb")
-SETTINGS = [name for name in FLAGS if name not in ACTIONS]  # what a run.json's recorded configuration sets: all of them
 PRESET_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "presets")
 DEFAULT_PRESET = "tiny"
 
@@ -285,6 +284,16 @@ def load_config_document(path):
     if not isinstance(document, dict):
         raise ValueError(f"{path}: a config file holds a mapping of tables, not {document!r}")
     return document
+
+
+def records_a_run(path):
+    """Whether a config file is a run's run.json: the run's identity beside the configuration it recorded, which set
+    every setting there was when the run started (one added since then reads as its default)."""
+    if not path.endswith(".json"):
+        return False
+    with open(path, encoding="utf-8") as f:
+        document = json.load(f)  # read already by load_config_document, which refused it if it is not JSON
+    return isinstance(document, dict) and "GPTConfig" in document
 
 
 def flag_in_table(path, table, name):
@@ -407,7 +416,7 @@ def parse_args(argv):
         valid = ["--preset", "--config", "--sample", "--eval_only"] + [f"--{name}" for name in FLAGS]
         parser.error(f"unknown flag {flag}{did_you_mean(flag, valid)}. Valid flags: {' '.join(valid)}")
     file_preset, file_values = read_config_file(args.config) if args.config else (None, {})
-    if args.preset and file_preset not in (None, args.preset) and set(SETTINGS) <= set(file_values):
+    if args.preset and file_preset not in (None, args.preset) and records_a_run(args.config):
         parser.error(
             f"--preset {args.preset} beside --config {args.config}, which sets every setting (a run's recorded "
             f"configuration, built on preset {file_preset!r}): the preset would change only its name and the default "

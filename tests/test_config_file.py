@@ -70,9 +70,16 @@ def test_flags_beside_config_go_over_it(first_run, tmp_path):
     assert (configs.train.learning_rate, configs.train.max_iters) == (1e-3, 70)
     preset, _, configs = parse_args(["--config", str(file), "--preset", "tiny"])
     assert preset == "tiny" and configs.model.block_size == 128 and configs.train.learning_rate == 1e-3
-    # a run.json sets every setting: another preset beside it would only rename it (and its default out_dir)
+    # a run.json sets every setting: another preset beside it would only rename it (and its default out_dir); so
+    # does one recorded before a setting existed (--plot here), whose missing setting reads as its default
     with pytest.raises(SystemExit):
         parse_args(["--config", str(out / "run.json"), "--preset", "shakespeare"])
+    older = json.loads((out / "run.json").read_text())
+    del older["config"]["train"]["plot"]
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    with pytest.raises(SystemExit):
+        parse_args(["--config", str(tmp_path / "older.json"), "--preset", "shakespeare"])
+    assert parse_args(["--config", str(tmp_path / "older.json")])[2].train.plot is True
 
 
 @pytest.mark.parametrize(
