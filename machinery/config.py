@@ -225,16 +225,18 @@ def checked_value(where, kind, value):
 
 
 def read_config_file(path):
-    """(preset name or None, {flag: value}) from a config file, JSON or TOML (TOML needs tomllib: Python 3.11+).
+    """(preset name or None, {flag: value}, whether the file is a run's run.json) from a config file, JSON or TOML
+    (TOML needs tomllib: Python 3.11+).
 
     The format: one table per concern, named as Configs names them (model, data, train, parallel, recovery,
     sample, benchmark), each holding flags of that concern with values of the flag's type; an optional
     "preset" whose values these go over, and an optional "about" (text for the reader, which JSON lacks comments
     for). Every key is optional. A run's run.json holds its configuration in this format under "config", so a
-    run.json is a config file too.
+    run.json is a config file too: one that set every setting there was when the run started (a setting added since
+    reads as its default).
         {"preset": "shakespeare", "model": {"n_layer": 6}, "train": {"learning_rate": 3e-4}}
     """
-    document, values = load_config_document(str(path)), {}
+    (document, recorded_run), values = load_config_document(str(path)), {}
     for key, table in document.items():
         if key in ("preset", "about"):
             checked_value(f"{path}: {key}", str, table)
@@ -250,11 +252,12 @@ def read_config_file(path):
         else:
             valid = ["preset", "about", *CONCERNS]
             raise ValueError(f"{path}: unknown key {key}{did_you_mean(key, valid)}; valid keys: {', '.join(valid)}")
-    return document.get("preset"), values
+    return document.get("preset"), values, recorded_run
 
 
 def load_config_document(path):
-    """The mapping a config file holds (a run.json's "config"), ValueError naming the file where there is none."""
+    """(the mapping a config file holds, whether the file is a run's run.json, whose "config" it is), ValueError
+    naming the file where there is none."""
     if path.endswith(".toml"):
         if tomllib is None:
             raise ValueError(
@@ -273,7 +276,8 @@ def load_config_document(path):
         raise ValueError(f"--config {path}: {e.strerror}") from None
     except ValueError as e:  # json.JSONDecodeError and tomllib.TOMLDecodeError both are
         raise ValueError(f"--config {path} is not valid {path.rsplit('.', 1)[1].upper()}: {e}") from None
-    if isinstance(document, dict) and "GPTConfig" in document:  # a run.json: the run's identity, and its config
+    recorded_run = isinstance(document, dict) and "GPTConfig" in document  # a run.json: its identity, and its config
+    if recorded_run:
         if "config" not in document:
             raise ValueError(
                 f"{path} is the run.json of a run that did not record its configuration (it holds only the run's "
@@ -283,17 +287,7 @@ def load_config_document(path):
         document = document["config"]
     if not isinstance(document, dict):
         raise ValueError(f"{path}: a config file holds a mapping of tables, not {document!r}")
-    return document
-
-
-def records_a_run(path):
-    """Whether a config file is a run's run.json: the run's identity beside the configuration it recorded, which set
-    every setting there was when the run started (one added since then reads as its default)."""
-    if not path.endswith(".json"):
-        return False
-    with open(path, encoding="utf-8") as f:
-        document = json.load(f)  # read already by load_config_document, which refused it if it is not JSON
-    return isinstance(document, dict) and "GPTConfig" in document
+    return document, recorded_run
 
 
 def flag_in_table(path, table, name):
@@ -313,7 +307,7 @@ def flag_in_table(path, table, name):
 
 def read_preset(name):
     """A preset's values: presets/NAME.json, read as any --config file; a preset goes over the defaults only."""
-    preset, values = read_config_file(os.path.join(PRESET_DIR, f"{name}.json"))
+    preset, values, _ = read_config_file(os.path.join(PRESET_DIR, f"{name}.json"))
     if preset is not None:
         raise ValueError(f"presets/{name}.json names a preset ({preset!r}): a preset goes over the defaults only")
     return values
@@ -415,8 +409,8 @@ def parse_args(argv):
         flag = unknown[0].split("=")[0]
         valid = ["--preset", "--config", "--sample", "--eval_only"] + [f"--{name}" for name in FLAGS]
         parser.error(f"unknown flag {flag}{did_you_mean(flag, valid)}. Valid flags: {' '.join(valid)}")
-    file_preset, file_values = read_config_file(args.config) if args.config else (None, {})
-    if args.preset and file_preset not in (None, args.preset) and records_a_run(args.config):
+    file_preset, file_values, recorded_run = read_config_file(args.config) if args.config else (None, {}, False)
+    if args.preset and file_preset not in (None, args.preset) and recorded_run:
         parser.error(
             f"--preset {args.preset} beside --config {args.config}, which sets every setting (a run's recorded "
             f"configuration, built on preset {file_preset!r}): the preset would change only its name and the default "

@@ -151,7 +151,7 @@ OLD_PRESETS = {
 @pytest.mark.parametrize("name", OLD_PRESETS)
 def test_presets_are_files_that_load_to_the_same_configs(name):
     path = ROOT / "presets" / f"{name}.json"
-    assert read_config_file(path) == (None, OLD_PRESETS[name]) and config.PRESETS[name] == OLD_PRESETS[name]
+    assert read_config_file(path) == (None, OLD_PRESETS[name], False) and config.PRESETS[name] == OLD_PRESETS[name]
     by_name, by_file = parse_args(["--preset", name]), parse_args(["--config", str(path)])
     assert by_name[2] == by_file[2], "--preset NAME and --config presets/NAME.json are one code path"
     assert list(config.PRESETS)[:3] == ["tiny", "shakespeare", "gpt2-small"], "--help lists the default first"
