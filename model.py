@@ -210,7 +210,7 @@ class MLP(nn.Module):
         self.approximate = "tanh" if gpt_config.activation == "gelu_tanh" else "none"
 
     def forward(self, x):
-        hidden = F.gelu(self.c_fc(x), approximate=self.approximate)  # (B, T, 4C)
+        hidden = F.gelu(self.c_fc(x), approximate=self.approximate)  # (B, T, hidden) (under TP: hidden / tp)
         return self.dropout(self.c_proj(hidden))  # (B, T, C)
 
 
@@ -336,7 +336,7 @@ class GPT(nn.Module):
     def _init_weights(self, module):
         # exercise init: begin
         C, L = self.config.n_embd, self.config.n_layer
-        if isinstance(module, nn.Embedding) or module is self.lm_head and not self.config.tie_embeddings:
+        if isinstance(module, nn.Embedding) or (module is self.lm_head and not self.config.tie_embeddings):
             nn.init.normal_(module.weight, std=self.embedding_std(C))  # an untied head scores as the tied one
         elif isinstance(module, (CausalSelfAttention, MLP, SwiGLU)):
             nn.init.normal_(module.c_proj.weight, std=self.init_std(C) / math.sqrt(2 * L))
