@@ -51,8 +51,9 @@ class DataParallel:
     optimizer that updates them. NaiveDataParallel and BucketedDataParallel below average the
     gradients; ZeRO's engines (zero.py) share the training state out over the replicas instead.
 
-    At start, every rank takes DP rank 0's parameters (a broadcast), so all copies begin
-    identical; with identical averaged gradients they stay so. Under gradient accumulation only
+    At start, every rank takes DP rank 0's whole module state (a broadcast of every parameter,
+    trainable or frozen, and every buffer), so all copies begin identical; with identical averaged
+    gradients of the trainable ones they stay so, as torch's DDP does. Under gradient accumulation only
     the last micro-batch syncs (`sync = False` before the others): the sum of local gradients is
     averaged once, which equals averaging each micro-batch.
     """
@@ -65,8 +66,8 @@ class DataParallel:
         self.group, self.size = grid.dp_group, grid.dp
         self.params = [p for p in module.parameters() if p.requires_grad]  # a tied matrix appears once
         source = dist.get_global_rank(self.group, 0)
-        for p in self.params:
-            dist.broadcast(p.data, src=source, group=self.group)
+        for tensor in [*module.parameters(), *module.buffers()]:  # a frozen bias or a buffer would stay apart
+            dist.broadcast(tensor.data, src=source, group=self.group)
         self.sync = True
 
     def finish(self):

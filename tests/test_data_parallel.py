@@ -486,6 +486,121 @@ def test_finish_leaves_the_group_average_on_every_step():
             )
 
 
+class FrozenBufferAndTied(torch.nn.Module):
+    """What a GPT does not have and other models do (CS336's DDP test's ToyModel has the first): a frozen,
+    randomly drawn bias, a buffer that forward reads and never updates, and one matrix used twice (the
+    embedding and the head, tied)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.fc = torch.nn.Embedding(16, 8), torch.nn.Linear(8, 8)
+        self.frozen_bias = torch.nn.Parameter(torch.randn(8), requires_grad=False)
+        self.register_buffer("scale", torch.rand(8) + 0.5)
+        self.head = torch.nn.Linear(8, 16, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, idx):  # (B, T) -> (B, T, 16)
+        return self.head(torch.tanh(self.fc(self.embed(idx)) + self.frozen_bias) * self.scale)
+
+
+DP_ENGINES = ("naive", "bucketed", "zero1", "zero2")
+
+
+def _engine(name):
+    from parallel.data_parallel import BucketedDataParallel, NaiveDataParallel
+    from parallel.zero import Zero1DataParallel, Zero2DataParallel
+
+    small = 300 / 2**20  # buckets of 300 B: several, so that a bucket boundary falls between the parameters
+    return {
+        "naive": NaiveDataParallel,
+        "bucketed": partial(BucketedDataParallel, bucket_mb=small),
+        "zero1": partial(Zero1DataParallel, bucket_mb=small),
+        "zero2": partial(Zero2DataParallel, bucket_mb=small),
+    }[name]
+
+
+def _toy_batch(step):
+    g = torch.Generator().manual_seed(100 + step)  # the same global batch on every rank
+    return torch.randint(16, (4, 6), generator=g)  # (B, T): each of 2 ranks takes 2 rows
+
+
+def _toy_loss(net, idx):
+    logits = net(idx[:, :-1])  # (B, T-1, 16)
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), idx[:, 1:].flatten())
+
+
+def _toy_state(net):
+    return {name: t.detach().clone().tolist() for name, t in net.state_dict(keep_vars=True).items()}
+
+
+def _toy_optimizer(net, make):
+    decayed = [p for p in net.parameters() if p.requires_grad and p.dim() >= 2]
+    other = [p for p in net.parameters() if p.requires_grad and p.dim() < 2]
+    return make([(decayed, 0.1), (other, 0.0)], lr=0.05)
+
+
+def _toy_steps(engine, steps):
+    """Rank r builds the toy from seed r (so the ranks start apart), wraps it in the engine, then takes
+    `steps` steps of the engine's own optimizer on its half of each batch. Returns its state before and
+    after wrapping, and after the steps."""
+    from parallel.grid import destroy_distributed, init_distributed
+
+    launch = init_distributed(30)
+    grid = ProcessGrid(Layout(dp=2), launch.rank, launch.world_size)
+    torch.manual_seed(launch.rank)
+    net = FrozenBufferAndTied()
+    before = _toy_state(net)
+    dp = _engine(engine)(net, grid)
+    wrapped = _toy_state(net)
+    optimizer = _toy_optimizer(net, dp.optimizer)
+    for step in range(steps):
+        rows = _toy_batch(step)[2 * grid.dp_rank : 2 * grid.dp_rank + 2]  # this rank's half
+        _toy_loss(net, rows).backward()
+        dp.finish()
+        optimizer.step()
+        dp.clear_gradients()
+    destroy_distributed()
+    return before, wrapped, _toy_state(net)
+
+
+@pytest.mark.parametrize("engine", DP_ENGINES)
+def test_every_engine_starts_the_replicas_from_rank_0s_whole_state(engine):
+    """Each hand-written DP engine, wrapping a module with a frozen parameter, a buffer and a tied matrix on 2 gloo
+    ranks that drew their own values: after wrapping every rank holds rank 0's whole state (frozen parameter and
+    buffer too), and five steps of the engine's own optimizer on each rank's half of a batch equal one process
+    taking AdamW's steps on the whole batch."""
+    from parallel.data_parallel import adamw
+
+    steps = 5
+    outcome = run_ranks(2, _toy_steps, engine, steps, timeout=60)
+    for rank in range(2):
+        status, value = outcome.get(rank, ("missing", None))
+        assert status == "ok", f"{engine}: both ranks wrap and take {steps} steps: rank {rank} ended {status}: {value}"
+    (before0, wrapped0, _), (before1, wrapped1, _) = outcome[0][1], outcome[1][1]
+    assert before1["frozen_bias"] != before0["frozen_bias"], "the ranks draw their own values before wrapping"
+    for name, want in before0.items():
+        assert wrapped0[name] == want, f"{engine}: wrapping leaves rank 0's {name} as it was"
+        assert wrapped1[name] == want, (
+            f"{engine}: after wrapping rank 1 holds rank 0's {name}: expected {first_values(want)}..., "
+            f"got {first_values(wrapped1[name])}..."
+        )
+    torch.manual_seed(0)
+    net = FrozenBufferAndTied()  # rank 0's draw
+    optimizer = _toy_optimizer(net, adamw)
+    for step in range(steps):
+        _toy_loss(net, _toy_batch(step)).backward()
+        optimizer.step()
+        net.zero_grad(set_to_none=True)
+    for rank in range(2):
+        stepped = outcome[rank][1][2]
+        for name, want in _toy_state(net).items():
+            close = torch.allclose(torch.tensor(stepped[name]), torch.tensor(want), rtol=1e-5, atol=1e-6)
+            assert close, (
+                f"{engine}, rank {rank}: after {steps} steps {name} equals one process's on the whole batch: "
+                f"expected {first_values(want)}..., got {first_values(stepped[name])}..."
+            )
+
+
 def _grid_coordinates():
     from parallel.grid import destroy_distributed, init_distributed
 
