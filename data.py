@@ -11,6 +11,7 @@ and a run reads them through a memory map, walking the file in order (TokenStrea
 
 import json
 import os
+import sys
 
 import numpy as np
 import torch
@@ -105,3 +106,12 @@ class TokenStream:
 
     def load_state_dict(self, state):
         self.position = int(state["position"])
+
+
+if __name__ == "__main__":
+    # Older handouts say `python data.py --source ...`: preparing a corpus is the machinery's job now, and a
+    # silent exit 0 here would let the next command train on another corpus.
+    sys.exit(
+        "data.py prepares no corpus: python -m machinery.corpus --source FILES --tokenizer byte --out_dir DIR does "
+        "(python -m machinery.corpus --help lists its flags), then python train.py --data_dir DIR"
+    )

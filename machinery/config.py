@@ -35,7 +35,9 @@ from machinery.transfer import hf_folder_config, hf_tokenizer_of
 @dataclass
 class TrainConfig:
     out_dir: str = ""  # where the run writes; "" = out/<preset>
-    data_dir: str = ""  # prepared token files; "" = data/<source>-<tokenizer>, prepared on first use
+    # prepared token files; "" = data/<source>-<tokenizer>, prepared on first use (a folder named here is prepared
+    # only from a named source: the embedded default fills its own folder alone)
+    data_dir: str = ""
     mix: str = ""  # a JSON file naming several sources, their weights and a schedule of weights (mixture.py)
     max_epochs: float = 4.0  # a plan that reads the training data more often than this stops at start-up; 0 = any
     # start from these weights instead of a fresh init (fresh optimizer, step 0; transfer.py): a run's out_dir,

@@ -21,7 +21,7 @@ from machinery import closed_forms, evaluation, incidents, planner, reporting, r
 from machinery.arms import check_arms
 from machinery.cluster import Watch, end_with_launcher
 from machinery.config import Configs, config_file_form
-from machinery.corpus import default_data_dir, get_tokenizer, load_or_prepare
+from machinery.corpus import DataConfig, default_data_dir, get_tokenizer, load_or_prepare
 from machinery.evaluation import read_benchmark
 from machinery.faults import FaultInjector
 from machinery.init_from import InitialWeights, initial_model
@@ -343,7 +343,15 @@ def prepare_data(preset, configs, is_rank0):
         data_dirs = {name: data_dir for name, (data_dir, _) in prepared.items()}
         return mix, mix_meta(mix, {name: meta for name, (_, meta) in prepared.items()}), data_dirs
     data_dir = cfg.data_dir or default_data_dir(dcfg)
-    if not dcfg.source and not os.path.exists(os.path.join(data_dir, "meta.json")):
+    prepared = os.path.exists(os.path.join(data_dir, "meta.json"))
+    if cfg.data_dir and not prepared and dcfg.source == DataConfig.source:
+        raise ValueError(
+            f"--data_dir {cfg.data_dir} holds no token files (no meta.json), and no --source names a corpus for "
+            f"it: the embedded default ({DataConfig.source}) fills only its own folder, {default_data_dir(dcfg)}. "
+            f"Prepare yours once with python -m machinery.corpus --source 'texts/**/*.txt' --out_dir {cfg.data_dir} "
+            "(or pass --source)"
+        )
+    if not dcfg.source and not prepared:
         raise ValueError(
             f"--preset {preset} names no corpus: its plan of {cfg.max_iters:,} steps needs data you choose, not a "
             "default that would silently stand in for it. Prepare yours once, e.g. python -m machinery.corpus --source "

@@ -460,3 +460,13 @@ def test_the_corpus_command_prepares_a_corpus_with_a_tokenizer_json(hf_tokenizer
 def test_a_missing_tokenizer_json_is_named(tmp_path):
     with pytest.raises(ValueError, match=f"--tokenizer {tmp_path}: no tokenizer.json there"):
         get_tokenizer(str(tmp_path))
+
+
+@pytest.mark.parametrize("argv", [["--source", "c.txt", "--tokenizer", "byte", "--out_dir", "D"], []])
+def test_data_py_as_a_script_points_to_corpus_preparation(argv, tmp_path):
+    """`python data.py --source ...`, as older handouts say, prepares nothing: it exits non-zero naming the command
+    that does, and writes nothing (a silent exit 0 would let the next command train on another corpus)."""
+    result = run_script([os.path.join(ROOT, "data.py"), *argv], cwd=tmp_path, timeout=60)
+    assert result.returncode != 0, f"python data.py {' '.join(argv)} exits non-zero: got 0, {result.stdout}"
+    assert "python -m machinery.corpus" in result.stderr, f"it names the command that prepares: {result.stderr}"
+    assert os.listdir(tmp_path) == [], f"it writes nothing: found {os.listdir(tmp_path)}"

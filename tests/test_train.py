@@ -1,6 +1,7 @@
 import ast
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -418,11 +419,23 @@ def test_train_py_reads_on_one_screen():
         (["--resume_without", "optimizer,weights"], ["--resume_without weights", "data_position"]),
     ],
 )
-def test_bad_input_is_named(argv, expected, tmp_path, capsys):
-    code, text = run_main(["--out_dir", tmp_path / "o", "--data_dir", tmp_path / "d", *argv], capsys)
+def test_bad_input_is_named(argv, expected, tmp_path, small_corpus, capsys):
+    code, text = run_main(
+        ["--out_dir", tmp_path / "o", "--source", small_corpus, "--data_dir", tmp_path / "d", *argv], capsys
+    )
     message = str(code) + text
     assert code != 0 and all(e in message for e in expected), message
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
+def test_a_named_data_dir_without_token_files_or_a_source_is_refused(tmp_path, capsys):
+    """--data_dir EMPTY without --source: the embedded default would fill it and the run train on a corpus the user
+    never named. Refused, naming the folder and the command that prepares it; nothing written."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _ = run_main(["--data_dir", empty, "--out_dir", tmp_path / "o", *QUICK], capsys)
+    assert f"--data_dir {empty} holds no token files" in str(code) and "python -m machinery.corpus" in str(code), code
+    assert os.listdir(empty) == [] and not (tmp_path / "o" / "metrics.jsonl").exists()
 
 
 def test_empty_corpus_and_too_small_val_split(tmp_path, small_corpus, capsys):
