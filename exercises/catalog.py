@@ -115,6 +115,7 @@ EXERCISES = [
         (),
         (
             "tests/test_monitor.py::test_spike_is_judged_against_the_recent_median",
+            "tests/test_monitor.py::test_a_loss_exactly_at_the_spike_bound_is_no_spike",
             "tests/test_monitor.py::test_spikes_and_warnings_stay_out_of_the_baselines",
             "tests/test_monitor.py::test_non_finite_is_always_an_incident",
             "tests/test_monitor.py::test_grad_norm_z_is_the_distance_from_the_healthy_mean_in_stds",

@@ -32,6 +32,14 @@ SHAPES = [
     pytest.param(dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, norm="none"), id="no-norm"),
     pytest.param(dict(n_layer=1, n_head=3, n_embd=24, block_size=1, vocab_size=50), id="T=1"),
     pytest.param(dict(n_layer=3, n_head=1, n_embd=8, block_size=40, vocab_size=30), id="T>C"),
+    # rotary positions: no table to look up; a SwiGLU MLP and GQA's narrower k and v
+    pytest.param(
+        dict(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=16, vocab_size=64), id="llama"
+    ),
+    # an untied head: the token embedding is then only looked up, the head a matmul of its own
+    pytest.param(
+        dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, tie_embeddings=False), id="untied-head"
+    ),
 ]
 
 
@@ -57,7 +65,8 @@ def attention_by_matmuls(q, k, v, dropout_p):
 def test_flops_per_token_counts_the_matmuls_of_forward_and_backward(kwargs, monkeypatch):
     """torch counts the FLOPs of every matmul of one forward and backward over full rows of block_size
     tokens: the weights' 6 per parameter and attention's 12 L C T. 6 N also counts the norms' and biases'
-    vectors, which do no matmul; N leaves out only the positions, which are looked up."""
+    vectors, which do no matmul; N leaves out only what is looked up: learned positions (none under rotary ones),
+    and the token embedding when the head is a matrix of its own."""
     monkeypatch.setattr(CausalSelfAttention, "kernel", staticmethod(attention_by_matmuls))
     monkeypatch.setattr(GPT, "_init_weights", lambda self, module: None)  # FLOPs do not depend on the values
     gpt_config = ArmsConfig(**kwargs)  # arms.py's Post-LN and no norm among them

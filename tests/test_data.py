@@ -205,16 +205,19 @@ def check_shapes(x, y, B, T):
         pytest.param(2, 5, 3, 12, 0, id="B=2, T=5, lanes=3"),
         pytest.param(2, 5, 3, 12, 5, id="B=2, T=5, lanes=3, order_seed=5"),
         pytest.param(1, 1, 1, 5, 0, id="B=1, T=1"),
+        # 10 rows an epoch: the 4th batch reads its last row, then the next epoch's first two
+        pytest.param(3, 4, 2, 10, 0, id="B=3, T=4, lanes=2, a batch across the epoch's end"),
     ],
 )
 def test_token_stream_walks_without_gaps_or_overlap(tmp_path, B, T, lanes, n_windows, order_seed):
     """Row r of the walk is window stream.window(r) (lanes, then the seeded order), tokens [w*T, w*T + T]:
-    x its first T, y its last T."""
+    x its first T, y its last T; a batch that crosses the end of an epoch reads on into the next one."""
     tokens = write_tokens(tmp_path / "t.bin", n_windows * T + 1)
     stream = TokenStream(str(tmp_path / "t.bin"), "uint16", B, T, lanes=lanes, order_seed=order_seed)
     rows = stream.windows_per_epoch  # one epoch
+    batches = -(-rows // B)  # the epoch's batches; where B does not divide rows, the last one crosses its end
     xs, ys = [], []
-    for batch in range(rows // B):  # each batch checked as it comes: a wrong one is named before the next is read
+    for batch in range(batches):  # each batch checked as it comes: a wrong one is named before the next is read
         x, y = stream.next_batch()
         check_shapes(x, y, B, T)
         for b in range(B):
@@ -230,17 +233,18 @@ def test_token_stream_walks_without_gaps_or_overlap(tmp_path, B, T, lanes, n_win
             )
         xs.append(x)
         ys.append(y)
-    x, y = torch.cat(xs), torch.cat(ys)  # (rows, T)
-    predicted = sorted(y.flatten().tolist())
+    x, y = torch.cat(xs), torch.cat(ys)  # (batches * B, T): the epoch's rows, then any of the next epoch's
+    predicted = sorted(y[:rows].flatten().tolist())
     assert predicted == tokens[1 : rows * T + 1].tolist(), (
         f"one epoch predicts each of tokens 1..{rows * T} exactly once: got {predicted[:12]}..."
     )
-    assert stream.position == rows, (
-        f"position counts the rows read: after {rows // B} batches of {B}, expected {rows}, got {stream.position}"
+    assert stream.position == batches * B, (
+        f"position counts the rows read: after {batches} batches of {B}, expected {batches * B}, got {stream.position}"
     )
     again, _ = stream.next_batch()
-    assert torch.equal(again, x[:B]), (
-        f"after one epoch of {rows} rows the walk starts over: expected {x[:B, 0].tolist()} as the rows' first "
+    want = x[[(batches * B + b) % rows for b in range(B)]]  # row r reads what row r mod rows did
+    assert torch.equal(again, want), (
+        f"after one epoch of {rows} rows the walk starts over: expected {want[:, 0].tolist()} as the rows' first "
         f"tokens, got {again[:, 0].tolist()}"
     )
 

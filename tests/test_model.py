@@ -61,22 +61,38 @@ def test_causality(norm_position):
             dict(n_layer=2, n_embd=256, vocab_size=2048, bias=True, norm="layernorm"),
             id="L=2, C=256, biases, layernorm",
         ),
+        # rotary positions (no wpe), a SwiGLU MLP whose c_proj is a residual projection too, GQA, q/k/v biases
+        pytest.param(
+            dict(arch="llama", n_layer=4, n_embd=256, vocab_size=2048, n_kv_head=2, qkv_bias=True),
+            id="llama L=4, C=256, SwiGLU, GQA, qkv biases",
+        ),
+        # an untied head is a matrix of its own, drawn as the embedding it would otherwise be
+        pytest.param(
+            dict(arch="llama", n_layer=3, n_embd=256, vocab_size=2048, tie_embeddings=False),
+            id="llama L=3, C=256, untied head",
+        ),
     ],
 )
 def test_init_std_follows_the_stated_rule(overrides):
+    """Each matrix has the std its rule states, on GPT-2's block and Llama's, with the head tied or not; biases 0,
+    norm weights 1."""
     torch.manual_seed(0)
     gpt_config = GPTConfig(**{**dict(block_size=256, n_head=8), **overrides})
     model = GPT(gpt_config)
     C, L = gpt_config.n_embd, gpt_config.n_layer
-    hidden = math.sqrt(2 / (5 * C))
+    embedding, hidden = 0.25 / math.sqrt(C), math.sqrt(2 / (5 * C))
+    tied = gpt_config.tie_embeddings
     expected = {  # name ending: (std, the rule in words)
-        "wte.weight": (0.25 / math.sqrt(C), "the tied embedding / head: 0.25 / sqrt(C)"),
-        "wpe.weight": (0.25 / math.sqrt(C), "the position embedding: 0.25 / sqrt(C), like the token embedding"),
+        "wte.weight": (embedding, "the token embedding (the head too, when tied): 0.25 / sqrt(C)"),
         "attn.c_attn.weight": (hidden, "a Linear reading the residual stream: sqrt(2 / (5 C))"),
         "mlp.c_fc.weight": (hidden, "a Linear reading the residual stream: sqrt(2 / (5 C))"),
         "attn.c_proj.weight": (hidden / math.sqrt(2 * L), "a residual projection: sqrt(2 / (5 C)) / sqrt(2 L)"),
         "mlp.c_proj.weight": (hidden / math.sqrt(2 * L), "a residual projection: sqrt(2 / (5 C)) / sqrt(2 L)"),
     }
+    if gpt_config.arch == "gpt2":  # llama's positions are rotary: no matrix to draw
+        expected["wpe.weight"] = (embedding, "the position embedding: 0.25 / sqrt(C), like the token embedding")
+    if not tied:
+        expected["lm_head.weight"] = (embedding, "the untied head: 0.25 / sqrt(C), scoring as the tied one")
     seen = set()
     for name, p in model.named_parameters():
         if name.endswith(".bias"):
@@ -97,7 +113,10 @@ def test_init_std_follows_the_stated_rule(overrides):
             )
             assert abs(p.mean().item()) < 0.05 * std, f"{name} is centred on 0: got mean {p.mean().item():.3g}"
     assert seen == set(expected), f"every kind of matrix is there: missing {set(expected) - seen}"
-    assert model.lm_head.weight is model.wte.weight, "the head is the tied embedding: one matrix, not two"
+    assert (model.lm_head.weight is model.wte.weight) == tied, (
+        f"tie_embeddings {tied}: expected the head {'to be' if tied else 'not to be'} the token embedding's matrix, "
+        f"got {'one matrix' if model.lm_head.weight is model.wte.weight else 'two'}"
+    )
 
 
 def test_naive_init_uses_one_std_everywhere_and_starts_far_above_ln_v():

@@ -42,6 +42,8 @@ SPIKE_BASELINES = [
     pytest.param(10, [1.0] * 6 + [1.9] * 4, STEADY_GRAD_NORMS, id="median-below-mean"),
     # a full window of 4 whose median (1.1) moves to 1.2 if the loss being judged joins it
     pytest.param(4, [1.0, 1.0, 1.2, 1.2], [1.0, 1.1, 1.0, 1.1], id="short-window"),
+    # 5 healthy losses in a window of 10: the first step baseline_ready() judges, before the window fills
+    pytest.param(10, [1.0, 1.2, 1.0, 1.2, 1.1], [1.0, 1.1, 1.0, 1.1, 1.0], id="baseline-just-ready"),
 ]
 
 
@@ -66,6 +68,30 @@ def test_spike_is_judged_against_the_recent_median(window, losses, grad_norms):
                 f"got {values['baseline']}"
             )
             assert judged.is_incident(fired), f"spike is a trigger here: expected an incident, got {fired}"
+
+
+# (spike_factor, healthy losses): every value a binary fraction, so the median and factor x median are exact floats
+# and a loss can sit exactly on the bound, however a body writes the comparison
+SPIKE_BOUNDS = [
+    pytest.param(2.0, [1.0] * 5 + [1.5] * 5, id="factor-2-bound-2.5"),  # median 1.25
+    pytest.param(1.5, [0.625, 0.875] * 5, id="factor-1.5-bound-1.125"),  # median 0.75
+]
+
+
+@pytest.mark.parametrize("spike_factor, losses", SPIKE_BOUNDS)
+def test_a_loss_exactly_at_the_spike_bound_is_no_spike(spike_factor, losses):
+    """A spike is a loss more than spike_factor x the median: the loss exactly at the bound is none, the next float
+    above it is one, the float below it is none."""
+    monitor = after_healthy_steps(losses, STEADY_GRAD_NORMS, spike_factor=spike_factor)
+    median = statistics.median(losses)
+    bound = spike_factor * median
+    for loss, is_spike in [(math.nextafter(bound, 0), False), (bound, False), (math.nextafter(bound, math.inf), True)]:
+        _, fired = copy.deepcopy(monitor).check_step(loss, statistics.fmean(STEADY_GRAD_NORMS))
+        assert ("spike" in fired_names(fired)) == is_spike, (
+            f"loss {loss!r} against the bound {spike_factor} x the median {median} = {bound!r} is "
+            f"{'above it, a spike' if is_spike else 'not above it, no spike'}: expected "
+            f"{['spike'] if is_spike else []}, got {fired_names(fired)}"
+        )
 
 
 def test_spikes_and_warnings_stay_out_of_the_baselines():
