@@ -16,6 +16,8 @@ import sys
 import numpy as np
 import torch
 
+from errors import UserError
+
 # ----------------------------------------------------------------------------
 # The token files
 
@@ -36,7 +38,7 @@ def load_meta(data_dir):
     path = os.path.join(data_dir, "meta.json")
     meta = read_json(path)
     if meta is None:
-        raise ValueError(f"{path} not found: prepare the data first (python -m machinery.corpus --out_dir {data_dir})")
+        raise UserError(f"{path} not found: prepare the data first (python -m machinery.corpus --out_dir {data_dir})")
     return meta
 
 
@@ -72,7 +74,7 @@ class TokenStream:
         self.rank, self.world_size = rank, world_size
         n_windows = (len(self.tokens) - 1) // block_size
         if n_windows < 1:
-            raise ValueError(
+            raise UserError(
                 f"{path} holds {len(self.tokens)} tokens, fewer than one block of "
                 f"block_size + 1 = {block_size + 1}: lower --block_size or use a larger corpus"
             )

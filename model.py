@@ -25,6 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from errors import UserError
+
 
 @dataclass
 class GPTConfig:
@@ -49,24 +51,24 @@ class GPTConfig:
 
     def __post_init__(self):
         if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
+            raise UserError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+                raise UserError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout {self.dropout} must lie in [0, 1)")
+            raise UserError(f"dropout {self.dropout} must lie in [0, 1)")
         if self.norm not in self.NORMS:
-            raise ValueError(f"norm {self.norm!r} must be {' or '.join(self.NORMS)}")
+            raise UserError(f"norm {self.norm!r} must be {' or '.join(self.NORMS)}")
         if self.activation not in ("gelu", "gelu_tanh"):
-            raise ValueError(f"activation {self.activation!r} must be gelu or gelu_tanh")
+            raise UserError(f"activation {self.activation!r} must be gelu or gelu_tanh")
         if self.arch not in ("gpt2", "llama"):
-            raise ValueError(f"arch {self.arch!r} must be gpt2 or llama")
+            raise UserError(f"arch {self.arch!r} must be gpt2 or llama")
         if self.arch == "gpt2" and (self.n_kv_head not in (0, self.n_head) or self.qkv_bias):
-            raise ValueError("n_kv_head and qkv_bias are the llama arch's: pass --arch llama")
+            raise UserError("n_kv_head and qkv_bias are the llama arch's: pass --arch llama")
         if self.n_kv_head < 0 or self.n_head % self.kv_heads:
-            raise ValueError(f"n_kv_head {self.n_kv_head} must divide n_head {self.n_head} (0: one per query head)")
+            raise UserError(f"n_kv_head {self.n_kv_head} must divide n_head {self.n_head} (0: one per query head)")
         if (self.n_embd // self.n_head) % 2 and self.arch == "llama":
-            raise ValueError(f"the head size {self.n_embd // self.n_head} must be even: rotary positions turn pairs")
+            raise UserError(f"the head size {self.n_embd // self.n_head} must be even: rotary positions turn pairs")
 
     @property
     def kv_heads(self):
@@ -355,7 +357,7 @@ class GPT(nn.Module):
         B, T = idx.shape
         start = 0 if cache is None else len(cache[0])  # idx's first position: the cache's positions come before
         if start + T > self.config.block_size:
-            raise ValueError(f"sequence length {start + T} exceeds block_size {self.config.block_size}")
+            raise UserError(f"sequence length {start + T} exceeds block_size {self.config.block_size}")
         x = self.wte(idx)  # (B, T, C)
         if self.wpe is not None:  # learned positions join the tokens here; rotary ones turn q and k in attention
             x = x + self.wpe(torch.arange(start, start + T, device=idx.device))

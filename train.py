@@ -34,6 +34,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from errors import UserError
 from machinery.config import parse_args
 from machinery.modes import run_mode
 from machinery.run_setup import set_up
@@ -197,7 +198,7 @@ def main(argv=None):
             train(preset, configs)
         else:  # --sample, --eval_only, --export_hf
             run_mode(mode, preset, configs)
-    except ValueError as e:
+    except UserError as e:  # a refusal names the input in one line; any other exception is a bug: its traceback
         sys.exit(f"error: {e}")
     except RuntimeError as e:
         if not dist.is_initialized():

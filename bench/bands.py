@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from errors import UserError  # noqa: E402
 from machinery import bands  # noqa: E402
 from machinery.config import config_file_form, parse_args  # noqa: E402
 from data import read_json  # noqa: E402
@@ -36,9 +37,9 @@ def seed_list(text):
     try:
         seeds = [s for part in text.split(",") for s in seed_range(*map(int, part.split("-")))]
     except (TypeError, ValueError):
-        raise ValueError(f"--seeds {text!r}: a range 1-10 or a list 1,2,5 of whole numbers") from None
+        raise UserError(f"--seeds {text!r}: a range 1-10 or a list 1,2,5 of whole numbers") from None
     if len(set(seeds)) != len(seeds) or min(seeds) < 1:
-        raise ValueError(f"--seeds {text}: distinct seeds of 1 or more (a data order of 0 is the file's own)")
+        raise UserError(f"--seeds {text}: distinct seeds of 1 or more (a data order of 0 is the file's own)")
     return seeds
 
 
@@ -57,7 +58,7 @@ def train_seed(preset, seed, run_dir, train_flags):
         had = config_file_form(*parse_args(["--config", os.path.join(run_dir, "run.json")])[::2])
         wanted = config_file_form(*parse_args(argv)[::2])
         if without_where_from(had) != without_where_from(wanted):
-            raise ValueError(f"{run_dir} holds a finished run of another configuration: remove it, or choose --runs")
+            raise UserError(f"{run_dir} holds a finished run of another configuration: remove it, or choose --runs")
         return seed, 0.0, "finished earlier"
     command = [sys.executable, "train.py", *argv]
     started = time.perf_counter()
@@ -98,7 +99,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         seeds = seed_list(args.seeds)
-    except ValueError as e:
+    except UserError as e:
         parser.error(str(e))
     if len(seeds) < bands.MIN_SEEDS:
         parser.error(f"--seeds {args.seeds}: a band needs at least {bands.MIN_SEEDS} seeds")
@@ -114,7 +115,7 @@ def main(argv=None):
         for job in jobs:
             try:
                 seed, seconds, what = job.result()
-            except (RuntimeError, ValueError) as e:
+            except (RuntimeError, UserError) as e:
                 pool.shutdown(cancel_futures=True)  # the seeds not started yet are not trained for nothing
                 sys.exit(f"error: {e}")
             print(f"  seed {seed}: {what}" + (f" in {seconds / 60:.1f} min" if seconds else ""), flush=True)

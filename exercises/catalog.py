@@ -11,9 +11,13 @@ mutants/. A teacher adds hidden tests by listing their node ids here.
 """
 
 import os
+import sys
 from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # the project's root: its UserError
+from errors import UserError  # noqa: E402
+
 MUTANTS = os.path.join(HERE, "mutants")
 
 
@@ -234,7 +238,7 @@ def in_needs_order(exercises):
     while pending:
         ready = next((e for e in pending if all(n in placed or n not in BY_NAME for n in e.needs)), None)
         if ready is None:
-            raise ValueError(
+            raise UserError(
                 f"exercises {', '.join(e.name for e in pending)} need each other: break the cycle in catalog.py"
             )
         order.append(ready)
@@ -258,7 +262,7 @@ def all_needs(exercise):
 # The marked bodies in the source
 
 
-class MarkerError(ValueError):
+class MarkerError(UserError):
     """A marker line missing, doubled or out of order: what to restore, and where."""
 
 
@@ -348,16 +352,14 @@ def read_mutant(exercise, path):
     with open(path) as f:
         lines = f.read().splitlines(keepends=True)
     if not lines or not lines[0].startswith("# wrong: "):
-        raise ValueError(f"{path}: the first line must be `# wrong: what this body gets wrong`")
+        raise UserError(f"{path}: the first line must be `# wrong: what this body gets wrong`")
     where, start = exercise.where[0], 1
     if len(lines) > 1 and lines[1].startswith("# in: "):
         where, start = lines[1].removeprefix("# in: ").strip(), 2
     if where not in exercise.where:
-        raise ValueError(
-            f"{path}: `# in: {where}`: exercise {exercise.name} has the bodies {', '.join(exercise.where)}"
-        )
+        raise UserError(f"{path}: `# in: {where}`: exercise {exercise.name} has the bodies {', '.join(exercise.where)}")
     if len(exercise.where) > 1 and start == 1:
-        raise ValueError(
+        raise UserError(
             f"{path}: exercise {exercise.name} has several bodies: name the one this replaces on "
             f"the second line, `# in: WHERE`, one of {', '.join(exercise.where)}"
         )

@@ -30,7 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from catalog import BY_NAME, EXERCISES, MUTANTS, mutants_of, reference_bodies, replace_body  # noqa: E402
+from catalog import BY_NAME, EXERCISES, MUTANTS, UserError, mutants_of, reference_bodies, replace_body  # noqa: E402
 from grade import GRADING_ENV, grade  # noqa: E402
 from make import ROOT, make  # noqa: E402
 
@@ -151,7 +151,7 @@ def main(argv=None):
     chosen = [e for e in EXERCISES if not args.names or e.name in args.names]
     try:
         missing = [e.name for e in chosen if not mutants_of(e, args.mutants)]
-    except ValueError as e:
+    except UserError as e:
         raise SystemExit(f"error: {e}") from None
     if missing:
         print(f"warning: no mutants for {', '.join(missing)}: their graders are unchecked", flush=True)

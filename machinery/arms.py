@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from errors import UserError
 from model import GPT, Block, CausalSelfAttention, GPTConfig
 
 
@@ -32,11 +33,11 @@ class ArmsConfig(GPTConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.norm_position not in ("pre", "post"):
-            raise ValueError(f"norm_position {self.norm_position!r} must be pre or post")
+            raise UserError(f"norm_position {self.norm_position!r} must be pre or post")
         if self.naive_init_std < 0:
-            raise ValueError(f"naive_init_std {self.naive_init_std} must be 0 (width-scaled init) or positive")
+            raise UserError(f"naive_init_std {self.naive_init_std} must be 0 (width-scaled init) or positive")
         if self.attention not in ("sdpa", "manual"):
-            raise ValueError(f"attention {self.attention!r} must be sdpa or manual")
+            raise UserError(f"attention {self.attention!r} must be sdpa or manual")
 
     @classmethod
     def of(cls, gpt_config):
@@ -120,6 +121,6 @@ class ArmedGPT(GPT):
 def check_arms(arms, layout):
     """Name an arm the layout cannot run (before any process group exists, as parallel.layout.check_layout does)."""
     if layout.cp > 1 and arms.attention != "sdpa":
-        raise ValueError(
+        raise UserError(
             f"--cp {layout.cp} attends around its ring, not with --attention {arms.attention}: leave it out"
         )

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from errors import UserError
 from data import read_json
 from machinery.config import RecoveryConfig, TrainConfig
 from machinery.run_folder import COMMAND_RECORDS, fill_new_fields, identity_defaults, read_jsonl
@@ -86,13 +87,13 @@ class RunCurves:
 
 
 def read_run(folder):
-    """RunCurves of a run folder; a ValueError naming the folder and what is missing."""
+    """RunCurves of a run folder; a UserError naming the folder and what is missing."""
     recorded = read_json(os.path.join(folder, "run.json"))
     if recorded is None:
-        raise ValueError(f"{folder}: no run.json, so not a run folder (python train.py --out_dir DIR makes one)")
+        raise UserError(f"{folder}: no run.json, so not a run folder (python train.py --out_dir DIR makes one)")
     records = [r for r in read_jsonl(os.path.join(folder, "metrics.jsonl")) if not r.get("eval_only")]
     if not any("loss" in r for r in records):
-        raise ValueError(f"{folder}: metrics.jsonl holds no logged step yet; read it once the run has logged one")
+        raise UserError(f"{folder}: metrics.jsonl holds no logged step yet; read it once the run has logged one")
     identity = {k: v for k, v in recorded.items() if k not in COMMAND_RECORDS}
     identity = fill_new_fields(identity, identity_defaults(ArmsConfig(), TrainConfig()))  # an older run.json
     run = RunCurves(folder, identity, recorded.get("config", {}), computed_in=recorded.get("computed_in", []))
@@ -162,15 +163,15 @@ def make_band(runs, preset, made_by):
     """The band of RunCurves `runs`: one recipe with one set of settings, at least MIN_SEEDS seeds, none of which
     had an incident; its edge calibrated on them."""
     if len(runs) < MIN_SEEDS:
-        raise ValueError(f"a band needs at least {MIN_SEEDS} seeds; got {len(runs)}")
+        raise UserError(f"a band needs at least {MIN_SEEDS} seeds; got {len(runs)}")
     first = runs[0]
     for run in runs:
         if differences := recipe_differences(recipe(run.identity), recipe(first.identity)):
-            raise ValueError(f"{run.folder} is another recipe than {first.folder}: {'; '.join(differences)}")
+            raise UserError(f"{run.folder} is another recipe than {first.folder}: {'; '.join(differences)}")
         if changed := [k for k in SETTINGS if run.settings[k] != first.settings[k]]:
-            raise ValueError(f"{run.folder} trained with other settings than {first.folder}: {', '.join(changed)}")
+            raise UserError(f"{run.folder} trained with other settings than {first.folder}: {', '.join(changed)}")
         if run.incidents:
-            raise ValueError(f"{run.folder} had {len(run.incidents)} incident(s): a band is made of healthy runs")
+            raise UserError(f"{run.folder} had {len(run.incidents)} incident(s): a band is made of healthy runs")
     band = {
         "preset": preset,
         "about": "a recipe over seeds, each with its own data order (curves.py reads runs against it)",

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from errors import UserError
 from machinery.files import file_sha256, fsync_dir, write_synced
 from model import GPT
 
@@ -150,7 +151,7 @@ def step_path(ckpt_dir, step):
 
 def save(ckpt_dir, step, state, healthy):
     """Write state as the checkpoint of `step`; return its folder. An OSError (full or
-    read-only disk) becomes a ValueError that says the earlier checkpoints are untouched."""
+    read-only disk) becomes a UserError that says the earlier checkpoints are untouched."""
 
     def fill(tmp):
         state_path = os.path.join(tmp, STATE_FILE)
@@ -161,7 +162,7 @@ def save(ckpt_dir, step, state, healthy):
     try:
         return write_folder(ckpt_dir, step, fill)
     except OSError as e:
-        raise ValueError(
+        raise UserError(
             f"could not write the checkpoint of step {step} to {ckpt_dir} ({e}). The earlier checkpoints "
             "there are untouched: free some space (or make the folder writable) and run again to resume."
         ) from None
@@ -182,7 +183,7 @@ def mirror(ckpt_dir, mirror_dir, step):
     try:
         return write_folder(mirror_dir, step, fill)
     except OSError as e:
-        raise ValueError(
+        raise UserError(
             f"could not mirror the checkpoint of step {step} to {mirror_dir} ({e}). The one in {ckpt_dir} and the "
             "earlier mirrored ones are untouched: free some space there (or make it writable) and run again to resume."
         ) from None
@@ -290,7 +291,7 @@ def find_latest(ckpt_dirs, device="cpu", healthy_only=False, warn=print):
 def load_chosen(ckpt_dir, step=-1, device="cpu", healthy_only=False, warn=print):
     """(step, state) of the checkpoint a command that reads a run asks for (--ckpt_step): -1, the newest that
     verifies (load_latest: None where none does); else the checkpoint of that step, which must verify and load,
-    or a ValueError that says why it does not and names the steps whose checkpoints do."""
+    or a UserError that says why it does not and names the steps whose checkpoints do."""
     if step == -1:
         return load_latest(ckpt_dir, device, healthy_only, warn)
     state, problem = load_verified(step_path(ckpt_dir, step), device)
@@ -302,7 +303,7 @@ def load_chosen(ckpt_dir, step=-1, device="cpu", healthy_only=False, warn=print)
         if verified
         else "No other checkpoint there verifies"
     )
-    raise ValueError(f"the checkpoint of step {step} in {ckpt_dir} cannot be read: {problem}. {choices}")
+    raise UserError(f"the checkpoint of step {step} in {ckpt_dir} cannot be read: {problem}. {choices}")
 
 
 def retain(ckpt_dir, keep_last, keep_every):

@@ -32,6 +32,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from errors import UserError
 from machinery.files import remove_if_exists, write_json_atomic
 
 PREEMPTED = 75  # the exit code of a run stopped by SIGTERM or SIGUSR1 once its checkpoint is written (EX_TEMPFAIL)
@@ -216,7 +217,7 @@ class RunLock:
         if held is not None and {tuple(p) for p in held["processes"]} & {tuple(p) for p in processes}:
             held = None  # this very job: set up again (a test), or its workers restarted by torchrun --max-restarts
         if held is not None and is_live(held):
-            raise ValueError(
+            raise UserError(
                 f"{out_dir} is in use by {describe(held)}: one job per run folder. Wait for it to end or end it "
                 f"(kill {held['processes'][0][1]} on {held['processes'][0][0]}), then run again; or choose another "
                 "--out_dir"
@@ -284,7 +285,7 @@ def every_process():
 class Watch:
     """The stop signals, this rank's heartbeat and, on rank 0, the run folder's lock, from set-up to the end of
     a job. As a context manager around the loop: released on the way out, and a RuntimeError from a collective
-    that waited past --dist_timeout becomes a ValueError naming the rank that stopped responding."""
+    that waited past --dist_timeout becomes a UserError naming the rank that stopped responding."""
 
     def __init__(self, out_dir, grid, say):
         processes, self.lock = every_process(), None
@@ -316,7 +317,7 @@ class Watch:
         if isinstance(error, RuntimeError) and dist.is_initialized() and self.heartbeat.step is not None:
             named = self.heartbeat.unresponsive()
             if named:
-                raise ValueError(f"{named}. Run the same command again to resume from the last checkpoint") from None
+                raise UserError(f"{named}. Run the same command again to resume from the last checkpoint") from None
         return False
 
 
@@ -325,33 +326,33 @@ class Watch:
 
 
 def run_on_rank0(fn, is_rank0):
-    """fn() on rank 0 only (writing files, preparing data); its result, or the ValueError
+    """fn() on rank 0 only (writing files, preparing data); its result, or the UserError (a refusal)
     it raised, then reaches every rank, so no rank waits forever for a failed rank 0."""
     result, error = None, None
     if is_rank0:
         try:
             result = fn()
-        except ValueError as e:
+        except UserError as e:
             error = str(e)
     if dist.is_initialized():
         box = [(result, error)]
         dist.broadcast_object_list(box, src=0)
         result, error = box[0]
     if error is not None:
-        raise ValueError(error)
+        raise UserError(error)
     return result
 
 
 def raise_on_every_rank(problem):
     """Gather every rank's problem (a message, or None); if any rank has one, every rank raises
-    it as a ValueError, so no rank waits in a collective for one that gave up. A barrier too."""
+    it as a UserError, so no rank waits in a collective for one that gave up. A barrier too."""
     problems = [problem]
     if dist.is_initialized():
         problems = [None] * dist.get_world_size()
         dist.all_gather_object(problems, problem)
     failed = [p for p in problems if p]
     if failed:
-        raise ValueError(failed[0] + (f" (and {len(failed) - 1} more rank(s) alike)" if len(failed) > 1 else ""))
+        raise UserError(failed[0] + (f" (and {len(failed) - 1} more rank(s) alike)" if len(failed) > 1 else ""))
 
 
 def check_visible_everywhere(paths):

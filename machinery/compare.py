@@ -18,6 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from errors import UserError
 from data import load_meta
 from machinery import checkpoint
 from machinery.config import BenchmarkConfig, DataConfig, TrainConfig
@@ -35,13 +36,11 @@ def fixed_evaluation(run, say):
     """(val stream, batches, tokenizer, benchmark examples) of the run's own evaluations, on one process: the val
     rows they read, and its benchmark where it has one (--benchmark; [] for none)."""
     if run.config.get("train", {}).get("mix"):
-        raise ValueError(
-            f"{run.folder} trained on a --mix: compare reads one source's val rows; put a run of one first"
-        )
+        raise UserError(f"{run.folder} trained on a --mix: compare reads one source's val rows; put a run of one first")
     train_cfg = TrainConfig(**{k: v for k, v in run.config["train"].items() if k in TrainConfig.__dataclass_fields__})
     data_dir = train_cfg.data_dir or default_data_dir(DataConfig(**run.config["data"]))
     if not os.path.exists(os.path.join(data_dir, "meta.json")):
-        raise ValueError(f"{run.folder} read its data from {data_dir}, which holds no meta.json here")
+        raise UserError(f"{run.folder} read its data from {data_dir}, which holds no meta.json here")
     meta = load_meta(data_dir)
     block_size = run.identity["GPTConfig"]["block_size"]
     # one process reading the run's global batch in its micro-batches: the rows of any layout's evaluations
@@ -69,18 +68,18 @@ def evaluate_checkpoints(run, steps, evaluation, device):
 
 
 def steps_to_compare(held):
-    """The checkpoint steps the runs share ({run folder: its checkpoint steps}), or a ValueError naming the steps
+    """The checkpoint steps the runs share ({run folder: its checkpoint steps}), or a UserError naming the steps
     each holds where a verdict on them would judge nothing (step 0 alone: models before any training) or the early
     curve (no shared step in the last third of the longer run, counted from its step 0)."""
     steps = sorted(set.intersection(*map(set, held.values())))
     holds = "; ".join(f"{name} holds {steps_named(sorted(s))}" for name, s in held.items())
     if not steps:
-        raise ValueError(f"the runs share no checkpoint step: {holds}")
+        raise UserError(f"the runs share no checkpoint step: {holds}")
     if steps == [0]:
-        raise ValueError(f"the runs share only step 0, before any training: nothing to compare ({holds})")
+        raise UserError(f"the runs share only step 0, before any training: nothing to compare ({holds})")
     longer = max(held, key=lambda name: max(held[name]))
     if steps[-1] < 2 * max(held[longer]) / 3:
-        raise ValueError(
+        raise UserError(
             f"the runs share checkpoint steps up to {steps[-1]} only, before the last third of {longer}'s "
             f"{max(held[longer])} steps, where its curve has settled; a verdict there would judge early wiggles "
             f"({holds}). Compare runs that reach the same steps, or go on with the shorter one (--max_iters)"
@@ -98,7 +97,7 @@ def compare_runs(run_dirs, band_path="", device="cpu", say=print):
     for run in runs[1:]:
         mine = recipe(run.identity)
         if (mine["data"], mine["model"]["block_size"]) != (first["data"], first["model"]["block_size"]):
-            raise ValueError(
+            raise UserError(
                 f"{run.folder} and {runs[0].folder} trained on other data or blocks: one evaluation cannot judge both"
             )
     steps = steps_to_compare({run.folder: checkpoint.list_steps(os.path.join(run.folder, "ckpt")) for run in runs})
@@ -174,7 +173,7 @@ def main(argv=None):
         results, verdict = compare_runs(args.runs, args.band, pick_device(args.device))
         print_comparison(results)
         plot_comparison(results, args.plot or os.path.join(args.runs[0], "compare.png"))
-    except ValueError as e:
+    except UserError as e:
         sys.exit(f"error: {e}")
     print(verdict)
 

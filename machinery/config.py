@@ -23,6 +23,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: JSON config files only
     tomllib = None
 
+from errors import UserError
 from machinery.corpus import DataConfig
 from machinery.arms import ArmsConfig
 from parallel.grid import Layout
@@ -108,12 +109,12 @@ class RecoveryConfig:
 
     def __post_init__(self):
         if self.repeat_response not in ("lower_lr", "rewarm"):
-            raise ValueError(f"--repeat_response {self.repeat_response!r}: choose lower_lr or rewarm")
+            raise UserError(f"--repeat_response {self.repeat_response!r}: choose lower_lr or rewarm")
         if self.ckpt_step < -1:
-            raise ValueError(f"--ckpt_step {self.ckpt_step}: a step that has a checkpoint, or -1 for the newest")
+            raise UserError(f"--ckpt_step {self.ckpt_step}: a step that has a checkpoint, or -1 for the newest")
         unknown = set(self.forgotten_on_resume) - set(self.RESUMABLE)
         if unknown:
-            raise ValueError(f"--resume_without {','.join(sorted(unknown))}: choose from {','.join(self.RESUMABLE)}")
+            raise UserError(f"--resume_without {','.join(sorted(unknown))}: choose from {','.join(self.RESUMABLE)}")
 
     @property
     def forgotten_on_resume(self):
@@ -132,15 +133,15 @@ class SampleConfig:
 
     def __post_init__(self):  # here, not when sampling starts: at the end of a run that would be hours later
         if self.num_samples < 0:
-            raise ValueError(f"--num_samples {self.num_samples}: a count, 0 or more (0: a run writes no samples)")
+            raise UserError(f"--num_samples {self.num_samples}: a count, 0 or more (0: a run writes no samples)")
         if self.max_new_tokens < 1:
-            raise ValueError(f"--max_new_tokens {self.max_new_tokens}: a count of tokens, 1 or more")
+            raise UserError(f"--max_new_tokens {self.max_new_tokens}: a count of tokens, 1 or more")
         if not self.temperature >= 0:  # written so that nan is refused too
-            raise ValueError(f"--temperature {self.temperature}: 0 or more (0: greedy, the most likely token)")
+            raise UserError(f"--temperature {self.temperature}: 0 or more (0: greedy, the most likely token)")
         if self.top_k < 0:
-            raise ValueError(f"--top_k {self.top_k}: 0 or more (0: no top-k, every token may be drawn)")
+            raise UserError(f"--top_k {self.top_k}: 0 or more (0: no top-k, every token may be drawn)")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"--top_p {self.top_p}: a share of the probability, above 0 and at most 1 (1 keeps all)")
+            raise UserError(f"--top_p {self.top_p}: a share of the probability, above 0 and at most 1 (1 keeps all)")
 
 
 @dataclass
@@ -159,7 +160,7 @@ class BenchmarkConfig:  # the benchmark of the final check and --eval_only (eval
 
     def __post_init__(self):
         if self.benchmark_examples < 0:
-            raise ValueError(f"--benchmark_examples {self.benchmark_examples}: give a count, or 0 for all")
+            raise UserError(f"--benchmark_examples {self.benchmark_examples}: give a count, or 0 for all")
 
 
 def parse_bool(text):
@@ -209,7 +210,7 @@ def did_you_mean(name, valid):
 
 
 def checked_value(where, kind, value):
-    """value as a flag of type `kind` would hold it, or ValueError naming `where` (FILE: section.name)."""
+    """value as a flag of type `kind` would hold it, or UserError naming `where` (FILE: section.name)."""
     if kind is bool:
         ok, wanted = isinstance(value, bool), "true or false"
     elif kind is int:
@@ -222,7 +223,7 @@ def checked_value(where, kind, value):
     else:
         raise TypeError(f"{where}: no config-file reading for fields of type {kind}")
     if not ok:
-        raise ValueError(f"{where} = {value!r}: expected {wanted}")
+        raise UserError(f"{where} = {value!r}: expected {wanted}")
     return value
 
 
@@ -246,23 +247,23 @@ def read_config_file(path):
             for name, value in table.items():
                 values[name] = checked_value(f"{path}: {key}.{name}", flag_in_table(path, key, name).type, value)
         elif key in CONCERNS:
-            raise ValueError(f"{path}: {key} = {table!r}: {key} is a table of {CONCERNS[key].__name__}'s fields")
+            raise UserError(f"{path}: {key} = {table!r}: {key} is a table of {CONCERNS[key].__name__}'s fields")
         elif key in FLAGS:
-            raise ValueError(
+            raise UserError(
                 f"{path}: {key} at the top level: settings go in their concern's table: {FLAGS[key][0]}.{key}"
             )
         else:
             valid = ["preset", "about", *CONCERNS]
-            raise ValueError(f"{path}: unknown key {key}{did_you_mean(key, valid)}; valid keys: {', '.join(valid)}")
+            raise UserError(f"{path}: unknown key {key}{did_you_mean(key, valid)}; valid keys: {', '.join(valid)}")
     return document.get("preset"), values, recorded_run
 
 
 def load_config_document(path):
-    """(the mapping a config file holds, whether the file is a run's run.json, whose "config" it is), ValueError
+    """(the mapping a config file holds, whether the file is a run's run.json, whose "config" it is), UserError
     naming the file where there is none."""
     if path.endswith(".toml"):
         if tomllib is None:
-            raise ValueError(
+            raise UserError(
                 f"--config {path}: TOML is read with tomllib, which came with Python 3.11, and this is Python "
                 f"{sys.version_info.major}.{sys.version_info.minor}: write the file as JSON"
             )
@@ -270,40 +271,40 @@ def load_config_document(path):
     elif path.endswith(".json"):
         load = json.loads
     else:
-        raise ValueError(f"--config {path}: name a .json or .toml file")
+        raise UserError(f"--config {path}: name a .json or .toml file")
     try:
         with open(path, encoding="utf-8") as f:
             document = load(f.read())
     except OSError as e:
-        raise ValueError(f"--config {path}: {e.strerror}") from None
+        raise UserError(f"--config {path}: {e.strerror}") from None
     except ValueError as e:  # json.JSONDecodeError and tomllib.TOMLDecodeError both are
-        raise ValueError(f"--config {path} is not valid {path.rsplit('.', 1)[1].upper()}: {e}") from None
+        raise UserError(f"--config {path} is not valid {path.rsplit('.', 1)[1].upper()}: {e}") from None
     recorded_run = isinstance(document, dict) and "GPTConfig" in document  # a run.json: its identity, and its config
     if recorded_run:
         if "config" not in document:
-            raise ValueError(
+            raise UserError(
                 f"{path} is the run.json of a run that did not record its configuration (it holds only the run's "
                 "identity: written before runs recorded it, or by a command that stopped before its first step), so "
                 "it cannot be repeated from it: give the run's flags instead"
             )
         document = document["config"]
     if not isinstance(document, dict):
-        raise ValueError(f"{path}: a config file holds a mapping of tables, not {document!r}")
+        raise UserError(f"{path}: a config file holds a mapping of tables, not {document!r}")
     return document, recorded_run
 
 
 def flag_in_table(path, table, name):
-    """The dataclass field of flag `name` found in `table` of a config file, or ValueError naming the file and key."""
+    """The dataclass field of flag `name` found in `table` of a config file, or UserError naming the file and key."""
     concern, field = FLAGS.get(name, (None, None))
     if name in ACTIONS:
-        raise ValueError(f"{path}: {table}.{name} is what one command does, not a setting a file keeps: give --{name}")
+        raise UserError(f"{path}: {table}.{name} is what one command does, not a setting a file keeps: give --{name}")
     if concern is not None and concern != table:
-        raise ValueError(f"{path}: {table}.{name}: {name} is a setting of {concern}, so it goes in {concern}.{name}")
+        raise UserError(f"{path}: {table}.{name}: {name} is a setting of {concern}, so it goes in {concern}.{name}")
     if concern is None:
         close = difflib.get_close_matches(name, [n for n in FLAGS if n not in ACTIONS], n=1)  # in any table
         hint = f" (did you mean {FLAGS[close[0]][0]}.{close[0]}?)" if close else ""
         valid = ", ".join(n for n, (c, _) in FLAGS.items() if c == table and n not in ACTIONS)
-        raise ValueError(f"{path}: unknown key {table}.{name}{hint}; valid keys of {table}: {valid}")
+        raise UserError(f"{path}: unknown key {table}.{name}{hint}; valid keys of {table}: {valid}")
     return field
 
 
@@ -311,7 +312,7 @@ def read_preset(name):
     """A preset's values: presets/NAME.json, read as any --config file; a preset goes over the defaults only."""
     preset, values, _ = read_config_file(os.path.join(PRESET_DIR, f"{name}.json"))
     if preset is not None:
-        raise ValueError(f"presets/{name}.json names a preset ({preset!r}): a preset goes over the defaults only")
+        raise UserError(f"presets/{name}.json names a preset ({preset!r}): a preset goes over the defaults only")
     return values
 
 
@@ -359,7 +360,7 @@ def take_architecture_from(values, given):
         theirs["block_size"] = min(values.get("block_size", ArmsConfig().block_size), source.block_size)
     for key, value in theirs.items():
         if key in given and given[key] != value and not (key == "block_size" and given[key] < value):
-            raise ValueError(
+            raise UserError(
                 f"--{key} {given[key]} contradicts --init_from {values['init_from']}, whose config.json says {key} "
                 f"{value}: leave --{key} out, and the run takes the folder's"
             )
@@ -377,7 +378,7 @@ def parse_args(argv):
     the config dataclasses.
 
     Precedence: dataclass default < preset (--preset, else the file's, else tiny) < --config file < command line.
-    Returns (preset, mode: "train" or one of MODES, Configs). A bad config file raises ValueError naming it.
+    Returns (preset, mode: "train" or one of MODES, Configs). A bad config file raises UserError naming it.
     """
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from errors import UserError
 from data import load_meta, read_json, token_dtype
 from machinery.files import download, file_sha256, remove_if_exists, write_json_atomic
 
@@ -64,7 +65,7 @@ class TiktokenTokenizer:
         import tiktoken
 
         if name not in tiktoken.list_encoding_names():
-            raise ValueError(
+            raise UserError(
                 f"unknown tokenizer {name!r}: use 'byte', a tiktoken encoding ("
                 + ", ".join(tiktoken.list_encoding_names())
                 + "), or the path of a tokenizer.json (or of a folder holding one)"
@@ -72,7 +73,7 @@ class TiktokenTokenizer:
         try:
             self.encoding = tiktoken.get_encoding(name)
         except Exception as e:  # tiktoken raises requests' or its own errors when offline
-            raise ValueError(
+            raise UserError(
                 f"tokenizer {name!r} is not available offline ({type(e).__name__}: {e}). tiktoken downloads its "
                 "files once and keeps them in the folder TIKTOKEN_CACHE_DIR names (unset: data-gym-cache in the "
                 "system's temp folder): run once with network, with TIKTOKEN_CACHE_DIR set to a folder that lasts, or "
@@ -102,16 +103,16 @@ class HFTokenizer:
         try:
             from tokenizers import Tokenizer
         except ImportError:
-            raise ValueError(f"--tokenizer {path}: a tokenizer.json is read with tokenizers: pip install tokenizers")
+            raise UserError(f"--tokenizer {path}: a tokenizer.json is read with tokenizers: pip install tokenizers")
         file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
         if not os.path.isfile(file):
-            raise ValueError(f"--tokenizer {path}: no tokenizer.json there (a file, or a folder holding one)")
+            raise UserError(f"--tokenizer {path}: no tokenizer.json there (a file, or a folder holding one)")
         self.tokenizer = Tokenizer.from_file(file)
         self.name = path
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         ids = [self.tokenizer.token_to_id(token) for token in self.END_OF_TEXT]
         if all(i is None for i in ids):
-            raise ValueError(f"--tokenizer {path}: none of {', '.join(self.END_OF_TEXT)} in its vocabulary")
+            raise UserError(f"--tokenizer {path}: none of {', '.join(self.END_OF_TEXT)} in its vocabulary")
         self.eot = next(i for i in ids if i is not None)
 
     def encode(self, text):
@@ -177,7 +178,7 @@ def resolve_source(source, data_dir, url=None):
         files = glob.glob(source, recursive=True)
     files = sorted(f for f in files if os.path.isfile(f) and not os.path.basename(f).startswith("."))
     if not files:
-        raise ValueError(
+        raise UserError(
             f"--source {source!r}: no such file or folder, and no file matches it as a glob. "
             f"Give a text file, a folder, a glob, or one of: {', '.join(NAMED_SOURCES)}"
         )
@@ -220,9 +221,9 @@ def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22, shard_chars=
     half-written files. The same inputs again are a no-op.
     """
     if not 0 < config.val_fraction < 1:
-        raise ValueError(f"--val_fraction {config.val_fraction} must lie strictly between 0 and 1")
+        raise UserError(f"--val_fraction {config.val_fraction} must lie strictly between 0 and 1")
     if config.workers < 0:
-        raise ValueError(f"--workers {config.workers} must be 0 (every core) or more")
+        raise UserError(f"--workers {config.workers} must be 0 (every core) or more")
     os.makedirs(data_dir, exist_ok=True)
     files, description = resolve_source(config.source, data_dir, config.url or None)
     identity = dict(
@@ -242,7 +243,7 @@ def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22, shard_chars=
             return old
         if not overwrite:
             changed = [k for k, v in identity.items() if old.get(k) != v]
-            raise ValueError(
+            raise UserError(
                 f"{data_dir} already holds data prepared differently ({', '.join(changed)} differ). Choose another "
                 f"--data_dir, or replace it: python -m machinery.corpus --overwrite --out_dir {data_dir} --source ..."
             )
@@ -250,7 +251,7 @@ def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22, shard_chars=
     # written): someone else's, such as nanoGPT's train.bin and val.bin, never replaced unasked
     held = [name for name in ("train.bin", "val.bin") if os.path.exists(os.path.join(data_dir, name))]
     if held and not os.path.exists(meta_path) and not os.path.isdir(shard_dir) and not overwrite:
-        raise ValueError(
+        raise UserError(
             f"{data_dir} holds {' and '.join(held)} but no meta.json, so they are not token files of ours (nanoGPT "
             f"writes such files too); nothing there was touched. Choose another --data_dir, or replace them: "
             f"python -m machinery.corpus --overwrite --out_dir {data_dir} --source ..."
@@ -277,7 +278,7 @@ def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22, shard_chars=
         )
         n_tokens, n_documents = sum(c["tokens"] for c in counts), sum(c["documents"] for c in counts)
         if n_tokens == 0:
-            raise ValueError(f"--source {config.source!r} produced no tokens: the corpus is empty")
+            raise UserError(f"--source {config.source!r} produced no tokens: the corpus is empty")
         with open(tmp_train, "wb") as out:  # the shards in order: the whole token stream
             for i in range(len(counts)):
                 with open(shard_path(shard_dir, i), "rb") as f:
@@ -305,7 +306,7 @@ def prepare(config, data_dir, overwrite=False, chunk_chars=1 << 22, shard_chars=
         os.replace(tmp_val, os.path.join(data_dir, "val.bin"))
         write_json_atomic(meta_path, meta)
         shutil.rmtree(shard_dir)
-    except ValueError:  # bad input: nothing to resume from
+    except UserError:  # bad input: nothing to resume from
         shutil.rmtree(shard_dir, ignore_errors=True)
         raise
     finally:
@@ -452,7 +453,7 @@ def load_or_prepare(dcfg, data_dir):
         return prepare(dcfg, data_dir)
     meta = load_meta(data_dir)  # prepared earlier, here or by python -m machinery.corpus
     if meta["tokenizer"] != dcfg.tokenizer:
-        raise ValueError(
+        raise UserError(
             f"{data_dir} holds data tokenized with {meta['tokenizer']!r}, not --tokenizer {dcfg.tokenizer!r}: "
             "pass the tokenizer it was prepared with, or another --data_dir"
         )
@@ -483,10 +484,10 @@ def json_text(item, text_field):
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}, line {number}: not JSON ({e}); each line must be one JSON object") from None
+        raise UserError(f"{path}, line {number}: not JSON ({e}); each line must be one JSON object") from None
     if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
         fields = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-        raise ValueError(
+        raise UserError(
             f"{path}, line {number}: no text under --text_field {text_field!r} "
             f"(its fields: {fields}); pass the field that holds the text"
         )
@@ -506,7 +507,7 @@ def read_chunks(path, chunk_chars):
             if carry:
                 yield carry
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text ({e}); remove it from the corpus") from None
+        raise UserError(f"{path} is not UTF-8 text ({e}); remove it from the corpus") from None
 
 
 # ----------------------------------------------------------------------------
@@ -533,7 +534,7 @@ def main(argv=None):
     config = DataConfig(args.source, args.tokenizer, args.val_fraction, args.url, args.text_field, args.workers)
     try:
         meta = prepare(config, args.out_dir, overwrite=args.overwrite)
-    except ValueError as e:
+    except UserError as e:
         sys.exit(f"error: {e}")
     print(json.dumps(meta, indent=1))
 

@@ -27,6 +27,7 @@ import math
 import sys
 from dataclasses import asdict, dataclass, replace
 
+from errors import UserError
 from machinery.closed_forms import (
     flops_per_token,
     fullest_rank_state_bytes,
@@ -172,9 +173,9 @@ def parse_count(text, flag):
     try:
         value = float(text[:-1]) * scale[text[-1].upper()] if text[-1].upper() in scale else float(text)
     except (ValueError, IndexError):
-        raise ValueError(f"{flag} {text!r}: give a number, optionally with K, M, B or T (2T = 2e12)") from None
+        raise UserError(f"{flag} {text!r}: give a number, optionally with K, M, B or T (2T = 2e12)") from None
     if not 0 < value < math.inf:
-        raise ValueError(f"{flag} {text}: must be positive and finite")
+        raise UserError(f"{flag} {text}: must be positive and finite")
     return value
 
 
@@ -186,7 +187,7 @@ def model_config(args):
     """(GPTConfig, tokens per step) of --model, with any shape flags applied over it, or of the shape flags."""
     if args.model is not None:
         if args.model not in MODELS:
-            raise ValueError(
+            raise UserError(
                 f"--model {args.model!r}: choose one of {', '.join(MODELS)}, or give --n_layer --n_head "
                 "--n_embd (--vocab_size --block_size) instead"
             )
@@ -196,7 +197,7 @@ def model_config(args):
         ), named.batch_tokens
     missing = [f"--{k}" for k in ("n_layer", "n_head", "n_embd") if getattr(args, k) is None]
     if missing:
-        raise ValueError(f"give --model (one of {', '.join(MODELS)}) or the shape: {', '.join(missing)} missing")
+        raise UserError(f"give --model (one of {', '.join(MODELS)}) or the shape: {', '.join(missing)} missing")
     shape = {k: v for k, v in vars(args).items() if k in SHAPE and v is not None}
     return GPTConfig(**{"vocab_size": 50257, "block_size": 1024, **shape}), 2**19
 
@@ -206,7 +207,7 @@ def hardware(args, gpt_config, batch_rows):
         return measure_cpu(gpt_config, min(4096, args.micro_batch_rows * gpt_config.block_size), args.gpus)
     name = GPU_ALIASES.get(args.gpu, args.gpu)
     if name not in GPUS:
-        raise ValueError(f"--gpu {args.gpu!r}: choose one of {', '.join([*GPUS, *GPU_ALIASES, 'cpu'])}")
+        raise UserError(f"--gpu {args.gpu!r}: choose one of {', '.join([*GPUS, *GPU_ALIASES, 'cpu'])}")
     return GPUS[name]
 
 
@@ -265,12 +266,12 @@ def main(argv=None):
     if args.long_context:
         try:
             gpt_config, _ = model_config(args)
-        except ValueError as e:
+        except UserError as e:
             sys.exit(f"error: {e}")
         return print_long_context(gpt_config, args.model or "custom", args.long_context, args.micro_batch_rows)
     try:
         report = account(args)
-    except ValueError as e:
+    except UserError as e:
         sys.exit(f"error: {e}")
     if args.json:
         print(json.dumps(json_form(report), indent=1))
@@ -317,20 +318,20 @@ def account(args):
     """The whole Account of the run that args describe."""
     for flag in ("gpus", "micro_batch_rows", "top"):
         if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag} {getattr(args, flag)}: must be at least 1")
+            raise UserError(f"--{flag} {getattr(args, flag)}: must be at least 1")
     for flag in ("mfu", "usd_per_gpu_hour", "ckpt_write_gbps", "gpu_mtbf_hours"):
         if not getattr(args, flag) > 0:
-            raise ValueError(f"--{flag} {getattr(args, flag)}: must be positive")
+            raise UserError(f"--{flag} {getattr(args, flag)}: must be positive")
     if args.restart_minutes < 0:
-        raise ValueError(f"--restart_minutes {args.restart_minutes}: must not be negative")
+        raise UserError(f"--restart_minutes {args.restart_minutes}: must not be negative")
     if args.mfu > 1:
-        raise ValueError(f"--mfu {args.mfu}: a share of the peak, at most 1")
+        raise UserError(f"--mfu {args.mfu}: a share of the peak, at most 1")
     gpt_config, batch_tokens = model_config(args)
     N = parameters_on_rank(gpt_config)
     tokens = parse_count(args.tokens, "--tokens") if args.tokens else 20 * N
     batch_tokens = parse_count(args.batch_tokens, "--batch_tokens") if args.batch_tokens else batch_tokens
     if batch_tokens < gpt_config.block_size:
-        raise ValueError(
+        raise UserError(
             f"--batch_tokens {batch_tokens:g}: less than one sequence of block_size {gpt_config.block_size}"
         )
     batch_rows = round(batch_tokens / gpt_config.block_size)

@@ -23,6 +23,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 
+from errors import UserError
 from machinery.bands import (
     BANDS_DIR,
     LR_SCHEDULE,
@@ -357,7 +358,7 @@ def band_lines(run, band):
     rule, series = band["rule"], band["train"]
     shared = [t for t in series["step"] if t in run.train]
     if not shared:
-        raise ValueError(
+        raise UserError(
             f"{run.folder} logged steps {min(run.train)}-{max(run.train)} and its band steps "
             f"{series['step'][0]}-{series['step'][-1]}: no step in common"
         )
@@ -488,7 +489,7 @@ def main(argv=None):
         reading = read_curve(run, band, why)
         print("\n".join(reading.lines + anchor_lines(args.band or os.path.join(BANDS_DIR, f"{run.preset}.json"))))
         reading_figure(run, band, reading).savefig(args.plot or os.path.join(run.folder, "curves.png"), dpi=100)
-    except ValueError as e:
+    except UserError as e:
         sys.exit(f"error: {e}")
     print(reading.verdict)
 

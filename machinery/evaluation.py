@@ -34,6 +34,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from errors import UserError
 from machinery import checkpoint
 from machinery.corpus import get_tokenizer
 from machinery.files import download
@@ -83,7 +84,7 @@ def benchmark_file(bcfg):
         return download("hellaswag", bcfg.benchmark_dir, HELLASWAG, bcfg.benchmark_url or None)
     if os.path.isfile(bcfg.benchmark):
         return bcfg.benchmark
-    raise ValueError(
+    raise UserError(
         f"--benchmark {bcfg.benchmark!r}: no such file. Give hellaswag (downloaded and checked), "
         "a local .jsonl file in its format (ctx, endings, label on each line), or '' for none"
     )
@@ -100,19 +101,19 @@ def read_examples(path, limit=0):
                 item = json.loads(line)
                 examples.append((item["ctx"], list(item["endings"]), int(item["label"])))
             except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(
+                raise UserError(
                     f"{path} line {line_number}: not a HellaSwag example with ctx, endings and "
                     f"label ({type(e).__name__}: {e})"
                 ) from None
             if not 0 <= examples[-1][2] < len(examples[-1][1]):
-                raise ValueError(
+                raise UserError(
                     f"{path} line {line_number}: label {item['label']} is not an index into its "
                     f"{len(item['endings'])} endings"
                 )
             if len(examples) == limit:
                 break
     if not examples:
-        raise ValueError(f"{path} holds no examples")
+        raise UserError(f"{path} holds no examples")
     return examples
 
 

@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from errors import UserError
 from machinery.files import write_json_atomic
 
 
@@ -41,7 +42,7 @@ class FaultInjector:
         for item in filter(None, spec.split(",")):
             kind, _, at = item.partition("@")
             if kind not in self.KINDS or not at.isdigit():
-                raise ValueError(f"--inject {item!r}: write KIND@STEP with KIND one of {', '.join(self.KINDS)}")
+                raise UserError(f"--inject {item!r}: write KIND@STEP with KIND one of {', '.join(self.KINDS)}")
             self.planned.append(f"{kind}@{int(at)}")
         self.fired = []
         if os.path.exists(self.path):

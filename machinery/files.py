@@ -13,6 +13,8 @@ import json
 import os
 import urllib.request
 
+from errors import UserError
+
 
 def write_synced(path, write, mode="w"):
     """Open path, write(f), and return only once the bytes are on disk (flush, then fsync)."""
@@ -75,14 +77,14 @@ def download(name, dest_dir, spec, url=None):
     except OSError as e:
         remove_if_exists(tmp)
         path_flag, url_flag = spec["offline_flags"]
-        raise ValueError(
+        raise UserError(
             f"could not download {name} from {url} ({e}). Without network, pass a local copy "
             f"as {path_flag} path/to/{spec['filename']} or as {url_flag} file:///path/to/{spec['filename']}"
         ) from None
     got = file_sha256(tmp)
     if got != spec["sha256"]:
         remove_if_exists(tmp)
-        raise ValueError(f"{url} has sha256 {got}, expected {spec['sha256']}: not the {name} file")
+        raise UserError(f"{url} has sha256 {got}, expected {spec['sha256']}: not the {name} file")
     os.replace(tmp, path)
     return path
 

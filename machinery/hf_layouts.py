@@ -5,6 +5,7 @@ GPTConfig and written from one.
 
 import torch
 
+from errors import UserError
 from model import GPTConfig
 
 # GPT-2's architecture in our GPTConfig's terms. nn.LayerNorm's eps 1e-5 is GPT-2's layer_norm_epsilon.
@@ -64,13 +65,13 @@ def state_dict_from_hf(tensors):
     state = {}
     for ours, theirs, transposed in _parameter_names(count_blocks(hf, "h.")):
         if theirs not in hf:
-            raise ValueError(f"no tensor {theirs} (or transformer.{theirs}): not a GPT2LMHeadModel's weights")
+            raise UserError(f"no tensor {theirs} (or transformer.{theirs}): not a GPT2LMHeadModel's weights")
         tensor = hf.pop(theirs)
         state[ours] = (tensor.t().contiguous() if transposed else tensor).float()
     if hf:
-        raise ValueError(f"tensors that GPT-2's layout has none of: {', '.join(sorted(hf)[:5])}")
+        raise UserError(f"tensors that GPT-2's layout has none of: {', '.join(sorted(hf)[:5])}")
     if head is not None and not torch.equal(head.float(), state["wte.weight"]):
-        raise ValueError(
+        raise UserError(
             "lm_head.weight differs from wte.weight: an untied head, which our GPT (one tied matrix) cannot hold"
         )
     state["lm_head.weight"] = state["wte.weight"]  # the same tensor, as GPT's state_dict() lists it
@@ -83,11 +84,11 @@ def state_dict_to_hf(state_dict, vocab_size):
     rows our runs pad it with."""
     rows = state_dict["wte.weight"].shape[0]
     if vocab_size > rows:
-        raise ValueError(f"vocab_size {vocab_size} exceeds the {rows} rows of wte.weight")
+        raise UserError(f"vocab_size {vocab_size} exceeds the {rows} rows of wte.weight")
     hf = {}
     for ours, theirs, transposed in _parameter_names(count_blocks(state_dict, "blocks.")):
         if ours not in state_dict:
-            raise ValueError(f"no {ours} in the state dict: GPT-2's layout needs it (biases and LayerNorm: --bias)")
+            raise UserError(f"no {ours} in the state dict: GPT-2's layout needs it (biases and LayerNorm: --bias)")
         tensor = state_dict[ours][:vocab_size] if ours == "wte.weight" else state_dict[ours]
         hf[f"transformer.{theirs}"] = (tensor.t() if transposed else tensor).float().contiguous()
     return hf
@@ -133,10 +134,10 @@ def llama_state_dict_from_hf(tensors):
         if not any(present) and (ours.endswith("bias") or ours == "lm_head.weight"):
             continue  # optional: biases (Qwen2.5's), an untied head
         if not all(present):
-            raise ValueError(f"no tensor {theirs[present.index(False)]}: not a LlamaForCausalLM's weights")
+            raise UserError(f"no tensor {theirs[present.index(False)]}: not a LlamaForCausalLM's weights")
         state[ours] = torch.cat([hf.pop(name) for name in theirs]).float()
     if hf:
-        raise ValueError(f"tensors that Llama's layout has none of: {', '.join(sorted(hf)[:5])}")
+        raise UserError(f"tensors that Llama's layout has none of: {', '.join(sorted(hf)[:5])}")
     state.setdefault("lm_head.weight", state["wte.weight"])  # tied: the same tensor, as GPT's state_dict() lists it
     return state
 
@@ -172,7 +173,7 @@ def llama_config_from_hf(hf_config):
     }
     for key, (value, ours) in computed_otherwise.items():
         if value not in ours:
-            raise ValueError(f"config.json has {key} {value!r}; our GPT computes {' or '.join(map(repr, ours))}")
+            raise UserError(f"config.json has {key} {value!r}; our GPT computes {' or '.join(map(repr, ours))}")
     return GPTConfig(
         arch="llama",
         block_size=hf_config["max_position_embeddings"],
@@ -224,14 +225,14 @@ def gpt_config_from_hf(hf_config):
     if hf_config.get("model_type") == "llama":
         return llama_config_from_hf(hf_config)
     if hf_config.get("model_type") != "gpt2":
-        raise ValueError(f"config.json has model_type {hf_config.get('model_type')!r}: GPT-2 (gpt2) and Llama load")
+        raise UserError(f"config.json has model_type {hf_config.get('model_type')!r}: GPT-2 (gpt2) and Llama load")
     activations = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
     activation = hf_config.get("activation_function", "gelu_new")
     if activation not in activations:
-        raise ValueError(f"config.json has activation_function {activation!r}; we compute {', '.join(activations)}")
+        raise UserError(f"config.json has activation_function {activation!r}; we compute {', '.join(activations)}")
     missing = [key for key in ("n_positions", "vocab_size", "n_layer", "n_head", "n_embd") if key not in hf_config]
     if missing:
-        raise ValueError(f"config.json lacks {', '.join(missing)}")
+        raise UserError(f"config.json lacks {', '.join(missing)}")
     n_embd = hf_config["n_embd"]
     computed_otherwise = {  # each: config.json's value, and the value our GPT computes
         "n_inner": (hf_config.get("n_inner"), (None, 4 * n_embd)),
@@ -242,7 +243,7 @@ def gpt_config_from_hf(hf_config):
     }
     for key, (value, ours) in computed_otherwise.items():
         if value not in ours:
-            raise ValueError(f"config.json has {key} {value!r}; our GPT computes {' or '.join(map(repr, ours))}")
+            raise UserError(f"config.json has {key} {value!r}; our GPT computes {' or '.join(map(repr, ours))}")
     return GPTConfig(
         block_size=hf_config["n_positions"],
         vocab_size=hf_config["vocab_size"],

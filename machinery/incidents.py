@@ -4,6 +4,7 @@ when the runbook's last rung is reached."""
 
 from dataclasses import replace
 
+from errors import UserError
 from machinery import checkpoint
 from machinery.resume import load_checkpoint, restore_checkpoint, save_checkpoint
 from machinery.run_folder import append_jsonl, write_jsonl
@@ -24,7 +25,7 @@ def respond_to_incident(run, step, fired):
     recovery = replace(run.recovery, incidents=run.recovery.incidents + 1, last_incident_step=step)
     latest = load_checkpoint(run, healthy_only=True)
     if latest is None:
-        raise ValueError(f"{detector} at step {step}, and no healthy checkpoint in {run.ckpt_dir} to roll back to")
+        raise UserError(f"{detector} at step {step}, and no healthy checkpoint in {run.ckpt_dir} to roll back to")
     _, state = latest
     restored = restore_checkpoint(run, state)
     skipped = [run.train_stream.position, bad_end]
@@ -66,7 +67,7 @@ def stop_for_incidents(run, incident):
     tried = "rolling back and skipping data" + (
         f" and an LR lowered to x{run.recovery.lr_scale:.3g}" if run.recovery.lr_scale < 1 else ""
     )
-    raise ValueError(
+    raise UserError(
         f"stopping after {run.recovery.incidents + 1} incidents (--max_incidents "
         f"{run.configs.recovery.max_incidents}); the last: {incident['detector']} at step {incident['step']} "
         f"{incident['values']}. {tried.capitalize()} did not end them, so suspect something deeper: the data around "

@@ -6,6 +6,7 @@ import os
 from dataclasses import asdict, replace
 from typing import NamedTuple
 
+from errors import UserError
 from machinery import checkpoint
 from machinery.run_folder import config_changes, data_changes
 from machinery.transfer import fit_to_run, initial_weights
@@ -59,13 +60,13 @@ def read_initial_weights(configs, meta, grid, say):
     if grid.rank == 0:
         try:
             weights = initial_weights(configs.train.init_from, configs.train.init_url, say)
-        except ValueError as e:
+        except UserError as e:
             problem = str(e)
     raise_on_every_rank(problem)  # a barrier too: the others read what rank 0 fetched
     if grid.rank != 0:
         weights = initial_weights(configs.train.init_from, configs.train.init_url, say)
     if weights.tokenizer is not None and weights.tokenizer != meta["tokenizer"]:
-        raise ValueError(
+        raise UserError(
             f"--init_from {weights.description} learned {weights.tokenizer!r} tokens, and this run's data holds "
             f"{meta['tokenizer']!r} tokens: the same id would mean another token. Pass --tokenizer "
             f"{weights.tokenizer} (and its data)"
@@ -80,7 +81,7 @@ def load_initial_weights(run):
     if run.initial_weights is None:  # set-up built the model from run.json's record: the source must still fit it
         gpt_config, weights = read_initial_weights(run.configs, run.meta, run.grid, run.say)
         if changed := config_changes({"GPTConfig": asdict(run.configs.model)}, {"GPTConfig": asdict(gpt_config)}):
-            raise ValueError(
+            raise UserError(
                 f"--init_from {weights.source} no longer fits the model this run recorded ({'; '.join(changed)}): "
                 "start over with --overwrite, or point --init_from at the weights the run started from"
             )

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from errors import UserError
 from machinery.corpus import default_data_dir, load_or_prepare
 
 
@@ -99,20 +100,20 @@ def assign_rows(weights, credit, n_rows):
 
 
 def read_mix(path):
-    """The Mix in the JSON file at path, every key checked; ValueError naming the file and the key."""
+    """The Mix in the JSON file at path, every key checked; UserError naming the file and the key."""
     try:
         with open(path) as f:
             spec = json.load(f)
     except FileNotFoundError:
-        raise ValueError(f"--mix {path}: no such file") from None
+        raise UserError(f"--mix {path}: no such file") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"--mix {path} is not JSON ({e}): write one object with sources, weights, schedule") from None
+        raise UserError(f"--mix {path} is not JSON ({e}): write one object with sources, weights, schedule") from None
 
     def refuse(key, problem):
-        return ValueError(f'--mix {path}, "{key}": {problem}')
+        return UserError(f'--mix {path}, "{key}": {problem}')
 
     if not isinstance(spec, dict):
-        raise ValueError(f"--mix {path} holds a JSON {type(spec).__name__}, not an object with sources and weights")
+        raise UserError(f"--mix {path} holds a JSON {type(spec).__name__}, not an object with sources and weights")
     check_keys(spec, {"sources", "weights", "schedule"}, "", refuse)
     for key in ("sources", "weights"):
         if key not in spec:
@@ -310,7 +311,7 @@ class MixedStream:
         ones start at row 0 with no credit, dropped ones are forgotten."""
         if "rows_assigned" not in state:
             if state.get("position") != 0:
-                raise ValueError(
+                raise UserError(
                     f"the checkpoint's data state {state} is a single stream's position, not a mix's: "
                     "resume with --resume_without data_position to read every source from its start"
                 )
@@ -330,7 +331,7 @@ class MixedStream:
         credits stay."""
         unknown = [s for s in rows if s not in self.rows]
         if unknown:
-            raise ValueError(f"position names {', '.join(unknown)}, not sources of the mix ({', '.join(self.rows)})")
+            raise UserError(f"position names {', '.join(unknown)}, not sources of the mix ({', '.join(self.rows)})")
         self.rows.update({s: int(n) for s, n in rows.items()})
 
     def mix_tokens(self):

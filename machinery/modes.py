@@ -4,6 +4,7 @@ it, logged) and --export_hf DIR (a transformers folder)."""
 import os
 from dataclasses import replace
 
+from errors import UserError
 from machinery import checkpoint
 from machinery.evaluation import final_check, validate
 from machinery.resume import load_checkpoint
@@ -34,7 +35,7 @@ def evaluate_only(preset, configs):
     """--eval_only: the final check of the newest checkpoint in out_dir (or --ckpt_step's), with no training."""
     out_dir = out_dir_of(preset, configs.train)
     if not os.path.isdir(os.path.join(out_dir, "ckpt")):
-        raise ValueError(f"--eval_only: {out_dir} holds no checkpoints; train there first, or point --out_dir at a run")
+        raise UserError(f"--eval_only: {out_dir} holds no checkpoints; train there first, or point --out_dir at a run")
     run = set_up(preset, replace(configs, sample=replace(configs.sample, num_samples=0)))  # it writes no samples
     with run.watch:
         evaluate_newest(run)
@@ -44,7 +45,7 @@ def evaluate_newest(run):
     """The final check of the newest checkpoint (or --ckpt_step's), logged to metrics.jsonl."""
     latest = load_checkpoint(run, ckpt_step=run.configs.recovery.ckpt_step)
     if latest is None:
-        raise ValueError(f"--eval_only: no checkpoint in {run.ckpt_dir} verifies")
+        raise UserError(f"--eval_only: no checkpoint in {run.ckpt_dir} verifies")
     step, state = latest
     checkpoint.load_full_state_dict(run.model, state["model"], run.grid)
     record, _ = final_check(

@@ -18,6 +18,8 @@ from collections import Counter, deque
 
 import torch
 
+from errors import UserError
+
 # ----------------------------------------------------------------------------
 # Memory a step keeps
 
@@ -168,7 +170,7 @@ class HealthMonitor:
     def __init__(self, window, spike_factor, grad_z_threshold, val_rise_evals, triggers):
         unknown = set(triggers) - set(self.DETECTORS)
         if unknown:
-            raise ValueError(f"--triggers {','.join(sorted(unknown))}: choose from {','.join(self.DETECTORS)}")
+            raise UserError(f"--triggers {','.join(sorted(unknown))}: choose from {','.join(self.DETECTORS)}")
         self.window, self.spike_factor = window, spike_factor
         self.grad_z_threshold, self.val_rise_evals = grad_z_threshold, val_rise_evals
         self.triggers = set(triggers) | {"nonfinite"}

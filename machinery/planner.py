@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from errors import UserError
 from machinery.closed_forms import comm_bytes_per_step, flops_per_token, fullest_rank_parameters, memory_per_gpu
 from model import stage_layers
 from parallel.grid import Layout
@@ -242,7 +243,7 @@ def rank_layouts(gpt_config, hw, gpus, batch_rows, micro_batch_rows, mfu, recomp
         for layout in layouts(gpt_config, gpus, batch_rows, micro_batch_rows)
     ]
     if not plans:
-        raise ValueError(
+        raise UserError(
             f"--gpus {gpus}: no layout dp x tp x pp = {gpus} suits this model and batch: tp must divide "
             f"n_head {gpt_config.n_head}, pp be at most n_layer {gpt_config.n_layer}, and dp x micro_batch_rows divide "
             f"the {batch_rows} sequences of a step. Choose --gpus as a product of such factors, "

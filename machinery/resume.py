@@ -5,6 +5,7 @@ resume that puts each piece back, and saving one. checkpoint.py holds the single
 import os
 from dataclasses import asdict
 
+from errors import UserError
 from machinery import checkpoint
 from machinery.init_from import load_initial_weights
 from machinery.mixture import weights_at
@@ -48,7 +49,7 @@ def start(run):
         step = restore_checkpoint(run, state, forget=run.configs.recovery.forgotten_on_resume)
         run.say(f"resuming from the checkpoint of step {step} in {run.ckpt_dir}")
     elif run.configs.recovery.resume:
-        raise ValueError(f"--resume, but {run.ckpt_dir} holds no checkpoint that verifies")
+        raise UserError(f"--resume, but {run.ckpt_dir} holds no checkpoint that verifies")
     else:
         step = 0
         if run.configs.train.init_from:
@@ -68,7 +69,7 @@ def start(run):
 def refuse_finished_run(run, finished_at):
     cfg = run.configs.train
     hint = f"; --lr_decay_iters {finished_at} keeps it at min_lr instead" if not cfg.lr_decay_iters else ""
-    raise ValueError(
+    raise UserError(
         f"{run.out_dir} holds a finished run: its newest checkpoint is at step {finished_at} and --max_iters is "
         f"{cfg.max_iters}, so there is nothing to train. To train it further, pass a larger --max_iters "
         f"(the LR schedule stretches to the new end{hint}); to start over there, --overwrite; or choose "
@@ -95,7 +96,7 @@ def check_epochs(run):
         epochs = tokens / meta["train_tokens"]
         if epochs > cfg.max_epochs:
             whose = f"; source {name!r} of the mix ({meta['source']}) gets {tokens:,.0f} of them" if run.mix else ""
-            raise ValueError(
+            raise UserError(
                 f"this run plans {cfg.max_iters:,} steps x {run.tokens_per_step:,} tokens = "
                 f"{cfg.max_iters * run.tokens_per_step:,} tokens{whose}, but its data holds "
                 f"{meta['train_tokens']:,} train tokens: it would read them {epochs:.1f} times, more than "
@@ -138,9 +139,9 @@ def restore_checkpoint(run, state, forget=()):
     read again from its start) or "schedule" (the LR schedule starts over, warmup first)."""
     recorded = fill_new_fields(state["config"], identity_defaults(run.configs.model, run.configs.train))
     if changed := config_changes(recorded, {"GPTConfig": run.identity["GPTConfig"]}):
-        raise ValueError(f"the checkpoint holds a model of another shape ({'; '.join(changed)})")
+        raise UserError(f"the checkpoint holds a model of another shape ({'; '.join(changed)})")
     if "optimizer" not in state and not (run.configs.recovery.reset_optimizer or "optimizer" in forget):
-        raise ValueError(
+        raise UserError(
             f"the checkpoint of step {state['step']} in {run.ckpt_dir} has no optimizer state. Resuming "
             "would restart AdamW's moment estimates from zero, a jolt in update size and direction that "
             "weights alone cannot undo. Pass --reset_optimizer to accept that and continue anyway."

@@ -16,6 +16,7 @@ import os
 import shutil
 from dataclasses import asdict
 
+from errors import UserError
 from machinery.files import remove_if_exists, write_json_atomic
 from machinery.mixture import weight_changes
 from machinery.arms import ArmsConfig
@@ -100,10 +101,10 @@ def check_out_dir_is_ours(out_dir, flag="--out_dir"):
     """Refuse, before anything is written, a folder that holds anything but a run of ours (flag: the flag that
     named it: --out_dir, or --ckpt_mirror, a run folder for the checkpoints' second copy)."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise ValueError(f"{flag} {out_dir} is a file, not a folder: choose another {flag}")
+        raise UserError(f"{flag} {out_dir} is a file, not a folder: choose another {flag}")
     held = set(os.listdir(out_dir)) - set(JOB_FILES) if os.path.isdir(out_dir) else set()
     if held and not os.path.exists(os.path.join(out_dir, "run.json")):
-        raise ValueError(
+        raise UserError(
             f"{flag} {out_dir} is not empty and holds no run.json, so it is not a run of ours; nothing in it "
             f"was touched. Choose a new or empty {flag}."
         )
@@ -130,7 +131,7 @@ def prepare_out_dir(out_dir, identity, overwrite, defaults, flag="--out_dir"):
         old = fill_new_fields(json.load(f), defaults)
     changed = config_changes(old, identity, ignore=CONTINUABLE)
     if changed:
-        raise ValueError(
+        raise UserError(
             f"{out_dir} holds a different run, whose checkpoints cannot continue with this config "
             f"({'; '.join(changed)}). Choose another {flag}, or start over there with --overwrite."
         )

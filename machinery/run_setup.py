@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from errors import UserError
 from data import TokenStream
 from machinery import closed_forms, evaluation, incidents, planner, reporting, resume
 from machinery.arms import check_arms
@@ -68,7 +69,7 @@ def pick_dtype(name, device):
         name = "bfloat16" if device.type == "cpu" and cpu_has_native_bf16() else "float32"
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if name not in dtypes:
-        raise ValueError(f"--dtype {name!r}: choose auto, {', '.join(dtypes)}")
+        raise UserError(f"--dtype {name!r}: choose auto, {', '.join(dtypes)}")
     return dtypes[name]
 
 
@@ -323,8 +324,8 @@ def check_tokenizer_at_hand(configs, meta):
         return
     try:
         get_tokenizer(meta["tokenizer"])
-    except ValueError as e:
-        raise ValueError(f"at its end this run {' and '.join(uses)} with its data's tokenizer: {e}") from None
+    except UserError as e:
+        raise UserError(f"at its end this run {' and '.join(uses)} with its data's tokenizer: {e}") from None
 
 
 def prepare_mirror(mirror, identity, overwrite, defaults):
@@ -345,14 +346,14 @@ def prepare_data(preset, configs, is_rank0):
     data_dir = cfg.data_dir or default_data_dir(dcfg)
     prepared = os.path.exists(os.path.join(data_dir, "meta.json"))
     if cfg.data_dir and not prepared and dcfg.source == DataConfig.source:
-        raise ValueError(
+        raise UserError(
             f"--data_dir {cfg.data_dir} holds no token files (no meta.json), and no --source names a corpus for "
             f"it: the embedded default ({DataConfig.source}) fills only its own folder, {default_data_dir(dcfg)}. "
             f"Prepare yours once with python -m machinery.corpus --source 'texts/**/*.txt' --out_dir {cfg.data_dir} "
             "(or pass --source)"
         )
     if not dcfg.source and not prepared:
-        raise ValueError(
+        raise UserError(
             f"--preset {preset} names no corpus: its plan of {cfg.max_iters:,} steps needs data you choose, not a "
             "default that would silently stand in for it. Prepare yours once, e.g. python -m machinery.corpus --source "
             "'texts/**/*.txt' --tokenizer gpt2 --out_dir data/texts-gpt2, then pass --data_dir data/texts-gpt2 "

@@ -12,6 +12,7 @@ import struct
 
 import torch
 
+from errors import UserError
 from machinery import files
 
 SAFETENSORS_DTYPES = {
@@ -34,7 +35,7 @@ def read_safetensors(path):
     little-endian, as on every machine torch runs on)."""
 
     def malformed(problem):
-        return ValueError(f"{path} is not a valid safetensors file: {problem}")
+        return UserError(f"{path} is not a valid safetensors file: {problem}")
 
     file_size = os.path.getsize(path)
     with open(path, "rb") as f:
@@ -100,7 +101,7 @@ def safetensors_writer(tensors, metadata=None):
     header, offset = ({"__metadata__": dict(metadata)} if metadata else {}), 0
     for name, tensor in tensors.items():
         if tensor.dtype not in SAFETENSORS_NAMES:
-            raise ValueError(
+            raise UserError(
                 f"tensor {name} has dtype {tensor.dtype}; safetensors holds {', '.join(SAFETENSORS_DTYPES)}"
             )
         size = tensor.numel() * tensor.element_size()
@@ -136,12 +137,12 @@ def read_safetensors_folder(folder):
         with open(index) as f:
             weight_map = json.load(f)["weight_map"]  # {tensor name: its shard's file name}
     except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{index} is not a shard index (a JSON object with a weight_map): {e}") from None
+        raise UserError(f"{index} is not a shard index (a JSON object with a weight_map): {e}") from None
     tensors = {}
     for shard in sorted(set(weight_map.values())):
         tensors.update(read_safetensors(os.path.join(folder, shard)))
     if missing := sorted(set(weight_map) - set(tensors)):
-        raise ValueError(f"{index} names tensors its shards do not hold: {', '.join(missing[:5])}")
+        raise UserError(f"{index} names tensors its shards do not hold: {', '.join(missing[:5])}")
     return tensors
 
 

@@ -19,6 +19,7 @@ from itertools import groupby
 import torch
 import torch.nn.functional as F
 
+from errors import UserError
 from machinery import checkpoint
 from machinery.corpus import get_tokenizer
 from machinery.arms import ArmedGPT
@@ -82,9 +83,9 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=1.0,
     and every layer's keys above the first also mixed in the token that fell out. Past block_size each
     token thus costs a whole context's forward, with the cache or without."""
     if not 0 < top_p <= 1:
-        raise ValueError(f"top_p {top_p} must lie in (0, 1]: the probability mass to keep (1.0: all tokens)")
+        raise UserError(f"top_p {top_p} must lie in (0, 1]: the probability mass to keep (1.0: all tokens)")
     if not temperature >= 0:
-        raise ValueError(f"temperature {temperature} must be 0 (greedy) or more")
+        raise UserError(f"temperature {temperature} must be 0 (greedy) or more")
     block_size, cache = model.config.block_size, None
     for _ in range(max_new_tokens):
         context = idx[:, -block_size:]
@@ -219,7 +220,7 @@ def sample(preset, configs, device):
     ckpt_dir = os.path.join(out_dir_of(preset, configs.train), "ckpt")
     latest = checkpoint.load_chosen(ckpt_dir, configs.recovery.ckpt_step, device)
     if latest is None:
-        raise ValueError(f"no checkpoint in {ckpt_dir}: train first (python train.py --out_dir ...)")
+        raise UserError(f"no checkpoint in {ckpt_dir}: train first (python train.py --out_dir ...)")
     step, state = latest
     print(f"sampling from {checkpoint.step_path(ckpt_dir, step)}", file=sys.stderr)  # stdout: the samples alone
     model = single_device_model(recorded_gpt_config(state["config"]), state["model"], device)

@@ -23,22 +23,24 @@ import os
 from dataclasses import asdict
 from urllib.parse import urlsplit
 
+from errors import UserError
+
 TRACKERS = ("tensorboard", "wandb")  # the names --log_to takes; each needs the pip package of the same name
 
 
 def trackers_asked(log_to):
     """The trackers --log_to names ("tensorboard,wandb" -> ("tensorboard", "wandb")), each imported once to be sure
-    it can be: a ValueError names an unknown one, or the package a known one lacks and how to install it."""
+    it can be: a UserError names an unknown one, or the package a known one lacks and how to install it."""
     names = tuple(dict.fromkeys(name.strip() for name in log_to.split(",") if name.strip()))
     for name in names:
         if name not in TRACKERS:
             close = difflib.get_close_matches(name, TRACKERS, n=1)
             hint = f"did you mean {close[0]}? " if close else ""
-            raise ValueError(f"--log_to {name!r}: {hint}choose tensorboard, wandb, or both: --log_to tensorboard,wandb")
+            raise UserError(f"--log_to {name!r}: {hint}choose tensorboard, wandb, or both: --log_to tensorboard,wandb")
         try:
             import_tensorboard() if name == "tensorboard" else import_wandb()
         except ImportError as e:
-            raise ValueError(
+            raise UserError(
                 f"--log_to {name} needs the {name} package: pip install {name} (the import said: {e})"
             ) from None
     return names

@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import torch
 
+from errors import UserError
 from machinery import checkpoint
 from machinery import files
 from machinery.corpus import get_tokenizer
@@ -147,7 +148,7 @@ def hf_folder_config(init_from):
         with open(path) as f:
             return ArmsConfig.of(gpt_config_from_hf(json.load(f)))
     except ValueError as e:  # not JSON, or neither GPT-2's nor Llama's
-        raise ValueError(f"{path}: {e}") from None
+        raise UserError(f"{path}: {e}") from None
 
 
 def hf_tokenizer_of(init_from):
@@ -174,7 +175,7 @@ def fetch_named_base(name, init_url="", say=print):
     revision's file (said so). A file that is there took its name only after its check (files.download)."""
     base = NAMED_BASES[name]
     if init_url.endswith(tuple(base.files)):
-        raise ValueError(
+        raise UserError(
             f"--init_url {init_url} names a file: give the folder that holds {name}'s "
             f"{', '.join(base.files)}, e.g. {init_url.rsplit('/', 1)[0]}"
         )
@@ -205,7 +206,7 @@ def hub_sha256(base, filename):
             listing = json.load(response)
         return next(entry["lfs"]["oid"] for entry in listing if entry["path"] == filename and entry.get("lfs"))
     except (OSError, ValueError, KeyError, TypeError, StopIteration) as e:
-        raise ValueError(
+        raise UserError(
             f"{base.repo} has no sha256 pinned here for its {filename}, and the hub's could not be read from {url} "
             f"({type(e).__name__}: {e}). Download the folder yourself from "
             f"{HUB}/{base.repo}/tree/{base.revision} and pass --init_from path/to/folder"
@@ -240,7 +241,7 @@ def initial_weights(init_from, init_url="", say=print):
         ckpt_dir = os.path.join(init_from, "ckpt")
         latest = checkpoint.load_latest(ckpt_dir, healthy_only=True, warn=say)
         if latest is None:
-            raise ValueError(
+            raise UserError(
                 f"--init_from {init_from} is a run with no healthy checkpoint in {ckpt_dir} that verifies: "
                 "train it further, or start from another run"
             )
@@ -261,13 +262,13 @@ def initial_weights(init_from, init_url="", say=print):
         sharded = os.path.isfile(os.path.join(init_from, SHARD_INDEX))
         path = os.path.join(init_from, SHARD_INDEX if sharded else "model.safetensors")
     if not os.path.isfile(path) and os.path.isfile(os.path.join(init_from, "pytorch_model.bin")):
-        raise ValueError(
+        raise UserError(
             f"--init_from {init_from} holds pytorch_model.bin only: a pickle, which can run code when loaded, so "
             "we do not read it. Re-save the model as safetensors: model.save_pretrained(folder) "
             "(safe_serialization, transformers' default)"
         )
     if not (os.path.isfile(path) and path.endswith((".safetensors", SHARD_INDEX))):
-        raise ValueError(
+        raise UserError(
             f"--init_from {init_from!r} is none of: a run's out_dir (holding run.json and ckpt/), a Hugging Face GPT-2 "
             f"folder (model.safetensors and config.json), a .safetensors file, or one of {', '.join(NAMED_BASES)}"
         )
@@ -275,13 +276,13 @@ def initial_weights(init_from, init_url="", say=print):
     config_path = os.path.join(os.path.dirname(path), "config.json")
     if not os.path.isfile(config_path):
         if "wpe.weight" not in state_dict:  # rotary positions: the heads, key/value heads and theta are not in it
-            raise ValueError(f"--init_from {init_from}: a Llama's weights need the config.json beside them")
+            raise UserError(f"--init_from {init_from}: a Llama's weights need the config.json beside them")
         return Source(None, state_dict, None, init_from)
     try:
         with open(config_path) as f:
             gpt_config = gpt_config_from_hf(json.load(f))
     except ValueError as e:  # not JSON, or neither GPT-2's nor Llama's
-        raise ValueError(f"{config_path}: {e}") from None
+        raise UserError(f"{config_path}: {e}") from None
     # GPT-2's tokenizer is tiktoken's gpt2; a Llama's is its folder's own tokenizer.json (None: taken on trust)
     return Source(
         gpt_config, state_dict, "gpt2" if gpt_config.arch == "gpt2" else hf_tokenizer_of(init_from), init_from
@@ -293,8 +294,8 @@ def _read_hf_weights(path):
     tensors = read_safetensors_folder(os.path.dirname(path)) if path.endswith(SHARD_INDEX) else read_safetensors(path)
     try:
         return state_dict_from_hf(tensors)
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
+    except UserError as e:
+        raise UserError(f"{path}: {e}") from None
 
 
 def _shape_of(state_dict):
@@ -309,7 +310,7 @@ def _shape_of(state_dict):
 
 
 def fit_to_run(source_gpt_config, state_dict, run_gpt_config, source_description, say=print):
-    """(the GPTConfig to build the run's model with, the state dict fitted to it), or a ValueError naming
+    """(the GPTConfig to build the run's model with, the state dict fitted to it), or a UserError naming
     what differs. The source's shape and architecture must be the run's, but for two things:
     - block_size may be smaller than the source's, never larger: GPT-2 keeps the first block_size rows of wpe;
       Llama's rotary positions have no table, so its tensors are kept whole.
@@ -335,14 +336,14 @@ def fit_to_run(source_gpt_config, state_dict, run_gpt_config, source_description
         differ.append("block_size")
     if differ:
         hint = " (a block_size up to the source's is fine)" if "block_size" in differ else ""
-        raise ValueError(
+        raise UserError(
             f"--init_from {source_description} holds {', '.join(f'{k} {source[k]}' for k in differ)}; this run has "
             f"{', '.join(f'{k} {getattr(run_gpt_config, k)}' for k in differ)}: "
             f"pass {' '.join(flag_text(k, source[k]) for k in differ)}" + hint
         )
     padded = padded_vocab_size(run_gpt_config.vocab_size)  # the run's tokenizer's vocabulary, padded (it may be)
     if padded_vocab_size(source["vocab_size"]) != padded:
-        raise ValueError(
+        raise UserError(
             f"--init_from {source_description} holds {source['vocab_size']} token rows; this run's tokenizer pads "
             f"to {padded}: train with the tokenizer these weights learned (--tokenizer)"
         )
@@ -361,15 +362,15 @@ def fit_to_run(source_gpt_config, state_dict, run_gpt_config, source_description
         expected = ArmedGPT(gpt_config).state_dict()
     for name, tensor in expected.items():
         if name not in state_dict:
-            raise ValueError(f"--init_from {source_description} has no tensor {name}, which this run's model has")
+            raise UserError(f"--init_from {source_description} has no tensor {name}, which this run's model has")
         if state_dict[name].shape != tensor.shape:
-            raise ValueError(
+            raise UserError(
                 f"--init_from {source_description}: {name} is {tuple(state_dict[name].shape)}; this run's model "
                 f"needs {tuple(tensor.shape)}"
             )
     extra = sorted(state_dict.keys() - expected.keys())
     if extra:
-        raise ValueError(
+        raise UserError(
             f"--init_from {source_description} holds tensors this run's model has none of ({', '.join(extra[:3])}): "
             "its architecture differs (--norm, --bias)"
         )
@@ -400,7 +401,7 @@ def _gpt2_tokenizer_file(url, sha256):
     try:
         return read_file_cached(url, sha256)
     except Exception as e:  # requests' or tiktoken's own errors when offline
-        raise ValueError(
+        raise UserError(
             f"GPT-2's tokenizer file {url} is not available offline ({type(e).__name__}: {e}). "
             "Point TIKTOKEN_CACHE_DIR at a folder holding tiktoken's cached files for gpt2"
         ) from None
@@ -452,7 +453,7 @@ def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print, max_s
         has = ", ".join(
             f"{k}: {getattr(gpt_config, k)!r} ({'Llama' if llama else 'GPT-2'}: {wanted[k]!r})" for k in differ
         )
-        raise ValueError(
+        raise UserError(
             f"--export_hf writes {'Llama' if llama else 'GPT-2'}'s architecture; this run has {has}: train with "
             + ("" if llama else "--preset gpt2-small or ")
             + " ".join(flag_text(k, wanted[k]) for k in differ)
@@ -463,14 +464,14 @@ def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print, max_s
         [] if tokenizer_name == "gpt2" else [n for n in HF_TOKENIZER_FILES if os.path.isfile(os.path.join(folder, n))]
     )
     if tokenizer_name != "gpt2" and "tokenizer.json" not in hf_tokenizer_files:
-        raise ValueError(
+        raise UserError(
             f"--export_hf needs GPT-2's tokenizer or a tokenizer.json (transformers and lm-eval read its files); "
             f"this run's tokenizer is {tokenizer_name!r}: train with --tokenizer gpt2, or a base's tokenizer.json"
         )
     dest_dir = os.path.normpath(dest_dir)
     replaceable = os.path.isdir(dest_dir) and (not os.listdir(dest_dir) or _is_our_export(dest_dir))
     if os.path.exists(dest_dir) and not replaceable:
-        raise ValueError(
+        raise UserError(
             f"--export_hf {dest_dir} exists and is not an earlier export of ours: name a new or empty folder"
         )
     tokenizer = get_tokenizer(tokenizer_name)
@@ -543,12 +544,12 @@ def export_run(out_dir, dest_dir, ckpt_step=-1, say=print, max_shard_mb=5000):
     ckpt_dir = os.path.join(out_dir, "ckpt")
     steps = checkpoint.list_steps(ckpt_dir)  # newest first
     if not steps:
-        raise ValueError(f"--export_hf: no checkpoint in {ckpt_dir}: train first (python train.py --out_dir ...)")
+        raise UserError(f"--export_hf: no checkpoint in {ckpt_dir}: train first (python train.py --out_dir ...)")
     try:
         step, state = checkpoint.load_chosen(ckpt_dir, steps[0] if ckpt_step == -1 else ckpt_step)
-    except ValueError as e:
+    except UserError as e:
         which = " exports the run's newest checkpoint, and" if ckpt_step == -1 else ":"
-        raise ValueError(f"--export_hf{which} {e}") from None
+        raise UserError(f"--export_hf{which} {e}") from None
     say(f"exporting {out_dir}, its checkpoint of step {step}")
     gpt_config, tokenizer = recorded_gpt_config(state["config"]), state["meta"]["tokenizer"]
     export_hf(state["model"], gpt_config, tokenizer, dest_dir, say, max_shard_bytes=int(max_shard_mb * 10**6))

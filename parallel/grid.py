@@ -13,6 +13,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from errors import UserError
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -117,10 +119,10 @@ def check_grid(layout, world_size):
     dp, tp, pp, cp = layout.dp, layout.tp, layout.pp, layout.cp
     for name, size in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp)):
         if size < 1:
-            raise ValueError(f"--{name} {size} must be at least 1")
+            raise UserError(f"--{name} {size} must be at least 1")
     if layout.world_size != world_size:
         sizes, product = (f"{dp}*{tp}*{pp}", "dp*tp*pp") if cp == 1 else (f"{dp}*{tp}*{pp}*{cp}", "dp*tp*pp*cp")
-        raise ValueError(
+        raise UserError(
             f"{product} = {sizes} = {layout.world_size} but WORLD_SIZE = {world_size}: launch {layout.world_size} "
             f"processes (torchrun --nproc_per_node) or change --dp/--tp/--pp{'/--cp' if cp > 1 else ''}"
         )

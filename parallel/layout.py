@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.nn as nn
 
+from errors import UserError
 from parallel.context_parallel import average_over_cp, context_parallel, cut_sequences, mean_over_cp
 from parallel.data_parallel import (
     BucketedDataParallel,
@@ -134,109 +135,109 @@ def check_layout(layout, gpt_config, batch_size, world_size, dtype):
     # data parallelism: ours, or torch's engines, which are pure data parallelism
     if layout.dp_mode not in (*HAND_WRITTEN, *TORCH_ENGINES):
         choices = f"{', '.join(HAND_WRITTEN)}, {' or '.join(TORCH_ENGINES)}"
-        raise ValueError(f"--dp_mode {layout.dp_mode!r}: choose {choices}")
+        raise UserError(f"--dp_mode {layout.dp_mode!r}: choose {choices}")
     if layout.dp_mode in TORCH_ENGINES and (tp > 1 or pp > 1 or cp > 1):
-        raise ValueError(
+        raise UserError(
             f"--dp_mode {layout.dp_mode} is torch's pure data parallelism and needs --tp 1 --pp 1 --cp 1, got "
             f"--tp {tp} --pp {pp} --cp {cp}: pass --dp_mode bucketed (or naive) to combine data parallelism with them"
         )
     # ZeRO: the state shared out over the dp ranks, built on the bucketed gradients
     if layout.zero not in (0, *ZERO_STAGES):
-        raise ValueError(
+        raise UserError(
             f"--zero {layout.zero}: choose 1 (AdamW's moments sharded over the dp ranks), 2 (the gradients too) or 0; "
             "stage 3, the weights sharded too, is torch's FSDP2: --dp_mode fsdp"
         )
     if layout.zero and dp == 1:
-        raise ValueError(
+        raise UserError(
             f"--zero {layout.zero} shares the training state out over the data-parallel ranks, and --dp is 1: "
             "pass --dp 2 or more, or leave out --zero"
         )
     if layout.zero == 2 and pp > 1:
-        raise ValueError(
+        raise UserError(
             "--zero 2 keeps only a shard of each gradient, reduced as backward completes it; a pipeline stage runs "
             "backward once per micro-batch, so its whole gradient piles up until the schedule ends anyway: pass "
             "--zero 1 with --pp"
         )
     if layout.zero and layout.dp_mode != "bucketed":
-        raise ValueError(
+        raise UserError(
             f"--zero {layout.zero} is built on the bucketed gradients: leave out --dp_mode {layout.dp_mode}"
         )
     # tensor parallelism: heads are the unit of the cut (n_embd = n_head x head size, so n_embd follows);
     # the vocabulary never blocks it, as it is padded to a multiple of tp (tp < 1: check_grid names it below)
     if tp >= 1 and gpt_config.n_head % tp:
-        raise ValueError(
+        raise UserError(
             f"n_head {gpt_config.n_head} is not divisible by tp {tp}: choose --tp among the divisors "
             f"of n_head, or --n_head a multiple of {tp} (with --n_embd a multiple of it)"
         )
     if tp >= 1 and gpt_config.kv_heads % tp:  # GQA: each rank keeps the key/value heads its query heads read
-        raise ValueError(
+        raise UserError(
             f"n_kv_head {gpt_config.kv_heads} is not divisible by tp {tp}: each rank holds n_kv_head / tp key/value "
             f"heads; choose --tp among the divisors of n_kv_head, or --n_kv_head a multiple of {tp}"
         )
     if tp >= 1 and gpt_config.hidden % tp:
-        raise ValueError(f"the MLP's hidden width {gpt_config.hidden} is not divisible by tp {tp}: set --mlp_hidden")
+        raise UserError(f"the MLP's hidden width {gpt_config.hidden} is not divisible by tp {tp}: set --mlp_hidden")
     if layout.sequence_parallel and tp < 2:
-        raise ValueError(
+        raise UserError(
             f"--sequence_parallel cuts along the sequence what tensor parallelism leaves whole, and --tp is {tp}: "
             "pass --tp 2 or more, or leave out --sequence_parallel"
         )
     if layout.sequence_parallel and gpt_config.block_size % tp:
-        raise ValueError(
+        raise UserError(
             f"--sequence_parallel gives each of the {tp} TP ranks block_size / tp positions, and block_size "
             f"{gpt_config.block_size} is not divisible by {tp}: choose --block_size a multiple of {tp}"
         )
     # context parallelism: 2 cp equal chunks of the sequence, an early and a late one a rank; attention without dropout
     if cp > 1 and gpt_config.block_size % (2 * cp):
-        raise ValueError(
+        raise UserError(
             f"--cp {cp} cuts each sequence into 2 x {cp} equal chunks, two a rank, and block_size "
             f"{gpt_config.block_size} is not divisible by {2 * cp}: choose --block_size a multiple of {2 * cp}"
         )
     if cp > 1 and layout.sequence_parallel and gpt_config.block_size % (cp * tp):
-        raise ValueError(
+        raise UserError(
             f"--sequence_parallel cuts each rank's block_size / cp = {gpt_config.block_size // cp} positions over "
             f"tp {tp}: choose --block_size a multiple of cp x tp = {cp * tp}"
         )
     if cp > 1 and gpt_config.dropout > 0:
-        raise ValueError(
+        raise UserError(
             f"--cp {cp}: ring attention has no attention dropout, and --dropout is {gpt_config.dropout}: pass "
             "--dropout 0 (pretraining's usual setting)"
         )
     # pipeline parallelism: every stage at least one block, every micro-batch the same size
     if gpt_config.n_layer < pp:
-        raise ValueError(
+        raise UserError(
             f"n_layer {gpt_config.n_layer} < pp {pp}: every pipeline stage needs at least one block; "
             "lower --pp or raise --n_layer"
         )
     if pp > 1:
         if layout.micro_batches < 1:
-            raise ValueError(f"--micro_batches {layout.micro_batches} must be at least 1")
+            raise UserError(f"--micro_batches {layout.micro_batches} must be at least 1")
         if batch_size % layout.micro_batches:
-            raise ValueError(f"batch_size {batch_size} is not divisible by micro_batches {layout.micro_batches}")
+            raise UserError(f"batch_size {batch_size} is not divisible by micro_batches {layout.micro_batches}")
         if layout.schedule not in SCHEDULES:
-            raise ValueError(f"--schedule {layout.schedule!r}: choose one of {', '.join(SCHEDULES)}")
+            raise UserError(f"--schedule {layout.schedule!r}: choose one of {', '.join(SCHEDULES)}")
     # interleaved 1F1B: v equal chunks a rank, micro-batches in groups of p
     v = layout.virtual_stages
     if v < 1:
-        raise ValueError(f"--virtual_stages {v} must be at least 1")
+        raise UserError(f"--virtual_stages {v} must be at least 1")
     if v > 1 and (pp < 2 or layout.schedule != "1f1b"):
-        raise ValueError(
+        raise UserError(
             f"--virtual_stages {v} interleaves the 1f1b schedule over pipeline ranks, and here --pp is {pp} with "
             f"--schedule {layout.schedule}: pass --pp 2 or more with --schedule 1f1b, or leave out --virtual_stages"
         )
     if v > 1 and gpt_config.n_layer % (pp * v):
-        raise ValueError(
+        raise UserError(
             f"--virtual_stages {v} cuts n_layer {gpt_config.n_layer} into pp x v = {pp * v} equal chunks: choose "
             f"--n_layer a multiple of {pp * v}"
         )
     if v > 1 and layout.micro_batches % pp:
-        raise ValueError(
+        raise UserError(
             f"--virtual_stages {v} runs micro-batches through each chunk in groups of pp = {pp}, and --micro_batches "
             f"is {layout.micro_batches}: choose a multiple of {pp}"
         )
     # fp16's loss scaling skips a step whose gradients overflowed: every rank must see all of them to agree
     sharded = layout.zero or layout.dp_mode == "fsdp"
     if (pp > 1 or sharded) and dtype == torch.float16:
-        raise ValueError(
+        raise UserError(
             "the compute dtype is float16 here (--dtype float16, or --dtype auto on a GPU without bf16), which "
             f"needs loss scaling, whose overflow check the {'pipeline' if pp > 1 else 'sharded'} path lacks (under "
             "ZeRO or FSDP a rank sees only its shard of the gradients, and the ranks could disagree on skipping a "

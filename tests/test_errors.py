@@ -1,0 +1,82 @@
+"""Refusals and bugs, told apart in every entry point: a UserError (a refusal of the user's input) prints one line,
+`error: ...`, naming the input; any other exception, a ValueError from a bug included, keeps its traceback."""
+
+import importlib
+import sys
+
+import pytest
+
+from conftest import ROOT, run_script
+from errors import UserError
+
+sys.path.insert(0, str(ROOT / "exercises"))
+
+# (the entry point's module, the function its main calls that we make raise, argv that reaches it)
+ENTRY_POINTS = {
+    "train.py": ("machinery.run_setup", "prepare_data", ["--max_iters", "1", "--plot", "false"]),
+    "python -m machinery.corpus": ("machinery.corpus", "prepare", ["--source", "x.txt", "--out_dir", "{tmp}/data"]),
+    "python -m machinery.cost": ("machinery.cost", "account", ["--model", "124M", "--gpu", "H100", "--gpus", "1"]),
+    "python -m machinery.curves": ("machinery.curves", "read_run", ["{tmp}/run"]),
+    "python -m machinery.compare": ("machinery.compare", "compare_runs", ["{tmp}/a", "{tmp}/b"]),
+    "exercises/check_graders.py": ("check_graders", "mutants_of", ["lr_at"]),
+}
+MAINS = {
+    "train.py": "train",
+    "python -m machinery.corpus": "machinery.corpus",
+    "python -m machinery.cost": "machinery.cost",
+    "python -m machinery.curves": "machinery.curves",
+    "python -m machinery.compare": "machinery.compare",
+    "exercises/check_graders.py": "check_graders",
+}
+
+
+def call_main_raising(entry, error, monkeypatch, tmp_path):
+    """Run the entry point's main in this process with `error` raised where its work begins."""
+    module, function, argv = ENTRY_POINTS[entry]
+
+    def raising(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(importlib.import_module(module), function, raising)
+    monkeypatch.chdir(tmp_path)  # whatever a run would write lands here
+    importlib.import_module(MAINS[entry]).main([a.format(tmp=tmp_path) for a in argv])
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_a_refusal_is_one_line_naming_the_input(entry, monkeypatch, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        call_main_raising(entry, UserError("--source x.txt: no such file"), monkeypatch, tmp_path)
+    assert exit_info.value.code == "error: --source x.txt: no such file", (
+        f"{entry}: a UserError exits with one line naming the input: got {exit_info.value.code!r}"
+    )
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_a_bug_keeps_its_traceback(entry, monkeypatch, tmp_path):
+    bug = ValueError("operands could not be broadcast together with shapes (3,) (4,)")
+    with pytest.raises(ValueError) as raised:
+        call_main_raising(entry, bug, monkeypatch, tmp_path)
+    assert raised.value is bug, f"{entry}: a ValueError from a bug goes up whole, not {raised.value!r}"
+
+
+def test_train_py_prints_a_bugs_traceback_and_a_refusal_in_one_line(tmp_path):
+    """The whole process, as a user sees it: a ValueError raised inside the run's set-up prints a traceback that
+    names where it came from; a foreign --out_dir prints one line naming the folder, and no traceback."""
+    bug = (
+        "import sys, train, machinery.run_setup as setup\n"
+        "def prepare_data(*args, **kwargs):\n"
+        "    raise ValueError('shapes (3,) and (4,) not aligned')\n"
+        "setup.prepare_data = prepare_data\n"
+        "train.main(sys.argv[1:])\n"
+    )
+    result = run_script(["-c", bug, "--out_dir", tmp_path / "run", "--plot", "false"], cwd=ROOT, timeout=120)
+    assert result.returncode != 0 and "Traceback" in result.stderr, result.stderr[-2000:]
+    assert "in prepare_data" in result.stderr and "ValueError: shapes (3,)" in result.stderr, result.stderr
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "mine.txt").write_text("keep me")
+    result = run_script(["train.py", "--out_dir", foreign], cwd=ROOT, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert lines[-1].startswith(f"error: --out_dir {foreign} is not empty"), lines
+    assert (foreign / "mine.txt").read_text() == "keep me"
