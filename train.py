@@ -22,10 +22,10 @@ The loop never asks how the model is laid out across ranks: it talks to the mode
 (parallel/layout.py's RankModel). Nor does it hold the machinery a real run needs (checkpoint folders, logs,
 the cost account, the runbook's actions): machinery/run_setup.py builds the `Run`, and the loop calls its few
 hooks (`run.start()`, `run.batches(step)`, `run.validate(step)`, `run.log(record)`, `run.save(step)`,
-`run.respond_to_incident(step, fired)`, `run.finish(...)`), listed in Run's docstring.
+`run.respond_to_incident(step, fired)`, `run.stop_for_signal(step)`, `run.finish(...)`), listed in Run's docstring.
 
-A run writes into its out_dir: run.json, metrics.jsonl, incidents.jsonl, metrics.png (unless --plot false),
-samples.txt and ckpt/.
+A run writes into its out_dir: run.json, metrics.jsonl, incidents.jsonl, metrics.png and a pipeline's pipeline.png
+(unless --plot false), samples.txt and ckpt/.
 """
 
 import math

@@ -187,7 +187,8 @@ def finish(run, final_evaluation):
     with open(os.path.join(run.out_dir, "samples.txt"), "w") as f:
         f.write("\n\n==========\n\n".join(samples) + "\n")
     shown = f"samples:\n{samples[0]}\n" if samples else ""  # --num_samples 0: none
-    written = ["metrics.jsonl", *(["metrics.png"] if run.configs.train.plot else []), "samples.txt", "ckpt/"]
+    figures = ["metrics.png", *(["pipeline.png"] if timeline is not None else [])] if run.configs.train.plot else []
+    written = ["metrics.jsonl", *figures, "samples.txt", "ckpt/"]
     print(f"{shown}wrote {run.out_dir}: {', '.join(written)}")
     band, _ = find_band(run.identity, run.preset)
     if band:  # a band of this recipe over seeds (bands/<preset>.json): the reader sets the run against it

@@ -708,6 +708,16 @@ def test_spawned_ranks_take_the_same_steps(corpus, single):
     assert_same_run(out, single)
 
 
+def test_a_pipeline_run_draws_its_gantt_chart_and_says_so(corpus, tmp_path, capfd):
+    """A pipeline run's end draws the last step as its ranks ran it (pipeline.png), and the closing line lists it
+    among the files the run wrote."""
+    out = tmp_path / "pp2"
+    train_ranks(2, args(corpus, out, "--pp", 2, "--micro_batches", 2, "--max_iters", 2, "--plot", "true"))
+    assert (out / "pipeline.png").stat().st_size > 10_000, "the Gantt chart is drawn"
+    printed = capfd.readouterr().out
+    assert f"wrote {out}: metrics.jsonl, metrics.png, pipeline.png, samples.txt, ckpt/" in printed, printed[-1500:]
+
+
 def test_mfu_counts_the_whole_model_under_tensor_parallelism(corpus):
     """Each TP rank holds 1/tp of the matrices, but the group trains the whole model: MFU counts all of it."""
     out = corpus / "tp2-mfu"

@@ -171,14 +171,18 @@ def test_a_renamed_module_or_a_moved_function_is_caught():
     ]
 
 
-def test_the_reading_order_lists_every_parallel_file_and_the_layout_every_flag():
-    import parallel
+@pytest.mark.parametrize("package", ["parallel", "machinery"])
+def test_the_packages_list_gives_each_file_once(package):
+    """A package's __init__.py gives each of its files' jobs in a line: one added without its line is caught."""
+    listed = re.findall(r"^ +(\w+\.py) ", importlib.import_module(package).__doc__, re.MULTILINE)
+    files = sorted(path.name for path in ROOT.glob(f"{package}/*.py") if path.name != "__init__.py")
+    assert sorted(listed) == files, f"{package}/__init__.py lists {sorted(listed)}; {package}/ holds {files}"
+
+
+def test_the_layout_names_every_flag():
     import parallel.grid
     import parallel.layout
 
-    listed = re.findall(r"^    (\w+\.py) ", parallel.__doc__, re.MULTILINE)
-    files = sorted(path.name for path in ROOT.glob("parallel/*.py") if path.name != "__init__.py")
-    assert sorted(listed) == files, "parallel/__init__.py's reading order must list each file of parallel/ once"
     flags = {f"--{field}" for field in parallel.grid.Layout.__dataclass_fields__} - {"--dist_timeout"}
     missing = flags - set(re.findall(r"--\w+", parallel.layout.__doc__.split("Two functions")[0]))
     assert not missing, f"parallel/layout.py's list of layout flags lacks {sorted(missing)}"
