@@ -123,6 +123,7 @@ EXERCISES = [
             "tests/test_monitor.py::test_spikes_and_warnings_stay_out_of_the_baselines",
             "tests/test_monitor.py::test_non_finite_is_always_an_incident",
             "tests/test_monitor.py::test_grad_norm_z_is_the_distance_from_the_healthy_mean_in_stds",
+            "tests/test_monitor.py::test_a_grad_norm_exactly_at_the_z_bound_does_not_warn",
             "tests/test_monitor.py::test_a_zero_threshold_turns_the_z_warning_off",
             "tests/test_monitor.py::test_z_waits_for_the_baseline_and_survives_a_constant_one",
             "tests/test_monitor.py::test_grad_norm_z_warns_and_marks_the_next_checkpoint_unhealthy",

@@ -94,7 +94,7 @@ class RecoveryConfig:
     triggers: str = "nonfinite,spike"  # detectors that roll back; of nonfinite,spike,grad_z,val_rise
     spike_factor: float = 2.0  # spike: loss above this many times the median of recent losses
     monitor_window: int = 50  # steps in the rolling baselines of loss and grad norm
-    grad_z_threshold: float = 8.0  # grad_z: grad norm this many std above its recent mean; 0 = off
+    grad_z_threshold: float = 8.0  # grad_z: grad norm more than this many std above its recent mean; 0 = off
     val_rise_evals: int = 3  # val_rise: val loss up this many evals in a row while train loss falls; 0 = off
     # The runbook (incidents.respond_to_incident): every incident rolls back to the newest healthy
     # checkpoint and skips the data that led to it; a repeat within incident_window steps (0: never) also...

@@ -156,8 +156,8 @@ class HealthMonitor:
     - nonfinite: loss or grad norm is NaN or inf. Always an incident.
     - spike: loss > spike_factor x median of recent losses (the median ignores
       the odd noisy step that a mean would follow).
-    - grad_z: (grad norm - mean) / std of recent grad norms: a leading indicator
-      (grad_z_threshold 0 turns it off).
+    - grad_z: z = (grad norm - mean) / std of recent grad norms > grad_z_threshold:
+      a leading indicator (grad_z_threshold 0 turns it off).
     - val_rise: the val loss rose for val_rise_evals evals in a row while the
       train loss fell: the other leading indicator.
     Detectors named in `triggers` are incidents (roll back); the others only

@@ -170,6 +170,20 @@ def test_grad_norm_z_is_the_distance_from_the_healthy_mean_in_stds(grad_norm):
     )
 
 
+def test_a_grad_norm_exactly_at_the_z_bound_does_not_warn():
+    """grad_z warns when z is more than grad_z_threshold: grad norms 1 and 3 alternating (mean 2, population std 1)
+    put a grad norm of 8 exactly at z = 6, the threshold: no warning; 9 is above it under either std: a warning."""
+    history = [1.0, 3.0] * 5
+    for grad_norm, warns in [(8.0, False), (9.0, True)]:
+        monitor = after_healthy_steps([1.0] * 10, history)
+        z, fired = monitor.check_step(1.0, grad_norm)
+        assert ("grad_z" in fired_names(fired)) == warns, (
+            f"grad norm {grad_norm} (z = {z}) against the threshold {SETTINGS['grad_z_threshold']}: "
+            f"{'above it' if warns else 'at it, not above'}: expected {['grad_z'] if warns else []}, "
+            f"got {fired_names(fired)}"
+        )
+
+
 def test_a_zero_threshold_turns_the_z_warning_off():
     """grad_z_threshold 0 means the detector is off (config.py): z is still measured, nothing warns."""
     monitor = after_healthy_steps(STEADY_LOSSES, STEADY_GRAD_NORMS, grad_z_threshold=0.0)
