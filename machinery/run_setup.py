@@ -241,6 +241,7 @@ def set_up(preset, configs):
     trackers = run_on_rank0(lambda: trackers_asked(cfg.log_to), grid.rank == 0)  # rank 0 logs: it needs the packages
     out_dir = out_dir_of(preset, cfg)
     run_on_rank0(lambda: check_out_dir_is_ours(out_dir), grid.rank == 0)  # before the data may land inside it
+    run_on_rank0(lambda: check_a_corpus_is_named(preset, configs), grid.rank == 0)
     watch = Watch(out_dir, grid, say)  # the folder's lock first: one job per run folder (cluster.py)
     with contextlib.ExitStack() as on_failure:  # a set-up that fails releases the lock
         on_failure.callback(watch.close)
@@ -333,6 +334,29 @@ def prepare_mirror(mirror, identity, overwrite, defaults):
     prepare_out_dir(mirror, identity, overwrite, defaults, "--ckpt_mirror")
 
 
+def check_a_corpus_is_named(preset, configs):
+    """Refuse, before the run writes anything, to train on data nobody named: a --data_dir without token files that
+    only the embedded default (stdlib) would fill, or a preset that names no corpus (gpt2-small) with none prepared."""
+    cfg, dcfg = configs.train, configs.data
+    default_dir = default_data_dir(dcfg)
+    data_dir = cfg.data_dir or default_dir
+    if cfg.mix or dcfg.source not in ("", DataConfig.source) or os.path.exists(os.path.join(data_dir, "meta.json")):
+        return
+    prepare = f"python -m machinery.corpus --source 'texts/**/*.txt' --tokenizer {dcfg.tokenizer} --out_dir"
+    if cfg.data_dir and os.path.abspath(data_dir) != os.path.abspath(default_dir):
+        named = f"the embedded default, {dcfg.source}, fills only its own folder ({default_dir})" if dcfg.source else ""
+        raise UserError(
+            f"--data_dir {cfg.data_dir} holds no token files (no meta.json), and the run names no corpus to prepare "
+            f"there{': ' + named if named else ''}. Prepare yours once: {prepare} {cfg.data_dir} (or pass --source)"
+        )
+    if not dcfg.source:
+        raise UserError(
+            f"--preset {preset} names no corpus: its plan of {cfg.max_iters:,} steps needs data you choose, not a "
+            f"default that would silently stand in for it. Prepare yours once, e.g. {prepare} data/texts, then pass "
+            "--data_dir data/texts (or --source, or --mix)"
+        )
+
+
 def prepare_data(preset, configs, is_rank0):
     """(the mix or None, meta, {source name: its data folder}): the token files, tokenized by rank 0 on first use.
     A mix prepares each of its sources into a folder of its own, data/<source>-<tokenizer> (under --data_dir if
@@ -344,21 +368,6 @@ def prepare_data(preset, configs, is_rank0):
         data_dirs = {name: data_dir for name, (data_dir, _) in prepared.items()}
         return mix, mix_meta(mix, {name: meta for name, (_, meta) in prepared.items()}), data_dirs
     data_dir = cfg.data_dir or default_data_dir(dcfg)
-    prepared = os.path.exists(os.path.join(data_dir, "meta.json"))
-    if cfg.data_dir and not prepared and dcfg.source == DataConfig.source:
-        raise UserError(
-            f"--data_dir {cfg.data_dir} holds no token files (no meta.json), and no --source names a corpus for "
-            f"it: the embedded default ({DataConfig.source}) fills only its own folder, {default_data_dir(dcfg)}. "
-            f"Prepare yours once with python -m machinery.corpus --source 'texts/**/*.txt' --out_dir {cfg.data_dir} "
-            "(or pass --source)"
-        )
-    if not dcfg.source and not prepared:
-        raise UserError(
-            f"--preset {preset} names no corpus: its plan of {cfg.max_iters:,} steps needs data you choose, not a "
-            "default that would silently stand in for it. Prepare yours once, e.g. python -m machinery.corpus --source "
-            "'texts/**/*.txt' --tokenizer gpt2 --out_dir data/texts-gpt2, then pass --data_dir data/texts-gpt2 "
-            "(or --source, or --mix)"
-        )
     meta = run_on_rank0(lambda: load_or_prepare(dcfg, data_dir), is_rank0)
     return None, meta, {"data": data_dir}
 
