@@ -52,8 +52,10 @@ class DataParallel:
     gradients; ZeRO's engines (zero.py) share the training state out over the replicas instead.
 
     At start, every rank takes DP rank 0's whole module state (a broadcast of every parameter,
-    trainable or frozen, and every buffer), so all copies begin identical; with identical averaged
-    gradients of the trainable ones they stay so, as torch's DDP does. Under gradient accumulation only
+    trainable or frozen, and every buffer), so all copies begin identical, as torch's DDP makes them; with
+    identical averaged gradients of the trainable ones they stay so (a buffer that forward changes would drift
+    apart: DDP broadcasts buffers again before each forward, these engines only at the start). Under gradient
+    accumulation only
     the last micro-batch syncs (`sync = False` before the others): the sum of local gradients is
     averaged once, which equals averaging each micro-batch.
     """

@@ -594,10 +594,13 @@ def test_every_engine_starts_the_replicas_from_rank_0s_whole_state(engine):
     for rank in range(2):
         stepped = outcome[rank][1][2]
         for name, want in _toy_state(net).items():
-            close = torch.allclose(torch.tensor(stepped[name]), torch.tensor(want), rtol=1e-5, atol=1e-6)
-            assert close, (
-                f"{engine}, rank {rank}: after {steps} steps {name} equals one process's on the whole batch: "
-                f"expected {first_values(want)}..., got {first_values(stepped[name])}..."
+            torch.testing.assert_close(
+                torch.tensor(stepped[name]),
+                torch.tensor(want),
+                rtol=1e-5,
+                atol=1e-6,
+                msg=f"{engine}, rank {rank}: after {steps} steps {name} equals one process's on the whole batch: "
+                f"expected {first_values(want)}..., got {first_values(stepped[name])}...",
             )
 
 
