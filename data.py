@@ -27,11 +27,14 @@ def token_dtype(vocab_size):
 
 
 def read_json(path):
-    """The JSON in path, or None if there is no such file."""
+    """The JSON in path, or None if there is no such file; a file that holds no JSON is refused, named."""
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise UserError(f"{path} is not a JSON file ({e}): restore it, or remove the folder that holds it") from None
 
 
 def load_meta(data_dir):
@@ -69,7 +72,10 @@ class TokenStream:
     """
 
     def __init__(self, path, dtype, batch_size, block_size, rank=0, world_size=1, lanes=1, order_seed=0):
-        self.tokens = np.memmap(path, dtype=dtype, mode="r")
+        try:
+            self.tokens = np.memmap(path, dtype=dtype, mode="r")
+        except ValueError as e:  # empty, or not a whole number of ids
+            raise UserError(f"{path} holds no {np.dtype(dtype).name} token ids ({e}): prepare the data again") from None
         self.batch_size, self.block_size = batch_size, block_size
         self.rank, self.world_size = rank, world_size
         n_windows = (len(self.tokens) - 1) // block_size
@@ -114,6 +120,6 @@ if __name__ == "__main__":
     # Older handouts say `python data.py --source ...`: preparing a corpus is the machinery's job now, and a
     # silent exit 0 here would let the next command train on another corpus.
     sys.exit(
-        "data.py prepares no corpus: python -m machinery.corpus --source FILES --tokenizer byte --out_dir DIR does "
-        "(python -m machinery.corpus --help lists its flags), then python train.py --data_dir DIR"
+        "error: data.py prepares no corpus: python -m machinery.corpus --source FILES --tokenizer byte --out_dir "
+        "DIR does (python -m machinery.corpus --help lists its flags), then python train.py --data_dir DIR"
     )

@@ -357,7 +357,7 @@ class GPT(nn.Module):
         B, T = idx.shape
         start = 0 if cache is None else len(cache[0])  # idx's first position: the cache's positions come before
         if start + T > self.config.block_size:
-            raise UserError(f"sequence length {start + T} exceeds block_size {self.config.block_size}")
+            raise ValueError(f"sequence length {start + T} exceeds block_size {self.config.block_size}")
         x = self.wte(idx)  # (B, T, C)
         if self.wpe is not None:  # learned positions join the tokens here; rotary ones turn q and k in attention
             x = x + self.wpe(torch.arange(start, start + T, device=idx.device))

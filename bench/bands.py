@@ -125,7 +125,10 @@ def main(argv=None):
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d"),
     }
-    band = bands.make_band([bands.read_run(run_dirs[s]) for s in seeds], args.preset, made_by)
+    try:
+        band = bands.make_band([bands.read_run(run_dirs[s]) for s in seeds], args.preset, made_by)
+    except UserError as e:  # a seed that had an incident, or trained another recipe
+        sys.exit(f"error: {e}")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     write_json_atomic(out, band)
     rule = band["rule"]

@@ -263,10 +263,6 @@ def all_needs(exercise):
 # The marked bodies in the source
 
 
-class MarkerError(UserError):
-    """A marker line missing, doubled or out of order: what to restore, and where."""
-
-
 def marker(exercise, where, side):
     part = "" if len(exercise.where) == 1 else f", {where}"
     return f"# exercise {exercise.name}{part}: {side}"
@@ -285,20 +281,20 @@ def body(source, exercise, where, path=None):
         wanted = marker(exercise, where, side)
         at = [i for i, line in enumerate(lines) if line.strip() == wanted]
         if not at:
-            raise MarkerError(
+            raise UserError(
                 f"{path}: exercise {exercise.name}: the line `{wanted}` is missing; restore it "
                 f"in {where}, at the {'start' if side == 'begin' else 'end'} of the body you write, "
                 "indented like the body"
             )
         if len(at) > 1:
-            raise MarkerError(
+            raise UserError(
                 f"{path}: exercise {exercise.name}: the line `{wanted}` appears "
                 f"{len(at)} times (lines {', '.join(str(i + 1) for i in at)}); keep only the one "
                 f"in {where}"
             )
         found[side] = at[0]
     if found["end"] < found["begin"]:
-        raise MarkerError(
+        raise UserError(
             f"{path}: exercise {exercise.name}: `{marker(exercise, where, 'end')}` (line "
             f"{found['end'] + 1}) comes before `{marker(exercise, where, 'begin')}` (line "
             f"{found['begin'] + 1}); the body of {where} goes between them"

@@ -23,7 +23,8 @@ import tempfile
 import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from catalog import BY_NAME, EXERCISES, MarkerError, body, in_needs_order, stub_line  # noqa: E402
+from catalog import BY_NAME, EXERCISES, body, in_needs_order, stub_line  # noqa: E402
+from errors import UserError  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STUB = re.compile(r"NotImplementedError: exercise (\w+):")
@@ -144,13 +145,13 @@ def main(argv=None):
         raise SystemExit(f"error: {', '.join(unknown)}: no such exercise; choose from {', '.join(BY_NAME)}")
     if not os.path.isfile(os.path.join(args.root, "train.py")):
         raise SystemExit(f"error: --root {args.root} holds no train.py: point it at a copy made by exercises/make.py")
-    chosen = [e for e in in_needs_order(EXERCISES) if not args.names or e.name in args.names]
     try:
+        chosen = [e for e in in_needs_order(EXERCISES) if not args.names or e.name in args.names]
         for exercise in chosen:  # every marker first: a broken one stops the grading before any test runs
             for where in exercise.where:
                 with open(os.path.join(args.root, exercise.file)) as f:
                     body(f.read(), exercise, where)
-    except MarkerError as e:
+    except UserError as e:
         raise SystemExit(f"error: {e}") from None
     number = {e.name: i for i, e in enumerate(EXERCISES, 1)}
     passed = 0

@@ -16,7 +16,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from catalog import BY_NAME, EXERCISES, MarkerError, stub  # noqa: E402
+from catalog import BY_NAME, EXERCISES, stub  # noqa: E402
+from errors import UserError  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,7 +48,7 @@ def make(out_dir, names, root=ROOT, untracked=False, quiet=False):
             source = f.read()
         try:
             stubbed = stub(source, BY_NAME[name])
-        except MarkerError as e:
+        except UserError as e:
             raise SystemExit(f"error: {e}") from None
         with open(path, "w") as f:
             f.write(stubbed)

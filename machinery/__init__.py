@@ -19,7 +19,7 @@ run_setup.py builds; nothing here is needed to read the lesson. Each file's job,
     runbook.py             the incident runbook's rungs and the choice among them (Recovery)
     incidents.py           the runbook's actions on a run: roll back, skip the data, lower the LR, stop
     faults.py              faults injected on demand: a NaN weight, a garbage batch, a dead or hung rank
-    cluster.py             a run on a cluster's terms: stop signals, heartbeats, the run folder's lock, rank 0's say
+    cluster.py             a cluster's terms: stop signals, heartbeats, the folder's lock, ranks that stop as one
     reporting.py           what a run says: the cost account, each logged step, the end of a run
     tracking.py            --log_to tensorboard,wandb
     evaluation.py          val loss over the same rows every time, HellaSwag, the final check

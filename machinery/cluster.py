@@ -326,30 +326,44 @@ class Watch:
 
 
 def run_on_rank0(fn, is_rank0):
-    """fn() on rank 0 only (writing files, preparing data); its result, or the UserError (a refusal)
-    it raised, then reaches every rank, so no rank waits forever for a failed rank 0."""
-    result, error = None, None
+    """fn() on rank 0 only (writing files, preparing data); its result, or its failure, then reaches every rank, so
+    no rank waits forever for a failed rank 0. A refusal (UserError) is raised on every rank; a bug is raised on rank 0
+    with its traceback, and the others stop saying so."""
+    result, problem, error = None, None, None
     if is_rank0:
         try:
             result = fn()
-        except UserError as e:
-            error = str(e)
+        except Exception as e:
+            error, problem = e, said_of(e)
     if dist.is_initialized():
-        box = [(result, error)]
+        box = [(result, problem)]
         dist.broadcast_object_list(box, src=0)
-        result, error = box[0]
+        result, problem = box[0]
     if error is not None:
-        raise UserError(error)
+        raise error
+    if problem is not None:
+        raise UserError(problem)
     return result
 
 
-def raise_on_every_rank(problem):
-    """Gather every rank's problem (a message, or None); if any rank has one, every rank raises
-    it as a UserError, so no rank waits in a collective for one that gave up. A barrier too."""
+def said_of(error, rank=0):
+    """What the other ranks say of an exception one rank raised: a refusal's own words, or where to find a bug's
+    traceback."""
+    if isinstance(error, UserError):
+        return str(error)
+    return f"rank {rank} stopped on a bug ({type(error).__name__}: {error}); its traceback says where"
+
+
+def raise_on_every_rank(problem, error=None):
+    """Gather every rank's problem (a message, or None); if any rank has one, every rank raises it as a UserError,
+    so no rank waits in a collective for one that gave up. A barrier too. error: the exception behind this rank's
+    problem when it is a bug, raised here instead, with its traceback."""
     problems = [problem]
     if dist.is_initialized():
         problems = [None] * dist.get_world_size()
         dist.all_gather_object(problems, problem)
+    if error is not None and not isinstance(error, UserError):
+        raise error
     failed = [p for p in problems if p]
     if failed:
         raise UserError(failed[0] + (f" (and {len(failed) - 1} more rank(s) alike)" if len(failed) > 1 else ""))

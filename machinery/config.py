@@ -112,6 +112,8 @@ class RecoveryConfig:
             raise UserError(f"--repeat_response {self.repeat_response!r}: choose lower_lr or rewarm")
         if self.ckpt_step < -1:
             raise UserError(f"--ckpt_step {self.ckpt_step}: a step that has a checkpoint, or -1 for the newest")
+        if self.monitor_window < 2:
+            raise UserError(f"--monitor_window {self.monitor_window}: the baselines need 2 healthy steps or more")
         unknown = set(self.forgotten_on_resume) - set(self.RESUMABLE)
         if unknown:
             raise UserError(f"--resume_without {','.join(sorted(unknown))}: choose from {','.join(self.RESUMABLE)}")

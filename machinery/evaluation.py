@@ -93,7 +93,7 @@ def benchmark_file(bcfg):
 def read_examples(path, limit=0):
     """[(context, [ending, ...], label)] from a HellaSwag JSON Lines file, the first `limit` (0 = all)."""
     examples = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:  # each line decoded by json.loads, so a line that is not UTF-8 is named too
         for line_number, line in enumerate(f, 1):
             if not line.strip():
                 continue

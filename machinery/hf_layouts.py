@@ -84,11 +84,11 @@ def state_dict_to_hf(state_dict, vocab_size):
     rows our runs pad it with."""
     rows = state_dict["wte.weight"].shape[0]
     if vocab_size > rows:
-        raise UserError(f"vocab_size {vocab_size} exceeds the {rows} rows of wte.weight")
+        raise ValueError(f"vocab_size {vocab_size} exceeds the {rows} rows of wte.weight")
     hf = {}
     for ours, theirs, transposed in _parameter_names(count_blocks(state_dict, "blocks.")):
         if ours not in state_dict:
-            raise UserError(f"no {ours} in the state dict: GPT-2's layout needs it (biases and LayerNorm: --bias)")
+            raise ValueError(f"no {ours} in the state dict: GPT-2's layout needs it (biases and LayerNorm: --bias)")
         tensor = state_dict[ours][:vocab_size] if ours == "wte.weight" else state_dict[ours]
         hf[f"transformer.{theirs}"] = (tensor.t() if transposed else tensor).float().contiguous()
     return hf

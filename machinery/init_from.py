@@ -1,18 +1,18 @@
 """The model a run starts from: a fresh init, the same on every rank, or --init_from's weights, read and fitted to
 the run (transfer.py reads them) at set-up, and loaded into the rank's model by the start of a run (resume.start)."""
 
-import json
 import os
 from dataclasses import asdict, replace
 from typing import NamedTuple
 
+from data import read_json
 from errors import UserError
 from machinery import checkpoint
 from machinery.run_folder import config_changes, data_changes
 from machinery.transfer import fit_to_run, initial_weights
 from machinery.arms import ArmedGPT
 from model import padded_vocab_size
-from machinery.cluster import raise_on_every_rank, run_on_rank0
+from machinery.cluster import raise_on_every_rank, run_on_rank0, said_of
 
 
 class InitialWeights(NamedTuple):
@@ -46,8 +46,7 @@ def vocab_size_of_a_run_to_resume(out_dir, cfg):
     path = os.path.join(out_dir, "run.json")
     if cfg.overwrite or not os.path.isfile(path) or not checkpoint.list_steps(os.path.join(out_dir, "ckpt")):
         return None
-    with open(path) as f:
-        recorded = json.load(f)
+    recorded = read_json(path)
     if recorded.get("TrainConfig", {}).get("init_from") != cfg.init_from:
         return None
     return recorded.get("GPTConfig", {}).get("vocab_size")  # None: a malformed record, which prepare_out_dir names
@@ -56,13 +55,13 @@ def vocab_size_of_a_run_to_resume(out_dir, cfg):
 def read_initial_weights(configs, meta, grid, say):
     """(the GPTConfig of the run's model, InitialWeights): --init_from's weights checked against and fitted
     to this run (transfer.fit_to_run), on every rank: rank 0 first, as it may download them (once)."""
-    weights, problem = None, None
+    weights, problem, error = None, None, None
     if grid.rank == 0:
         try:
             weights = initial_weights(configs.train.init_from, configs.train.init_url, say)
-        except UserError as e:
-            problem = str(e)
-    raise_on_every_rank(problem)  # a barrier too: the others read what rank 0 fetched
+        except Exception as e:
+            error, problem = e, said_of(e)
+    raise_on_every_rank(problem, error)  # a barrier too: the others read what rank 0 fetched
     if grid.rank != 0:
         weights = initial_weights(configs.train.init_from, configs.train.init_url, say)
     if weights.tokenizer is not None and weights.tokenizer != meta["tokenizer"]:

@@ -106,7 +106,7 @@ def read_mix(path):
             spec = json.load(f)
     except FileNotFoundError:
         raise UserError(f"--mix {path}: no such file") from None
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise UserError(f"--mix {path} is not JSON ({e}): write one object with sources, weights, schedule") from None
 
     def refuse(key, problem):
@@ -331,7 +331,7 @@ class MixedStream:
         credits stay."""
         unknown = [s for s in rows if s not in self.rows]
         if unknown:
-            raise UserError(f"position names {', '.join(unknown)}, not sources of the mix ({', '.join(self.rows)})")
+            raise ValueError(f"position names {', '.join(unknown)}, not sources of the mix ({', '.join(self.rows)})")
         self.rows.update({s: int(n) for s, n in rows.items()})
 
     def mix_tokens(self):

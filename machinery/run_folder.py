@@ -16,6 +16,7 @@ import os
 import shutil
 from dataclasses import asdict
 
+from data import read_json
 from errors import UserError
 from machinery.files import remove_if_exists, write_json_atomic
 from machinery.mixture import weight_changes
@@ -127,8 +128,7 @@ def prepare_out_dir(out_dir, identity, overwrite, defaults, flag="--out_dir"):
     if not os.path.exists(path):
         record_identity(out_dir, identity)
         return []
-    with open(path) as f:
-        old = fill_new_fields(json.load(f), defaults)
+    old = fill_new_fields(read_json(path), defaults)
     changed = config_changes(old, identity, ignore=CONTINUABLE)
     if changed:
         raise UserError(
@@ -158,8 +158,7 @@ def record_identity(out_dir, identity):
     path = os.path.join(out_dir, "run.json")
     kept = {}
     if os.path.exists(path):
-        with open(path) as f:
-            kept = {k: v for k, v in json.load(f).items() if k in COMMAND_RECORDS}
+        kept = {k: v for k, v in read_json(path).items() if k in COMMAND_RECORDS}
     write_json_atomic(path, {**identity, **kept})
 
 
@@ -171,8 +170,7 @@ def record_config(out_dir, config, step, compute_dtype):
     part of the identity: prepare_out_dir compares only the identity's keys, so another layout or a larger
     max_iters still continues the run, and the command that does records its own configuration here."""
     path = os.path.join(out_dir, "run.json")
-    with open(path) as f:
-        recorded = json.load(f)
+    recorded = read_json(path)
     computed_in = [entry for entry in recorded.get("computed_in", []) if entry[0] < step]  # a rollback's redo
     if not computed_in or computed_in[-1][1] != compute_dtype:
         computed_in.append([step, compute_dtype])
@@ -197,7 +195,10 @@ def read_jsonl(path):
         return []
     with open(path) as f:
         lines = [line for line in f if line.strip()]
-    records = [json.loads(line) for line in lines[:-1]]
+    try:
+        records = [json.loads(line) for line in lines[:-1]]
+    except ValueError as e:  # a crash cuts the last line only: an earlier one that does not parse was changed
+        raise UserError(f"{path} is not JSON lines ({e}): restore it from a copy, or start the run over") from None
     try:
         records += [json.loads(line) for line in lines[-1:]]
     except json.JSONDecodeError:

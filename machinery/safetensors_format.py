@@ -101,7 +101,7 @@ def safetensors_writer(tensors, metadata=None):
     header, offset = ({"__metadata__": dict(metadata)} if metadata else {}), 0
     for name, tensor in tensors.items():
         if tensor.dtype not in SAFETENSORS_NAMES:
-            raise UserError(
+            raise ValueError(
                 f"tensor {name} has dtype {tensor.dtype}; safetensors holds {', '.join(SAFETENSORS_DTYPES)}"
             )
         size = tensor.numel() * tensor.element_size()

@@ -147,7 +147,7 @@ def hf_folder_config(init_from):
     try:
         with open(path) as f:
             return ArmsConfig.of(gpt_config_from_hf(json.load(f)))
-    except ValueError as e:  # not JSON, or neither GPT-2's nor Llama's
+    except (json.JSONDecodeError, UnicodeDecodeError, UserError) as e:  # not JSON, or neither GPT-2's nor Llama's
         raise UserError(f"{path}: {e}") from None
 
 
@@ -281,7 +281,7 @@ def initial_weights(init_from, init_url="", say=print):
     try:
         with open(config_path) as f:
             gpt_config = gpt_config_from_hf(json.load(f))
-    except ValueError as e:  # not JSON, or neither GPT-2's nor Llama's
+    except (json.JSONDecodeError, UnicodeDecodeError, UserError) as e:  # not JSON, or neither GPT-2's nor Llama's
         raise UserError(f"{config_path}: {e}") from None
     # GPT-2's tokenizer is tiktoken's gpt2; a Llama's is its folder's own tokenizer.json (None: taken on trust)
     return Source(

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+import data
 from data import TokenStream
+from errors import UserError
 from machinery import corpus
 from machinery.corpus import DOWNLOADS, DataConfig, get_tokenizer, prepare
 from conftest import ROOT, SHAKESPEARE, needs_gpt2, needs_shakespeare, run_script, save_bpe_tokenizer
@@ -474,3 +476,15 @@ def test_data_py_as_a_script_points_to_corpus_preparation(argv, tmp_path):
     assert result.returncode != 0, f"python data.py {' '.join(argv)} exits non-zero: got 0, {result.stdout}"
     assert "python -m machinery.corpus" in result.stderr, f"it names the command that prepares: {result.stderr}"
     assert os.listdir(tmp_path) == [], f"it writes nothing: found {os.listdir(tmp_path)}"
+
+
+def test_token_files_that_do_not_parse_are_refused_by_name(tmp_path):
+    """A meta.json that holds no JSON, a token file with no whole id or none at all: each refused as the user's
+    file, named (a UserError: one line), not a traceback from json or numpy."""
+    (tmp_path / "meta.json").write_bytes(b'{"vocab_size": 256, \xff')
+    with pytest.raises(UserError, match=f"{tmp_path / 'meta.json'} is not a JSON file"):
+        data.load_meta(str(tmp_path))
+    for name, content in [("empty.bin", b""), ("odd.bin", b"\x01\x02\x03")]:
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(UserError, match=f"{tmp_path / name} holds no uint16 token ids"):
+            TokenStream(str(tmp_path / name), "uint16", 1, 1)

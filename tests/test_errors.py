@@ -8,6 +8,7 @@ import pytest
 
 from conftest import ROOT, run_script
 from errors import UserError
+from machinery.local_ranks import run_ranks
 
 sys.path.insert(0, str(ROOT / "exercises"))
 
@@ -19,6 +20,8 @@ ENTRY_POINTS = {
     "python -m machinery.curves": ("machinery.curves", "read_run", ["{tmp}/run"]),
     "python -m machinery.compare": ("machinery.compare", "compare_runs", ["{tmp}/a", "{tmp}/b"]),
     "exercises/check_graders.py": ("check_graders", "mutants_of", ["lr_at"]),
+    "exercises/grade.py": ("grade", "body", ["lr_at"]),
+    "exercises/make.py": ("make", "stub", ["{tmp}/copy", "--only", "lr_at"]),
 }
 MAINS = {
     "train.py": "train",
@@ -27,6 +30,8 @@ MAINS = {
     "python -m machinery.curves": "machinery.curves",
     "python -m machinery.compare": "machinery.compare",
     "exercises/check_graders.py": "check_graders",
+    "exercises/grade.py": "grade",
+    "exercises/make.py": "make",
 }
 
 
@@ -38,6 +43,8 @@ def call_main_raising(entry, error, monkeypatch, tmp_path):
         raise error
 
     monkeypatch.setattr(importlib.import_module(module), function, raising)
+    if entry == "exercises/make.py":  # a copy of the one file the exercise is cut from, not the whole project
+        monkeypatch.setattr(importlib.import_module("make"), "project_files", lambda *args: ["train.py"])
     monkeypatch.chdir(tmp_path)  # whatever a run would write lands here
     importlib.import_module(MAINS[entry]).main([a.format(tmp=tmp_path) for a in argv])
 
@@ -80,3 +87,50 @@ def test_train_py_prints_a_bugs_traceback_and_a_refusal_in_one_line(tmp_path):
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert lines[-1].startswith(f"error: --out_dir {foreign} is not empty"), lines
     assert (foreign / "mine.txt").read_text() == "keep me"
+
+
+def _rank0_fails(kind):
+    """On 2 gloo ranks: rank 0's work raises `kind`, once through cluster.run_on_rank0 and once as --init_from's read
+    in init_from.read_initial_weights; returns what this rank raised each time."""
+    from types import SimpleNamespace
+
+    from machinery import cluster, init_from
+    from machinery.config import parse_args
+    from parallel.grid import destroy_distributed, init_distributed
+
+    def fail(*args):
+        raise kind("--init_from w.safetensors: no such file")
+
+    init_from.initial_weights = fail  # this rank's process only
+    launch = init_distributed(30)
+    configs = parse_args(["--init_from", "w.safetensors"])[2]
+    attempts = (
+        lambda: cluster.run_on_rank0(fail, launch.rank == 0),
+        lambda: init_from.read_initial_weights(configs, {}, SimpleNamespace(rank=launch.rank), print),
+    )
+    raised = []
+    for attempt in attempts:
+        try:
+            attempt()
+        except Exception as e:
+            raised.append(f"{type(e).__name__}: {e}")
+    destroy_distributed()
+    return raised
+
+
+@pytest.mark.parametrize("kind", [UserError, ValueError])
+def test_rank_0s_failure_stops_every_rank_and_a_bug_keeps_its_type_there(kind):
+    """Rank 0 alone does some work (a download, preparing data): whatever it raises stops every rank, so none waits
+    in a collective. A refusal reads the same one line on each; a bug is raised whole on rank 0, and the other ranks
+    say whose traceback to read."""
+    outcome = run_ranks(2, _rank0_fails, kind, timeout=60)
+    for rank in range(2):
+        status, raised = outcome.get(rank, ("missing", None))
+        assert status == "ok" and len(raised) == 2, f"rank {rank} ends both attempts: got {status}: {raised}"
+    for attempt, (on_rank0, on_rank1) in enumerate(zip(outcome[0][1], outcome[1][1])):
+        assert on_rank0 == f"{kind.__name__}: --init_from w.safetensors: no such file", (attempt, on_rank0)
+        if kind is UserError:
+            assert on_rank1 == on_rank0, f"attempt {attempt}: a refusal reads the same on every rank: {on_rank1!r}"
+        else:
+            want = "UserError: rank 0 stopped on a bug (ValueError: --init_from w.safetensors: no such file)"
+            assert on_rank1.startswith(want), f"attempt {attempt}: rank 1 names rank 0's bug: {on_rank1!r}"

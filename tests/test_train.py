@@ -417,6 +417,7 @@ def test_train_py_reads_on_one_screen():
         (["--tokenizer", "bpe-9"], ["unknown tokenizer 'bpe-9'"]),
         (["--source", "no/such/corpus.txt"], ["--source 'no/such/corpus.txt': no such file"]),
         (["--resume_without", "optimizer,weights"], ["--resume_without weights", "data_position"]),
+        (["--monitor_window", "1"], ["--monitor_window 1", "2 healthy steps or more"]),
     ],
 )
 def test_bad_input_is_named(argv, expected, tmp_path, small_corpus, capsys):
@@ -428,14 +429,22 @@ def test_bad_input_is_named(argv, expected, tmp_path, small_corpus, capsys):
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
 
 
-def test_a_named_data_dir_without_token_files_or_a_source_is_refused(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "argv, tokenizer",
+    [([], "byte"), (["--tokenizer", "gpt2"], "gpt2"), (["--preset", "gpt2-small"], "gpt2")],
+    ids=["the embedded default", "another tokenizer", "a preset without a corpus"],
+)
+def test_a_named_data_dir_without_token_files_or_a_source_is_refused(argv, tokenizer, tmp_path, capsys):
     """--data_dir EMPTY without --source: the embedded default would fill it and the run train on a corpus the user
-    never named. Refused, naming the folder and the command that prepares it; nothing written."""
+    never named. Refused before the run writes anything, naming the folder and the command that prepares it (with
+    the run's tokenizer, so that the data it makes is the data the run reads)."""
     empty = tmp_path / "empty"
     empty.mkdir()
-    code, _ = run_main(["--data_dir", empty, "--out_dir", tmp_path / "o", *QUICK], capsys)
-    assert f"--data_dir {empty} holds no token files" in str(code) and "python -m machinery.corpus" in str(code), code
-    assert os.listdir(empty) == [] and not (tmp_path / "o" / "metrics.jsonl").exists()
+    code, _ = run_main(["--data_dir", empty, "--out_dir", tmp_path / "o", *argv, *QUICK], capsys)
+    assert f"--data_dir {empty} holds no token files" in str(code), code
+    prepare = f"python -m machinery.corpus --source 'texts/**/*.txt' --tokenizer {tokenizer} --out_dir {empty}"
+    assert prepare in str(code), code
+    assert os.listdir(empty) == [] and not (tmp_path / "o").exists(), "nothing is written"
 
 
 def test_empty_corpus_and_too_small_val_split(tmp_path, small_corpus, capsys):
