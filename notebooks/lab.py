@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import verdicts  # beside this file: imported before the chdir below moves away from it
+
 ROOT = Path(__file__).resolve().parents[1]
 os.chdir(ROOT)  # relative paths from here on: data/..., out/notebooks/...
 sys.path.insert(0, str(ROOT))
@@ -113,7 +115,7 @@ KINDS = ("measured", "computed", "mechanism")
 
 
 CONTROL_KINDS = ("counterfactual", "noise")
-THRESHOLD_FROM = ("chapter", "noise", "both")
+THRESHOLD_FROM = ("chapter", "noise", "both", "declared")  # declared: a margin the notebook sets before the run
 TRENDS = ("grows toward the claim", "flat", "shrinks")
 
 
@@ -198,6 +200,69 @@ def measured(
     }
     if trend is not None:
         row["trend"] = trend
+    if topic is not None:
+        row["topic"] = topic
+    return row
+
+
+def tested(
+    claim,
+    textbook,
+    shown,
+    hypothesis,
+    values,
+    aa,
+    units,
+    control_kind,
+    threshold,
+    threshold_from,
+    unit="seeds",
+    fmt="{:.3g}",
+    topic=None,
+    **test,
+):
+    """A claim put to one of the verdict engine's standard tests (verdicts.py), chosen before the run; the row
+    stores what the engine judged, so the notebook test judges it again from the same values.
+    hypothesis: "superiority", "equivalence" or "trend" (verdicts.HYPOTHESES);
+    values:    {"a": per-unit values of the judged arm, "b": the other arm's, paired} (b may repeat one computed
+               reference), or for a trend {"effects": (units, points), "scales": the axis};
+    aa:        the A/A arm's signed per-unit gaps, on the scale of a - b (log ratios where log);
+    units:     the seeds or timing rounds the arms ran, fixed before the run (5 or more);
+    test:      the test's own settings: log, toward (-1 where the claim says negative), size (superiority: the
+               chapter's stated size), margin and margin_from (equivalence: a number, or (low, high) for a range,
+               declared before the run, and where it comes from).
+    The control is the A/A arm itself for superiority (it must not come out superior), for equivalence a planted
+    difference of 1.5 x the margin on the A/A arm (it must not come out equivalent)."""
+    row = {"hypothesis": hypothesis, "values": values, "seeds": list(units), "alpha": verdicts.ALPHA, "aa": aa}
+    row.update(test)
+    judged = verdicts.judge(row)
+    if hypothesis == "equivalence":
+        high = row["margin"] if isinstance(row["margin"], (int, float)) else row["margin"][1]
+        control = [gap + 1.5 * high for gap in aa]
+        control_p = verdicts.equivalence(control, row["margin"])["p_value"]
+        control_shown = f"A/A + 1.5 x the margin: p = {control_p:.3f}"
+    else:
+        control, control_p = aa, verdicts.p_value(aa)
+        control_shown = f"A/A: p = {control_p:.3f}"
+    judged_values = values["a"] if "a" in values else [statistics.fmean(e) for e in values["effects"]]
+    value, spread = statistics.fmean(judged_values), statistics.stdev(judged_values)
+    row.update(
+        claim=claim,
+        textbook=textbook,
+        kind="measured",
+        holds=judged["verdict"],
+        p_value=judged["p_value"],
+        measured=f"{fmt.format(value)} ± {fmt.format(spread)} ({len(units)} {unit}, p = {judged['p_value']:.3f}): "
+        f"{shown}",
+        value=value,
+        spread=spread,
+        control=statistics.fmean(control),
+        control_kind=control_kind,
+        control_fails=control_p > verdicts.ALPHA,  # it must not come out as the claim says
+        control_shown=control_shown,
+        threshold=threshold,
+        threshold_from=threshold_from,
+    )
     if topic is not None:
         row["topic"] = topic
     return row

@@ -86,9 +86,10 @@ def aa_noise(aa):
 
 
 def superiority(d, aa, size=0.0, alpha=ALPHA):
-    """ "A beats B": d are the per-seed differences, signed so that the claim says positive; size the effect the
-    chapter states (0: any). yes: significant and the bound at or past size; partly: significant, the bound short
-    of it; no: not significant, or the A/A arm came out superior itself (the experiment's noise is not the test's)."""
+    """Superiority, "A beats B": d are the per-seed differences, signed so that the claim says positive; size the
+    effect the chapter states (0: any). yes: significant and the bound at or past size; partly: significant, the
+    bound short of it; no: not significant, or the A/A arm came out superior itself (the experiment's noise is not
+    the test's)."""
     p, bound = p_value(d), lower_bound(d, alpha)
     aa_p = p_value(aa)
     if aa_p <= alpha:
@@ -98,11 +99,12 @@ def superiority(d, aa, size=0.0, alpha=ALPHA):
 
 
 def equivalence(d, margin, alpha=ALPHA):
-    """ "A is about B": two one-sided tests that the mean difference lies within (-margin, margin), each at alpha;
-    p is the larger of the two. yes: both significant; no: otherwise (not shown equivalent, which is not shown
-    different)."""
+    """Equivalence, "A is about B": two one-sided tests that the mean difference lies within (-margin, margin), or
+    within (low, high) for a margin given as a pair (a claimed range), each at alpha; p is the larger of the two.
+    yes: both significant; no: otherwise (not shown equivalent, which is not shown different)."""
     d = np.asarray(d, dtype=float)
-    p = max(p_value(d + margin), p_value(margin - d))
+    low, high = (-margin, margin) if np.isscalar(margin) else margin
+    p = max(p_value(d - low), p_value(high - d))
     return dict(
         verdict="yes" if p <= alpha else "no",
         p_value=p,
@@ -121,8 +123,8 @@ def slopes(effects, scales):
 
 
 def trend(effects, scales, alpha=ALPHA):
-    """ "The effect grows toward the claim with scale": the per-seed slopes against log(scale), signed so that the
-    claim says positive, tested one-sided. yes ("grows toward the claim") only when the bound excludes 0."""
+    """A trend, "the effect grows toward the claim with scale": the per-seed slopes against log(scale), signed so
+    that the claim says positive, tested one-sided. yes ("grows toward the claim") only when the bound excludes 0."""
     s = slopes(effects, scales)
     p = p_value(s)
     return dict(verdict="yes" if p <= alpha else "no", p_value=p, bound=lower_bound(s, alpha), slopes=s.tolist())
