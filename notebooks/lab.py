@@ -244,8 +244,11 @@ def tested(
     else:
         control, control_p = aa, verdicts.p_value(aa)
         control_shown = f"A/A: p = {control_p:.3f}"
-    judged_values = values["a"] if "a" in values else [statistics.fmean(e) for e in values["effects"]]
-    value, spread = statistics.fmean(judged_values), statistics.stdev(judged_values)
+    if "a" in values:  # the per-unit effect the test reads: a - b, or a / b where it reads log ratios
+        effects = [a / b if test.get("log") else a - b for a, b in zip(values["a"], values["b"])]
+    else:  # a trend: each unit's effect, averaged over the scales
+        effects = [statistics.fmean(e) for e in values["effects"]]
+    value, spread = statistics.fmean(effects), statistics.stdev(effects)
     row.update(
         claim=claim,
         textbook=textbook,
