@@ -312,7 +312,7 @@ def plot_gantt(timeline, path, title):
                     label,
                     ha="center",
                     va="center",
-                    fontsize=7,
+                    fontsize=9,
                     color="white" if k == 0 else "black",
                 )
     ax.set(
@@ -328,6 +328,6 @@ def plot_gantt(timeline, path, title):
         )
         for k, c in colours.items()
     ]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)  # beside the chart, over no box
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=9)  # beside the chart, over no box
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=150)  # a notebook shows it: 150 dpi, as lab.py draws

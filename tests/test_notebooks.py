@@ -13,9 +13,11 @@ value it asserts instead: an honest "no" is a result, a silent one a regression.
 rests on the hardware (a speed-up) is pinned to every verdict its direction allows.
 """
 
+import base64
 import json
 import re
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -590,6 +592,16 @@ def test_a_measured_row_must_be_an_experiment_that_could_have_failed():
     assert alone["spread"] is None and not row_problems(alone)
 
 
+def png_dpi(encoded):
+    """The resolution a PNG (base64, as a notebook stores it) records in its pHYs chunk, in dots per inch."""
+    data = base64.b64decode(encoded)
+    at = data.find(b"pHYs")
+    if at < 0:
+        return 0.0
+    per_metre, _, unit = struct.unpack(">IIB", data[at + 4 : at + 13])
+    return per_metre * 0.0254 if unit == 1 else 0.0
+
+
 def test_the_notebooks_are_committed_with_their_figures_and_verdicts():
     """They read well on a code-hosting site without running: outputs, figures and verdicts included."""
     assert len(NOTEBOOKS) >= 5
@@ -601,7 +613,10 @@ def test_the_notebooks_are_committed_with_their_figures_and_verdicts():
         assert rows, f"{path.name} is committed without its verdict table"
         check_rows(path, rows)
         every_row += rows
-        assert any("image/png" in output.get("data", {}) for output in outputs(cells)), f"{path.name}: no figure"
+        figures = [output["data"]["image/png"] for output in outputs(cells) if "image/png" in output.get("data", {})]
+        assert figures, f"{path.name}: no figure"
+        low = [dpi for dpi in map(png_dpi, figures) if dpi < 149.5]
+        assert not low, f"{path.name}: figures at {low} dpi; at least 150 reads without zooming (lab.py's rcParams)"
     measured = [row for row in every_row if row["kind"] == "measured"]
     assert len(measured) >= 55, f"{len(measured)} measured rows: the chapter's claims are tested, not restated"
     missing = set(TOPICS) - {row.get("topic") for row in measured}
