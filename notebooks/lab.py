@@ -157,7 +157,8 @@ def measured(
                carried by a minority of runs does not pass), and to the control;
     threshold: the rule in words, e.g. "effect > 3 x the A/A arm's RMS and within the chapter's 0.2-0.3";
     threshold_from: where its number comes from, one of THRESHOLD_FROM: "chapter" (a size the chapter
-               states), "noise" (the A/A spread), "both"; never the effect's own spread;
+               states), "noise" (the A/A spread), "both", "declared" (a margin the notebook sets before the
+               run, said in the threshold); never the effect's own spread;
     direction: number -> bool, the sign of the effect alone: where it holds and `rule` does not,
                the claim holds "partly" (the direction is right, the size is not);
     one_seed:  with a single value, why one run is enough (deterministic and seed-free);
