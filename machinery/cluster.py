@@ -346,12 +346,12 @@ def run_on_rank0(fn, is_rank0):
     return result
 
 
-def said_of(error, rank=0):
-    """What the other ranks say of an exception one rank raised: a refusal's own words, or where to find a bug's
+def said_of(error):
+    """What the other ranks say of an exception rank 0 raised: a refusal's own words, or where to find a bug's
     traceback."""
     if isinstance(error, UserError):
         return str(error)
-    return f"rank {rank} stopped on a bug ({type(error).__name__}: {error}); its traceback says where"
+    return f"rank 0 stopped on a bug ({type(error).__name__}: {error}); its traceback says where"
 
 
 def raise_on_every_rank(problem, error=None):
