@@ -251,8 +251,14 @@ def tested(
         control = [gap + 1.5 * high for gap in aa]
         control_p = verdicts.equivalence(control, row["margin"])["p_value"]
         control_shown = f"A/A + 1.5 x the margin: p = {control_p:.3f}"
-    else:
-        control, control_p = aa, verdicts.p_value(aa)
+    elif hypothesis == "trend" and len(aa) and not isinstance(aa[0], (int, float)):  # A/A effects at each scale
+        control, control_p = (
+            [statistics.fmean(e) for e in aa],
+            verdicts.trend([[test.get("toward", 1) * x for x in e] for e in aa], values["scales"])["p_value"],
+        )
+        control_shown = f"A/A trend: p = {control_p:.3f}"
+    else:  # signed as the claim is: the A/A arm must not come out as the claim says
+        control, control_p = aa, verdicts.p_value([test.get("toward", 1) * gap for gap in aa])
         control_shown = f"A/A: p = {control_p:.3f}"
     if "a" in values:  # the per-unit effect the test reads: a - b, or a / b where it reads log ratios
         effects = [a / b if test.get("log") else a - b for a, b in zip(values["a"], values["b"])]
@@ -266,7 +272,7 @@ def tested(
         holds=judged["verdict"],
         p_value=judged["p_value"],
         measured=f"{fmt.format(value)} ± {fmt.format(spread)} ({len(units)} {unit}, p = {judged['p_value']:.3f}): "
-        f"{shown}",
+        f"{shown}" + (f"; {judged['why']}: no" if "why" in judged else ""),
         value=value,
         spread=spread,
         control=statistics.fmean(control),
@@ -323,32 +329,40 @@ def mechanism(claim, textbook, shown, holds):
 
 
 def verdict(rows):
-    """Show the notebook's verdict: a Markdown table, kept machine-readable beside it so the notebook
-    test can fail on a claim that does not hold, and a last line counting the claims by kind."""
-    header = (
-        "| claim | the textbook says | kind | found here (measured: mean ± std across seeds) | control arm | "
-        "threshold | holds? |"
+    """Show the notebook's verdict: the measured rows as a Markdown table, the computed and mechanism rows below it
+    as checks, each kept machine-readable beside it so the notebook test can judge every row again; the headline
+    counts measured rows only, beside how many "yes" they would give by chance at the engine's alpha."""
+    measured = [r for r in rows if r["kind"] == "measured"]
+    checks = [r for r in rows if r["kind"] != "measured"]
+    table = [
+        "| claim | the textbook says | found here (mean ± std of the per-unit effect, p) | control arm | threshold | "
+        "holds? |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    table += [
+        f"| {r['claim']} | {r['textbook']} | {r['measured']} | {r['control_shown']} | {r['threshold']} | "
+        f"{r['holds'] if r['holds'] == 'yes' else '**' + r['holds'] + '**'} |"
+        for r in measured
+    ]
+    counts = {v: sum(r["holds"] == v for r in measured) for v in ("yes", "partly", "no")}
+    headline = (
+        f"**{len(measured)} measured claims: {counts['yes']} yes, {counts['partly']} partly, {counts['no']} no "
+        f"(measured yes: {yes_by_control(rows)}). Were none of them true, each test at alpha = {verdicts.ALPHA} "
+        f"would say yes or partly by chance at most {verdicts.ALPHA:.0%} of the time: "
+        f"{len(measured) * verdicts.ALPHA:.1f} of {len(measured)} expected.**"
+        if measured
+        else "**No measured claims: this notebook computes and checks.**"
     )
-    table = [header, "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        holds = r["holds"] if r["holds"] == "yes" else f"**{r['holds']}**"
-        if "trend" in r:
-            holds += f" (along the scale axis: {r['trend']})"
-        table.append(
-            f"| {r['claim']} | {r['textbook']} | {r['kind']} | {r['measured']} | {r.get('control_shown', '')} | "
-            f"{r.get('threshold', '')} | {holds} |"
-        )
-    kinds = {k: [r for r in rows if r["kind"] == k] for k in KINDS}
-    reproduced = sum(r["holds"] == "yes" for r in kinds["measured"])
-    partly = sum(r["holds"] == "partly" for r in kinds["measured"])
-    summary = (
-        f"**{len(rows)} claims: {reproduced} reproduced by measurement"
-        + (f", {partly} partly" if partly else "")
-        + f", {len(kinds['measured']) - reproduced - partly} not reproduced; "
-        f"{len(kinds['computed'])} computed; {len(kinds['mechanism'])} mechanism. "
-        f"Measured yes: {yes_by_control(rows)}.**"
-    )
-    display({"text/markdown": "\n".join(table) + "\n\n" + summary, VERDICT_MIME: json.dumps(rows)}, raw=True)
+    check_table = ["| check | the textbook says | kind | found here | holds? |", "| --- | --- | --- | --- | --- |"]
+    check_table += [
+        f"| {r['claim']} | {r['textbook']} | {r['kind']} | {r['measured']} | "
+        f"{r['holds'] if r['holds'] == 'yes' else '**' + r['holds'] + '**'} |"
+        for r in checks
+    ]
+    parts = [headline, "\n".join(table) if measured else ""]
+    if checks:
+        parts += [f"**Checks ({len(checks)}: computed or mechanism, not counted above)**", "\n".join(check_table)]
+    display({"text/markdown": "\n\n".join(p for p in parts if p), VERDICT_MIME: json.dumps(rows)}, raw=True)
 
 
 def yes_by_control(rows):

@@ -134,9 +134,10 @@ def judge(row):
     """A measured row judged again from what it stores: its hypothesis, per-seed values, A/A values, alpha and, by
     kind, size, log, margin or scales. Returns the engine's judgement (verdict, p_value, ...)."""
     kind, alpha, values = row["hypothesis"], row["alpha"], row["values"]
-    if kind == "superiority":
-        d = paired(values["a"], values["b"], row.get("log", False)) * row.get("toward", 1)
-        return superiority(d, row["aa"], row.get("size", 0.0), alpha)
+    if kind == "superiority":  # the A/A gaps signed as the judged differences are, so "superior" means the same
+        toward = row.get("toward", 1)
+        d = paired(values["a"], values["b"], row.get("log", False)) * toward
+        return superiority(d, np.asarray(row["aa"], dtype=float) * toward, row.get("size", 0.0), alpha)
     if kind == "equivalence":
         return equivalence(paired(values["a"], values["b"], row.get("log", False)), row["margin"], alpha)
     if kind == "trend":
