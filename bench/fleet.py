@@ -279,15 +279,17 @@ def fleet(
     flags=FLAGS,
     max_wall=300,
     say=lambda text: None,
+    draws=None,
 ):
     """Train the run in out_dir (started over) to max_iters through failures, restarting the job whenever it ends
     early; returns the FleetRun. The failures strike every Exponential(mean `mtbf`) seconds of training: the failure
     clock runs while a job trains (from its first step to its last), not while one starts, so that a restart of a
     few seconds stays short against the MTBF, as a restart of minutes is against a real fleet's hours.
     watchdog: a Watchdog, the seconds without a line after which a job is taken as hung (before its first step, and
-    after it). mtbf=math.inf: a clean run."""
+    after it). mtbf=math.inf: a clean run. draws: where the failures come from (their times by expovariate, their
+    kinds by choice), random.Random(seed) unless a schedule fixed in advance is given."""
     shutil.rmtree(out_dir, ignore_errors=True)
-    rng = random.Random(seed)
+    rng = draws or random.Random(seed)
     argv = command(out_dir, interval, max_iters, ranks, dist_timeout, flags)
     result = FleetRun(interval, seed, max_iters)
     start, trained_before = time.monotonic(), 0.0  # seconds of training in the earlier lives
