@@ -1,7 +1,7 @@
 """How often the notebooks' verdict engine (notebooks/verdicts.py) says "yes" when nothing is there, and how often
 it finds an effect that is.
 
-    python bench/verdict_calibration.py                    # 2,000 experiments per kind and distribution, 5 seeds
+    python bench/verdict_calibration.py                    # 2,000 experiments per kind and distribution, 5 and 9 seeds
     python bench/verdict_calibration.py --seeds 5,8 --draws 10000
 
 Each simulated experiment is what a notebook runs: two arms paired seed by seed (a seed's own luck, shared by both
@@ -83,7 +83,9 @@ def rates(kind, seeds, draws, effect, k, rng):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="5", help="seed counts per arm, comma-separated (the notebooks use 5)")
+    parser.add_argument(
+        "--seeds", default="5,9", help="seed counts per arm, comma-separated (the notebooks use 5 seeds, 5 or 9 rounds)"
+    )
     parser.add_argument("--draws", type=int, default=2000, help="experiments per kind, distribution and case")
     parser.add_argument("--effect", type=float, default=1.5, help="the planted effect, in per-seed-difference stds")
     parser.add_argument("--k", type=float, default=2.0, help="equivalence margins: k x the A/A arm's noise")

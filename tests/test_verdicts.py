@@ -85,12 +85,13 @@ def test_a_stored_row_is_judged_again_from_its_values():
 
 
 def test_false_alarms_stay_under_six_percent_on_simulated_nulls():
-    """bench/verdict_calibration.py, seeded: 2,000 null experiments per kind and distribution at 5 seeds."""
+    """bench/verdict_calibration.py, seeded: 2,000 null experiments per kind and distribution at the notebooks' 5
+    seeds and 9 timing rounds."""
     result = run_script(
-        [ROOT / "bench" / "verdict_calibration.py", "--draws", "2000", "--seeds", "5"], cwd=ROOT, timeout=300
+        [ROOT / "bench" / "verdict_calibration.py", "--draws", "2000", "--seeds", "5,9"], cwd=ROOT, timeout=300
     )
     assert result.returncode == 0, result.stderr
-    rates = dict(re.findall(r"^(\w+): false alarms ([\d.]+)%", result.stdout, re.MULTILINE))
-    assert sorted(rates) == sorted(verdicts.HYPOTHESES), result.stdout
-    for kind, rate in rates.items():
+    rates = re.findall(r"^(\w+): false alarms ([\d.]+)%", result.stdout, re.MULTILINE)
+    assert sorted(kind for kind, _ in rates) == sorted(2 * verdicts.HYPOTHESES), result.stdout
+    for kind, rate in rates:
         assert float(rate) <= 6.0, f"{kind}: a false alarm in {rate}% of null experiments, at most 6%"
