@@ -10,7 +10,6 @@ the same flags as the command line.
 import contextlib
 import io
 import json
-import math
 import os
 import statistics
 import sys
@@ -114,8 +113,8 @@ def _train_quietly(argv):
 
 # ----------------------------------------------------------------------------
 # The verdict table: every row says what kind of evidence it is.
-#   measured:  an experiment whose outcome was not known before it ran; seeds, spread, a control
-#              arm, and a threshold the control fails
+#   measured:  an experiment whose outcome was not known before it ran, judged by one of the verdict engine's
+#              standard tests (verdicts.py) on 5 or more seeds and an A/A arm: `tested`
 #   computed:  arithmetic, or the cost model
 #   mechanism: the code does what it says (a property of how it is written, shown by running it)
 
@@ -125,94 +124,6 @@ KINDS = ("measured", "computed", "mechanism")
 
 CONTROL_KINDS = ("counterfactual", "noise")
 THRESHOLD_FROM = ("chapter", "noise", "both", "declared")  # declared: a margin the notebook sets before the run
-TRENDS = ("grows toward the claim", "flat", "shrinks")
-
-
-def measured(
-    claim,
-    textbook,
-    shown,
-    values,
-    control,
-    rule,
-    threshold,
-    control_kind,
-    threshold_from,
-    direction=None,
-    one_seed="",
-    unit="seeds",
-    fmt="{:.3g}",
-    trend=None,
-    topic=None,
-):
-    """A claim put to an experiment.
-    values:    the judged number from each independent run (one per seed), e.g. an effect size;
-    control:   the same number from the control arm (a list, one per seed, or one number);
-    control_kind: what that arm is, one of CONTROL_KINDS:
-               "counterfactual": the chapter's other choice at the same budget (Post-LN against Pre-LN, no
-               clipping against clipping), the arm where the claim says the outcome differs;
-               "noise": an A/A arm, the same configuration with another seed, whose effect is the noise the
-               real one must beat. Never an arm built to fail (an untrained model, an absurd LR);
-    rule:      number -> bool, the threshold, applied to the mean of `values`, to their median (a mean
-               carried by a minority of runs does not pass), and to the control;
-    threshold: the rule in words, e.g. "effect > 3 x the A/A arm's RMS and within the chapter's 0.2-0.3";
-    threshold_from: where its number comes from, one of THRESHOLD_FROM: "chapter" (a size the chapter
-               states), "noise" (the A/A spread), "both", "declared" (a margin the notebook sets before the
-               run, said in the threshold); never the effect's own spread;
-    direction: number -> bool, the sign of the effect alone: where it holds and `rule` does not,
-               the claim holds "partly" (the direction is right, the size is not);
-    one_seed:  with a single value, why one run is enough (deterministic and seed-free);
-    unit:      what the independent runs are, where not seeds: "timing rounds", "text draws", ...
-    trend:     for a claim about a scale this notebook cannot reach: how the effect moves along the axis
-               where the chapter's setting differs (depth, width, steps), one of TRENDS, read by `trend_of`;
-    topic:     a name for the chapter's claim this row answers (e.g. "normalization"), where the issue
-               tracker or another notebook refers to it.
-    A control that passes the rule means the experiment could not have said "no": the notebook
-    test fails on such a row."""
-    for name, value, allowed in [
-        ("control_kind", control_kind, CONTROL_KINDS),
-        ("threshold_from", threshold_from, THRESHOLD_FROM),
-        ("trend", trend, (None, *TRENDS)),
-    ]:
-        if value not in allowed:
-            raise ValueError(f"{claim!r}: {name} {value!r} is not one of {allowed}")
-    values, controls = list(values), list(control) if isinstance(control, (list, tuple)) else [control]
-    if len(values) == 1 and not one_seed:
-        raise ValueError(f"{claim!r}: one run only; measure >= 3 seeds, or say in one_seed why one run is enough")
-    value, spread = statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
-    median, control_value = statistics.median(values), statistics.fmean(controls)
-    if rule(value) and rule(median):
-        holds = "yes"
-    elif direction is not None and direction(value) and direction(median):
-        holds = "partly"
-    else:
-        holds = "no"
-    measured_text = fmt.format(value) + (f" ± {fmt.format(spread)}" if spread is not None else "")
-    if len(values) > 2 and not rule(median) and rule(value):
-        measured_text += f", median {fmt.format(median)}"
-    seeds = f"{len(values)} {unit}" if len(values) > 1 else f"1 run: {one_seed}"
-    row = {
-        "claim": claim,
-        "textbook": textbook,
-        "kind": "measured",
-        "holds": holds,
-        "measured": f"{measured_text} ({seeds}): {shown}",
-        "value": value,
-        "median": median,
-        "seeds": len(values),
-        "spread": spread,
-        "control": control_value,
-        "control_kind": control_kind,
-        "control_fails": not rule(control_value),
-        "control_shown": fmt.format(control_value),
-        "threshold": threshold,
-        "threshold_from": threshold_from,
-    }
-    if trend is not None:
-        row["trend"] = trend
-    if topic is not None:
-        row["topic"] = topic
-    return row
 
 
 def tested(
@@ -238,11 +149,21 @@ def tested(
                reference), or for a trend {"effects": (units, points), "scales": the axis};
     aa:        the A/A arm's signed per-unit gaps, on the scale of a - b (log ratios where log);
     units:     the seeds or timing rounds the arms ran, fixed before the run (5 or more);
+    control_kind: "counterfactual" (the chapter's other choice at the same budget, the arm where the claim says the
+               outcome differs) or "noise" (the A/A arm); never an arm built to fail;
+    threshold_from: where the bar comes from: "chapter" (a size it states), "noise" (the A/A arm), "both", or
+               "declared" (a size or margin the notebook sets before the run, said in `threshold`);
     test:      the test's own settings: log, toward (-1 where the claim says negative), size (superiority: the
                chapter's stated size), margin and margin_from (equivalence: a number, or (low, high) for a range,
                declared before the run, and where it comes from).
     The control is the A/A arm itself for superiority (it must not come out superior), for equivalence a planted
     difference of 1.5 x the margin on the A/A arm (it must not come out equivalent)."""
+    for name, value, allowed in [
+        ("control_kind", control_kind, CONTROL_KINDS),
+        ("threshold_from", threshold_from, THRESHOLD_FROM),
+    ]:
+        if value not in allowed:
+            raise ValueError(f"{claim!r}: {name} {value!r} is not one of {allowed}")
     row = {"hypothesis": hypothesis, "values": values, "seeds": list(units), "alpha": verdicts.ALPHA, "aa": aa}
     row.update(test)
     judged = verdicts.judge(row)
@@ -285,24 +206,6 @@ def tested(
     if topic is not None:
         row["topic"] = topic
     return row
-
-
-def aa_noise(gaps):
-    """The noise an effect must beat: the RMS of an A/A arm's gaps (one measurement taken twice, by two seeds,
-    two timing rounds or two draws of text, as a difference, or a ratio less 1), taken about zero, which is what
-    an A/A gap should be. Their std would be taken about their own mean and miss the offset two runs of one recipe
-    can share (a machine that slows between the arms); the A/A control could then pass the bar built from it."""
-    return math.sqrt(statistics.fmean(g * g for g in gaps))
-
-
-def trend_of(effects, noise, toward=1):
-    """How an effect moves along a scale axis: "grows toward the claim" when its last point is beyond its
-    first by more than 3 x `noise` in the claim's direction (`toward`: +1 where the claim says the effect
-    is positive, -1 where negative), "shrinks" when by as much the other way, else "flat".
-    effects: the effect's mean at each point of the axis, smallest scale first; noise: its std there
-    (the A/A arm's or the seeds' spread, the larger of the two ends)."""
-    change = toward * (effects[-1] - effects[0])
-    return "grows toward the claim" if change > 3 * noise else "shrinks" if change < -3 * noise else "flat"
 
 
 def computed(claim, textbook, shown, holds, partly=False):
