@@ -3,6 +3,7 @@
     python train.py --norm_position post        # Post-LN: norm(x + f(x)), the original Transformer's block
     python train.py --norm none                 # no normalization at all
     python train.py --naive_init_std 1.0        # one std for every matrix and embedding, no residual scaling
+    python train.py --embedding_init generic    # the embeddings and head at the hidden matrices' std, not their own
     python train.py --attention manual          # attention written out, its (T, T) weights stored
 
 model.py's GPT is the defended model only: Pre-LN blocks, a norm, the width-scaled init, PyTorch's fused attention
@@ -28,6 +29,7 @@ class ArmsConfig(GPTConfig):
     NORMS: ClassVar = (*GPTConfig.NORMS, "none")  # none: no normalization at all
     norm_position: str = "pre"  # pre (Pre-LN: x + f(norm(x))) | post (Post-LN: norm(x + f(x)))
     naive_init_std: float = 0.0  # 0: the width-scaled init (GPT._init_weights); > 0: N(0, std^2) everywhere
+    embedding_init: str = "own"  # own: GPT.embedding_std | generic: the hidden matrices' GPT.init_std
     attention: str = "sdpa"  # sdpa: PyTorch's fused kernel | manual: written out, its (T, T) weights stored
 
     def __post_init__(self):
@@ -36,6 +38,10 @@ class ArmsConfig(GPTConfig):
             raise UserError(f"norm_position {self.norm_position!r} must be pre or post")
         if self.naive_init_std < 0:
             raise UserError(f"naive_init_std {self.naive_init_std} must be 0 (width-scaled init) or positive")
+        if self.embedding_init not in ("own", "generic"):
+            raise UserError(f"embedding_init {self.embedding_init!r} must be own or generic")
+        if self.embedding_init == "generic" and self.naive_init_std:
+            raise UserError("--embedding_init generic and --naive_init_std: the naive init sets every std, drop one")
         if self.attention not in ("sdpa", "manual"):
             raise UserError(f"attention {self.attention!r} must be sdpa or manual")
 
@@ -106,10 +112,17 @@ class ArmedGPT(GPT):
     def _init_weights(self, module):
         """--naive_init_std s > 0: one fixed std for every matrix and embedding, no residual scaling, the naive init
         whose failures (a first loss far above ln V, a residual stream that grows with depth) the notebooks measure;
-        else the GPT's width-scaled init."""
-        naive = self.config.naive_init_std
+        else the GPT's width-scaled init, with --embedding_init generic its embeddings and head at the hidden
+        matrices' std instead of their own (logits of std ~0.63 at the start, not 0.25)."""
+        naive, C = self.config.naive_init_std, self.config.n_embd
         if not naive:
-            return super()._init_weights(module)
+            super()._init_weights(module)
+            if self.config.embedding_init == "generic" and (
+                isinstance(module, nn.Embedding) or (module is self.lm_head and not self.config.tie_embeddings)
+            ):
+                with torch.no_grad():  # the same draw rescaled: every other module draws as the GPT's does
+                    module.weight.mul_(self.init_std(C) / self.embedding_std(C))
+            return
         if isinstance(module, (nn.Embedding, nn.Linear)) and (
             module is not self.lm_head or not self.config.tie_embeddings
         ):

@@ -355,9 +355,8 @@ def take_architecture_from(values, given):
     if source is None:  # a run of ours, a bare file: transfer.fit_to_run checks the run's model
         return values
     # the architecture: not the vocabulary (the data's), the kernel, or how this run trains and initializes
-    theirs = {
-        k: v for k, v in asdict(source).items() if k not in ("vocab_size", "attention", "dropout", "naive_init_std")
-    }
+    this_runs = ("vocab_size", "attention", "dropout", "naive_init_std", "embedding_init")
+    theirs = {k: v for k, v in asdict(source).items() if k not in this_runs}
     if "block_size" not in given:  # the run's context (its preset's), up to the base's: a longer one costs memory
         theirs["block_size"] = min(values.get("block_size", ArmsConfig().block_size), source.block_size)
     for key, value in theirs.items():

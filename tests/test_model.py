@@ -1,9 +1,11 @@
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from errors import UserError
 from machinery.sample import generate
 from machinery.arms import ArmedGPT, ArmsConfig
 from model import GPT, GPTConfig, causal_attention, clm_loss
@@ -145,6 +147,30 @@ def test_naive_init_uses_one_std_everywhere_and_starts_far_above_ln_v():
         f"naive_init_std 1.0 is confidently wrong from the first step: expected a first loss above 3 ln V = "
         f"{3 * uniform:.2f}, got {loss:.2f}"
     )
+
+
+def test_generic_embedding_init_rescales_the_embeddings_and_head_only():
+    """arms.py's --embedding_init generic: the embeddings and the head at the hidden matrices' std, every other
+    weight the GPT's own draw, and a first loss further above ln V (logits of std ~0.63 instead of 0.25)."""
+    for tie in (True, False):
+        torch.manual_seed(0)
+        own = ArmedGPT(ArmsConfig(**{**SMALL, "n_embd": 128}, tie_embeddings=tie))
+        torch.manual_seed(0)
+        generic = ArmedGPT(ArmsConfig(**{**SMALL, "n_embd": 128}, tie_embeddings=tie, embedding_init="generic"))
+        scale = GPT.init_std(128) / GPT.embedding_std(128)
+        for (name, a), (_, b) in zip(own.named_parameters(), generic.named_parameters()):
+            rescaled = name.startswith(("wte", "wpe")) or (name.startswith("lm_head") and not tie)
+            assert torch.allclose(b, a * scale if rescaled else a, rtol=1e-6), (
+                f"tie_embeddings={tie}: {name} is {'the own draw x ' + f'{scale:.3f}' if rescaled else 'unchanged'}"
+            )
+    gpt_config = ArmsConfig(**SMALL)
+    torch.manual_seed(0)
+    own_loss = first_loss(ArmedGPT(gpt_config), gpt_config)
+    torch.manual_seed(0)
+    generic_loss = first_loss(ArmedGPT(replace(gpt_config, embedding_init="generic")), gpt_config)
+    assert math.log(gpt_config.vocab_size) < own_loss < generic_loss, (own_loss, generic_loss)
+    with pytest.raises(UserError, match="embedding_init"):
+        ArmsConfig(**SMALL, embedding_init="generic", naive_init_std=1.0)
 
 
 # ----------------------------------------------------------------------------
