@@ -1,6 +1,6 @@
 """What every notebook needs around the project's modules: a quiet training run, and the verdict table.
 
-A notebook does `from lab import plt, run, measured, computed, mechanism, verdict` in its first cell. That makes
+A notebook does `from lab import plt, run, tested, computed, mechanism, verdict` in its first cell. That makes
 the project's root folder the working directory and importable, so the notebook uses the
 same modules as `python train.py`, and its runs write under out/notebooks/.
 Nothing here trains or measures by itself: runs go through train.main, with
