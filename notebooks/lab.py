@@ -131,7 +131,7 @@ def tested(
     textbook,
     shown,
     hypothesis,
-    values,
+    arms,
     aa,
     units,
     control_kind,
@@ -145,8 +145,9 @@ def tested(
     """A claim put to one of the verdict engine's standard tests (verdicts.py), chosen before the run; the row
     stores what the engine judged, so the notebook test judges it again from the same values.
     hypothesis: "superiority", "equivalence" or "trend" (verdicts.HYPOTHESES);
-    values:    {"a": per-unit values of the judged arm, "b": the other arm's, paired} (b may repeat one computed
-               reference), or for a trend {"effects": (units, points), "scales": the axis};
+    arms:      {"a": per-unit values of the judged arm, "b": the other arm's, paired} (b may repeat one computed
+               reference), or for a trend {"effects": (units, points), "scales": the axis}; the row stores them, and
+               as `values` what the test reads from them (verdicts.per_unit): the differences, or each seed's slope;
     aa:        the A/A arm's signed per-unit gaps, on the scale of a - b (log ratios where log);
     units:     the seeds or timing rounds the arms ran, fixed before the run (5 or more);
     control_kind: "counterfactual" (the chapter's other choice at the same budget, the arm where the claim says the
@@ -164,8 +165,9 @@ def tested(
     ]:
         if value not in allowed:
             raise ValueError(f"{claim!r}: {name} {value!r} is not one of {allowed}")
-    row = {"hypothesis": hypothesis, "values": values, "seeds": list(units), "alpha": verdicts.ALPHA, "aa": aa}
-    row.update(test)
+    values = verdicts.per_unit(arms, test.get("log", False)).tolist()
+    row = {"hypothesis": hypothesis, "values": values, "seeds": len(values), "units": list(units), "arms": arms}
+    row.update(alpha=verdicts.ALPHA, aa=aa, **test)
     judged = verdicts.judge(row)
     if hypothesis == "equivalence":
         high = row["margin"] if isinstance(row["margin"], (int, float)) else row["margin"][1]
@@ -175,16 +177,16 @@ def tested(
     elif hypothesis == "trend" and len(aa) and not isinstance(aa[0], (int, float)):  # A/A effects at each scale
         control, control_p = (
             [statistics.fmean(e) for e in aa],
-            verdicts.trend([[test.get("toward", 1) * x for x in e] for e in aa], values["scales"])["p_value"],
+            verdicts.trend([[test.get("toward", 1) * x for x in e] for e in aa], arms["scales"])["p_value"],
         )
         control_shown = f"A/A trend: p = {control_p:.3f}"
     else:  # signed as the claim is: the A/A arm must not come out as the claim says
         control, control_p = aa, verdicts.p_value([test.get("toward", 1) * gap for gap in aa])
         control_shown = f"A/A: p = {control_p:.3f}"
-    if "a" in values:  # the per-unit effect the test reads: a - b, or a / b where it reads log ratios
-        effects = [a / b if test.get("log") else a - b for a, b in zip(values["a"], values["b"])]
+    if "a" in arms:  # the per-unit effect the test reads: a - b, or a / b where it reads log ratios
+        effects = [a / b if test.get("log") else a - b for a, b in zip(arms["a"], arms["b"])]
     else:  # a trend: each unit's effect, averaged over the scales
-        effects = [statistics.fmean(e) for e in values["effects"]]
+        effects = [statistics.fmean(e) for e in arms["effects"]]
     value, spread = statistics.fmean(effects), statistics.stdev(effects)
     row.update(
         claim=claim,

@@ -131,18 +131,25 @@ def trend(effects, scales, alpha=ALPHA):
 
 
 def judge(row):
-    """A measured row judged again from what it stores: its hypothesis, per-seed values, A/A values, alpha and, by
-    kind, size, log, margin or scales. Returns the engine's judgement (verdict, p_value, ...)."""
-    kind, alpha, values = row["hypothesis"], row["alpha"], row["values"]
+    """A measured row judged again from what it stores: its hypothesis, `values` (the per-unit numbers the test
+    reads: paired differences, or a trend's per-seed slopes), A/A values, alpha and, by kind, toward, size or
+    margin. Returns the engine's judgement (verdict, p_value, ...)."""
+    kind, alpha, toward = row["hypothesis"], row["alpha"], row.get("toward", 1)
+    values = np.asarray(row["values"], dtype=float)
     if kind == "superiority":  # the A/A gaps signed as the judged differences are, so "superior" means the same
-        toward = row.get("toward", 1)
-        d = paired(values["a"], values["b"], row.get("log", False)) * toward
-        return superiority(d, np.asarray(row["aa"], dtype=float) * toward, row.get("size", 0.0), alpha)
+        return superiority(values * toward, np.asarray(row["aa"], dtype=float) * toward, row.get("size", 0.0), alpha)
     if kind == "equivalence":
-        return equivalence(paired(values["a"], values["b"], row.get("log", False)), row["margin"], alpha)
+        return equivalence(values, row["margin"], alpha)
     if kind == "trend":
-        return trend(np.asarray(values["effects"]) * row.get("toward", 1), values["scales"], alpha)
+        p = p_value(values * toward)
+        return dict(verdict="yes" if p <= alpha else "no", p_value=p, bound=lower_bound(values * toward, alpha))
     raise ValueError(f"hypothesis {kind!r}: one of {', '.join(HYPOTHESES)}")
+
+
+def per_unit(arms, log=False):
+    """What a test reads from a row's arms: the paired differences of {"a", "b"} (log ratios where log), or each
+    seed's slope of a trend's {"effects", "scales"}."""
+    return paired(arms["a"], arms["b"], log) if "a" in arms else slopes(arms["effects"], arms["scales"])
 
 
 def equivalence_power(seeds, margin_in_noise, alpha=ALPHA, draws=4000, seed=0):

@@ -38,7 +38,7 @@ KINDS = ("measured", "computed", "mechanism")
 MEASURED_FIELDS = ("seeds", "spread", "control", "control_fails", "threshold", "control_kind", "threshold_from")
 CONTROL_KINDS, THRESHOLD_FROM = ("counterfactual", "noise"), ("chapter", "noise", "both", "declared")  # as lab.py
 # what a row judged by the verdict engine (lab.tested) stores, so that it is judged again here from the same values
-ENGINE_FIELDS = ("hypothesis", "values", "seeds", "alpha", "p_value", "aa")
+ENGINE_FIELDS = ("hypothesis", "values", "seeds", "units", "arms", "alpha", "p_value", "aa")
 # the chapter's claims that had no experiment: each has a measured row with this topic
 TOPICS = (
     "normalization",
@@ -464,8 +464,13 @@ def engine_row_problems(row):
     missing = [f for f in fields if f not in row]
     if missing:
         return f"a measured row without {', '.join(missing)}: lab.tested stores them"
-    if len(row["seeds"]) < 5 or len(row["aa"]) < 5:
-        return f"{len(row['seeds'])} units and {len(row['aa'])} A/A gaps: a tested row needs 5 or more of each"
+    if not row["seeds"] == len(row["values"]) == len(row["units"]) or row["seeds"] < 5 or len(row["aa"]) < 5:
+        return (
+            f"{row['seeds']} seeds, {len(row['values'])} values, {len(row['units'])} units and {len(row['aa'])} A/A "
+            "gaps: a tested row needs 5 or more of each, one value a unit"
+        )
+    if engine.per_unit(row["arms"], row.get("log", False)).tolist() != pytest.approx(row["values"], rel=1e-9):
+        return "its values are not what the test reads from its arms (verdicts.per_unit)"
     judged = engine.judge(row)
     if judged["verdict"] != row["holds"] or judged["p_value"] != pytest.approx(row["p_value"], abs=1e-12):
         return f"judged again from its values: {judged['verdict']} (p = {judged['p_value']}), stored {row['holds']}"
@@ -615,9 +620,9 @@ def test_a_measured_row_is_judged_again_from_what_it_stores():
     # an A/A arm that comes out superior itself says the experiment's noise is not the test's: "no", said so
     skewed = tested("superiority", {"a": [1.2, 1.3, 1.1, 1.4, 1.2], "b": [1.0] * 5}, [0.1, 0.2, 0.1, 0.3, 0.2])
     assert skewed["holds"] == "no" and "came out superior" in skewed["measured"] and not row_problems(skewed)
-    for typed in ({"holds": "no"}, {"p_value": 0.01}, {"seeds": [0, 1, 2, 3]}, {"aa": aa[:4]}):
+    for typed in ({"holds": "no"}, {"p_value": 0.01}, {"seeds": 4}, {"aa": aa[:4]}, {"values": [0.2] * 5}):
         assert row_problems({**better, **typed}), typed
-    for field in ("values", "aa", "alpha", "hypothesis", "control_kind"):
+    for field in ("values", "arms", "units", "aa", "alpha", "hypothesis", "control_kind"):
         assert field in row_problems({k: v for k, v in better.items() if k != field}), field
     tie = tested("equivalence", {"a": [1.0, 1.01, 0.99, 1.0, 1.02], "b": [1.0] * 5}, aa, margin=0.1, margin_from="k")
     assert tie["holds"] == "yes" and tie["control_fails"] and not row_problems(tie)

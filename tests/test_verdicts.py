@@ -70,18 +70,28 @@ def test_trend_needs_every_seed_growing_at_five_seeds():
 
 
 def test_a_stored_row_is_judged_again_from_its_values():
+    """The values a row stores are what the test reads from its arms (per_unit): paired log ratios here, and each
+    seed's slope for a trend, judged as the trend test judges them."""
+    arms = {"a": [2.0, 2.1, 2.2, 2.05, 2.3], "b": [1.0, 1.1, 1.0, 1.2, 1.1]}
     row = dict(
         hypothesis="superiority",
         alpha=0.05,
-        values={"a": [2.0, 2.1, 2.2, 2.05, 2.3], "b": [1.0, 1.1, 1.0, 1.2, 1.1]},
+        values=verdicts.per_unit(arms, log=True).tolist(),
         aa=[0.01, -0.02, 0.03, -0.01, 0.0],
         log=True,
         size=float(np.log(1.5)),
     )
+    assert row["values"] == pytest.approx(np.log(np.array(arms["a"]) / arms["b"]))
     judged = verdicts.judge(row)
     assert judged["verdict"] == "yes" and judged["p_value"] == 1 / 32, judged
     with pytest.raises(ValueError, match="hypothesis 'bigger'"):
         verdicts.judge({**row, "hypothesis": "bigger"})
+    trend = {"effects": [[0.1, 0.4, 0.8], [0.0, 0.5, 0.7], [0.2, 0.3, 0.9], [0.1, 0.6, 0.8], [0.0, 0.2, 0.6]]}
+    trend["scales"] = [1, 2, 4]
+    stored = dict(hypothesis="trend", alpha=0.05, values=verdicts.per_unit(trend).tolist(), aa=[0.0] * 5)
+    direct = verdicts.trend(trend["effects"], trend["scales"])
+    assert verdicts.judge(stored)["p_value"] == direct["p_value"] and direct["verdict"] == "yes"
+    assert verdicts.judge({**stored, "toward": -1})["verdict"] == "no"
 
 
 def test_false_alarms_stay_under_six_percent_on_simulated_nulls():
