@@ -62,17 +62,6 @@ def lr_at(step, cfg):
     # exercise lr_at: end
 
 
-def step_lr(step, cfg, recovery_cfg, recovery):
-    """The LR this step trains at: lr_at's schedule, counted from recovery.schedule_from, times
-    what the incident runbook did to it (recovery: a Recovery, below): its cuts (lr_scale), and a
-    re-warm from recovery.rewarm_from over --rewarm_iters steps (default: warmup_iters)."""
-    lr = lr_at(step - recovery.schedule_from, cfg) * recovery.lr_scale
-    rewarm_iters = recovery_cfg.rewarm_iters or cfg.warmup_iters
-    if 0 <= recovery.rewarm_from <= step < recovery.rewarm_from + rewarm_iters:
-        lr *= (step - recovery.rewarm_from + 1) / rewarm_iters
-    return lr
-
-
 def clip_gradients(parameters, grad_norm, max_norm):
     """Scale all gradients by one factor so that their global L2 norm, grad_norm, is at most
     max_norm (0: no clipping). One factor for all keeps the update's direction.
@@ -146,7 +135,8 @@ def train(preset, configs):
 
             run.watch.beat(step)  # this rank's heartbeat: alive, at this step
             next_batch = run.batches(step)  # the data, unless a fault is due
-            lr = step_lr(step, cfg, run.configs.recovery, run.recovery)
+            # the schedule, counted from where it restarted, times what incidents did to it (machinery/incidents.py)
+            lr = lr_at(run.recovery.schedule_step(step), cfg) * run.recovery.lr_factor(step)
             take_comm_bytes()  # this step's communication is counted from zero (run.log reads it)
             loss, grad_norm = optimizer_step(run.model, run.optimizer, run.scaler, next_batch, lr, cfg)
             # the logged loss is the mean over DP ranks; the grad norm is already that of the averaged gradient

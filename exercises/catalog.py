@@ -113,7 +113,7 @@ EXERCISES = [
     ),
     Exercise(
         "check_step",
-        "machinery/monitor.py",
+        "machinery/incidents.py",
         ("HealthMonitor.check_step",),
         "NaN, loss spike over the median, grad-norm z-score",
         (),

@@ -15,9 +15,8 @@ run_setup.py builds; nothing here is needed to read the lesson. Each file's job,
     resume.py              the start of a run, what a checkpoint holds, resume and save
     files.py               files a crash never leaves half-written, sha256, checked downloads
   watching a run, and its incidents
-    monitor.py             activation memory, throughput, the health detectors, the metrics plot
-    runbook.py             the incident runbook's rungs and the choice among them (Recovery)
-    incidents.py           the runbook's actions on a run: roll back, skip the data, lower the LR, stop
+    monitor.py             meters: activation memory, state bytes, throughput; the metrics plot
+    incidents.py           detected, decided, acted on: HealthMonitor, the runbook, Recovery and its LR factor
     faults.py              faults injected on demand: a NaN weight, a garbage batch, a dead or hung rank
     cluster.py             a cluster's terms: stop signals, heartbeats, the folder's lock, ranks that stop as one
     reporting.py           what a run says: the cost account, each logged step, the end of a run

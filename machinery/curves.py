@@ -114,7 +114,7 @@ def first_loss_words(run):
 
 def leading_indicators(run):
     """[(step, words)] of the chapter's leading indicators in the logged metrics, by the run's own thresholds (as
-    monitor.HealthMonitor fires them, seen at the logged steps only): the grad norm's z-score above
+    incidents.HealthMonitor fires them, seen at the logged steps only): the grad norm's z-score above
     --grad_z_threshold, and the val loss up --val_rise_evals evals in a row while the train loss (the median of
     the logged losses over the monitor's window before each eval) fell."""
     rcfg = run.recovery

@@ -1,24 +1,15 @@
-"""Watching a run: the activation memory a step keeps, throughput, the health detectors, the metrics plot.
-(What the run will cost, in closed form, is closed_forms.py's.)
-
-A loss curve "talks": it starts at ln V (uniform guessing), falls fast, then
-flattens. Trouble usually announces itself: the grad norm jumps, or the val
-loss turns up while the train loss still falls, before the loss itself spikes.
-HealthMonitor computes those leading indicators every step, and flags the
-incidents that call for a rollback: a non-finite loss or grad norm, or a loss
-spike above a robust baseline.
+"""Meters of a run: the activation memory a step keeps, the state's bytes, throughput, the per-layer grad norms,
+and the pictures (the metrics plot, a schedule's Gantt chart). What the run will cost, in closed form, is
+closed_forms.py's; the health detectors are incidents.py's.
 """
 
 import contextlib
-import math
-import statistics
 import sys
 import time
-from collections import Counter, deque
+from collections import Counter
 
 import torch
 
-from errors import UserError
 
 # ----------------------------------------------------------------------------
 # Memory a step keeps
@@ -144,105 +135,6 @@ class Throughput:
         seconds_per_step = elapsed / max(self.steps, 1)
         self._restart()
         return tokens_per_s, seconds_per_step
-
-
-# ----------------------------------------------------------------------------
-# Health: leading indicators and incident detectors
-
-
-class HealthMonitor:
-    """Per-step checks against rolling baselines of the last `window` healthy steps.
-
-    - nonfinite: loss or grad norm is NaN or inf. Always an incident.
-    - spike: loss > spike_factor x median of recent losses (the median ignores
-      the odd noisy step that a mean would follow).
-    - grad_z: z = (grad norm - mean) / std of recent grad norms > grad_z_threshold:
-      a leading indicator (grad_z_threshold 0 turns it off).
-    - val_rise: the val loss rose for val_rise_evals evals in a row while the
-      train loss fell: the other leading indicator.
-    Detectors named in `triggers` are incidents (roll back); the others only
-    warn, and a warning makes the next checkpoint "unhealthy", so a rollback
-    will not choose it.
-    """
-
-    DETECTORS = ("nonfinite", "spike", "grad_z", "val_rise")
-
-    def __init__(self, window, spike_factor, grad_z_threshold, val_rise_evals, triggers):
-        unknown = set(triggers) - set(self.DETECTORS)
-        if unknown:
-            raise UserError(f"--triggers {','.join(sorted(unknown))}: choose from {','.join(self.DETECTORS)}")
-        self.window, self.spike_factor = window, spike_factor
-        self.grad_z_threshold, self.val_rise_evals = grad_z_threshold, val_rise_evals
-        self.triggers = set(triggers) | {"nonfinite"}
-        self.losses, self.grad_norms = deque(maxlen=window), deque(maxlen=window)
-        self.evals = []  # (val loss, median train loss at that time)
-        self.warned = False  # a leading indicator fired since the last checkpoint
-
-    def baseline_ready(self):
-        return len(self.losses) >= max(2, self.window // 2)
-
-    def check_step(self, loss, grad_norm):
-        """-> (grad-norm z-score, list of (detector, values) that fired)."""
-        # exercise check_step: begin
-        fired = []
-        z = 0.0
-        if self.baseline_ready():
-            mean, std = statistics.fmean(self.grad_norms), statistics.pstdev(self.grad_norms)
-            z = (grad_norm - mean) / max(std, 1e-8) if math.isfinite(grad_norm) else math.inf
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            fired.append(("nonfinite", {"loss": str(loss), "grad_norm": str(grad_norm)}))  # JSON has no NaN
-        elif self.baseline_ready() and loss > self.spike_factor * statistics.median(self.losses):
-            fired.append(
-                ("spike", {"loss": loss, "baseline": statistics.median(self.losses), "factor": self.spike_factor})
-            )
-        if self.grad_z_threshold and z > self.grad_z_threshold:
-            fired.append(("grad_z", {"grad_norm": grad_norm, "z": z, "threshold": self.grad_z_threshold}))
-        if not fired:  # only healthy steps feed the baselines
-            self.losses.append(loss)
-            self.grad_norms.append(grad_norm)
-        return z, self._sort(fired)
-        # exercise check_step: end
-
-    def check_eval(self, val_loss):
-        """-> list of (detector, values) that fired: val_rise or nothing."""
-        train = statistics.median(self.losses) if self.losses else math.inf
-        self.evals.append((val_loss, train))
-        k = self.val_rise_evals
-        recent = self.evals[-(k + 1) :]
-        if k and len(recent) == k + 1:
-            val_up = all(b[0] > a[0] for a, b in zip(recent, recent[1:]))
-            train_down = all(b[1] < a[1] for a, b in zip(recent, recent[1:]))
-            if val_up and train_down:
-                return self._sort([("val_rise", {"val_losses": [v for v, _ in recent], "evals": k})])
-        return []
-
-    def _sort(self, fired):
-        """Incidents first; warnings mark the interval unhealthy."""
-        if any(name not in self.triggers for name, _ in fired):
-            self.warned = True
-        return sorted(fired, key=lambda item: item[0] not in self.triggers)
-
-    def is_incident(self, fired):
-        return bool(fired) and fired[0][0] in self.triggers
-
-    def take_healthy_mark(self):
-        """True if nothing fired since the last call: the mark for the checkpoint being saved."""
-        healthy, self.warned = not self.warned, False
-        return healthy
-
-    def state_dict(self):
-        return {
-            "losses": list(self.losses),
-            "grad_norms": list(self.grad_norms),
-            "evals": list(self.evals),
-            "warned": self.warned,
-        }
-
-    def load_state_dict(self, state):
-        self.losses = deque(state["losses"], maxlen=self.window)
-        self.grad_norms = deque(state["grad_norms"], maxlen=self.window)
-        self.evals = [tuple(e) for e in state["evals"]]
-        self.warned = state["warned"]
 
 
 def layer_grad_norms(module):

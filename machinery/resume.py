@@ -3,7 +3,6 @@ that verifies, or begin at step 0 from a fresh init or --init_from's weights), w
 resume that puts each piece back, and saving one. checkpoint.py holds the single-device form and the folders."""
 
 import os
-from dataclasses import asdict
 
 from errors import UserError
 from machinery import checkpoint
@@ -21,7 +20,6 @@ from machinery.run_folder import (
     record_identity,
     write_jsonl,
 )
-from machinery.runbook import Recovery
 from machinery.cluster import raise_on_every_rank, run_on_rank0
 
 # ----------------------------------------------------------------------------
@@ -124,7 +122,7 @@ def checkpoint_state(run, step):
         "data": run.train_stream.state_dict(),
         "rng": checkpoint.rng_state(),
         "monitor": run.monitor.state_dict(),
-        "recovery": asdict(run.recovery),
+        "recovery": run.recovery.state_dict(),
         "config": run.identity,
         "meta": run.meta,
     }
@@ -161,7 +159,7 @@ def restore_checkpoint(run, state, forget=()):
     run.train_stream.load_state_dict({"position": 0} if "data_position" in forget else state["data"])
     checkpoint.set_rng_state(state["rng"])
     run.monitor.load_state_dict(state["monitor"])
-    run.recovery = Recovery(**state["recovery"])
+    run.recovery.load_state_dict(state["recovery"])
     if "schedule" in forget:
         run.recovery.schedule_from = state["step"]
     return state["step"]

@@ -27,7 +27,8 @@ from machinery.evaluation import read_benchmark
 from machinery.faults import FaultInjector
 from machinery.init_from import InitialWeights, initial_model
 from machinery.mixture import Mix, MixedStream, mix_meta, prepare_sources, read_mix
-from machinery.monitor import HealthMonitor, Throughput
+from machinery.incidents import HealthMonitor, Recovery
+from machinery.monitor import Throughput
 from machinery.run_folder import (
     check_out_dir_is_ours,
     identity_defaults,
@@ -35,7 +36,6 @@ from machinery.run_folder import (
     prepare_out_dir,
     run_identity,
 )
-from machinery.runbook import Recovery
 from machinery.torch_engines import rank_model
 from machinery.tracking import Tracker, hyperparameters, trackers_asked
 from machinery.transfer import fetch_named_base, is_named_base
@@ -111,8 +111,8 @@ class Run:
     restore_checkpoint, respond_to_incident, log_step, the first update), while the objects it holds (model,
     optimizer, streams, monitor, tracker) change state as they work.
 
-    Beyond the model, optimizer, scaler and monitor it holds, the loop (train.train) asks a run only these hooks,
-    each a line here over the machinery's modules:
+    Beyond the model, optimizer, scaler, monitor and recovery it holds, the loop (train.train) asks a run only
+    these hooks, each a line here over the machinery's modules:
 
         start()                         resume from the newest checkpoint, or step 0: the first step (resume.py)
         batches(step)                   the next_batch the step reads: the data's, or a fault's (faults.py)
@@ -149,6 +149,7 @@ class Run:
     scaler: torch.amp.GradScaler  # fp16 loss scaling; disabled for fp32 and bf16
     dtype: torch.dtype
     monitor: HealthMonitor
+    recovery: Recovery  # what incidents did to the LR and step (incidents.py)
     injector: FaultInjector
     tokens_per_step: int  # all ranks together
     flops_per_token: float  # of the whole single-device model, whatever share this rank holds
@@ -157,7 +158,6 @@ class Run:
     tracker: Tracker = field(default_factory=Tracker)  # --log_to's TensorBoard / W&B on rank 0 (tracking.py); else none
     comm_compared: bool = False  # the first logged step printed its measured bytes beside the closed form
     measured_state: int | None = None  # monitor.state_bytes at this process's first update, until logged
-    recovery: Recovery = field(default_factory=Recovery)  # the incident runbook's state (runbook.py)
     records: list[dict] = field(default_factory=list)  # logged metrics of the current timeline, for the plot
     started: float = field(default_factory=time.perf_counter)
     throughput: Throughput | None = None  # tokens/s of the steps since start(), evaluations left out
@@ -299,6 +299,7 @@ def set_up(preset, configs):
                 recovery.triggers.split(","),
             ),
             # faults strike one process, the last rank, as a failing machine would
+            recovery=Recovery(rewarm_iters=recovery.rewarm_iters or cfg.warmup_iters),
             injector=FaultInjector(
                 recovery.inject, out_dir, meta["vocab_size"], grid.rank, grid.rank == grid.world_size - 1
             ),

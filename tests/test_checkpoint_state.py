@@ -15,7 +15,7 @@ import train
 from machinery.config import parse_args
 from machinery.local_ranks import run_ranks
 from parallel.grid import destroy_distributed
-from machinery.runbook import Recovery
+from machinery.incidents import Recovery
 from machinery.evaluation import validate
 from machinery.resume import checkpoint_state, restore_checkpoint
 from conftest import write_word_corpus
@@ -33,7 +33,7 @@ TINY = [
 ]
 # fmt: on
 # what an earlier incident left: a lowered LR, re-warming from step 3 (the runbook's state to carry)
-AFTER_AN_INCIDENT = Recovery(incidents=1, lr_scale=0.5, last_incident_step=3, rewarm_from=3)
+AFTER_AN_INCIDENT = Recovery(incidents=1, lr_scale=0.5, last_incident_step=3, rewarm_from=3, rewarm_iters=4)
 PIECES = ("model", "optimizer", "scaler", "step", "data", "rng", "monitor", "recovery", "config", "meta")
 
 
@@ -62,7 +62,8 @@ def new_run(corpus, *extra, out="out"):
 
 
 def step_lr(run, step):
-    return train.step_lr(step, run.configs.train, run.configs.recovery, run.recovery)
+    """The LR train()'s loop gives this step."""
+    return train.lr_at(run.recovery.schedule_step(step), run.configs.train) * run.recovery.lr_factor(step)
 
 
 def take_steps(run, first, n):

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from machinery.monitor import HealthMonitor, SavedActivations, layer_grad_norms
+from machinery.incidents import HealthMonitor
+from machinery.monitor import SavedActivations, layer_grad_norms
 
 SETTINGS = dict(window=10, spike_factor=2.0, grad_z_threshold=6.0, val_rise_evals=3)
 

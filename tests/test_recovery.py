@@ -19,7 +19,7 @@ import torch
 from machinery import checkpoint
 from machinery import cluster
 from machinery.config import RecoveryConfig, TrainConfig
-from machinery.runbook import Recovery, runbook_response
+from machinery.incidents import Recovery
 from machinery.run_folder import read_jsonl
 from train import lr_at
 from conftest import ROOT, write_word_corpus, run_script
@@ -471,15 +471,28 @@ def test_a_repeat_within_the_window_climbs_to_rung_2(workdir, response):
 
 def test_runbook_response_climbs_one_rung_per_repeat():
     rcfg = RecoveryConfig(incident_window=100, max_incidents=3)
-    assert runbook_response(Recovery(), 500, rcfg) == "skip"  # the first incident
+    assert Recovery().response(500, rcfg) == "skip"  # the first incident
     after_one = Recovery(incidents=1, last_incident_step=500)
-    assert runbook_response(after_one, 520, rcfg) == "lower_lr"  # again within the window
-    assert runbook_response(after_one, 480, rcfg) == "lower_lr"  # again while replaying after the rollback
-    assert runbook_response(after_one, 600, rcfg) == "skip"  # a window later: a first incident again
-    assert runbook_response(after_one, 520, dataclasses.replace(rcfg, repeat_response="rewarm")) == "rewarm"
-    assert runbook_response(Recovery(incidents=3, last_incident_step=0), 5000, rcfg) == "stop"
+    assert after_one.response(520, rcfg) == "lower_lr"  # again within the window
+    assert after_one.response(480, rcfg) == "lower_lr"  # again while replaying after the rollback
+    assert after_one.response(600, rcfg) == "skip"  # a window later: a first incident again
+    assert after_one.response(520, dataclasses.replace(rcfg, repeat_response="rewarm")) == "rewarm"
+    assert Recovery(incidents=3, last_incident_step=0).response(5000, rcfg) == "stop"
     with pytest.raises(ValueError, match="--repeat_response 'panic': choose lower_lr or rewarm"):
         RecoveryConfig(repeat_response="panic")
+
+
+def test_the_lr_factor_is_the_cuts_times_a_rewarms_climb_and_the_schedule_restarts():
+    assert [Recovery(lr_scale=0.25).lr_factor(s) for s in (0, 10**6)] == [0.25, 0.25]
+    rewarming = Recovery(lr_scale=0.5, rewarm_from=30, rewarm_iters=4)  # climbs over steps 30..33
+    assert [rewarming.lr_factor(s) for s in (29, 30, 31, 33, 34)] == [0.5, 0.125, 0.25, 0.5, 0.5]
+    assert Recovery(schedule_from=40).schedule_step(45) == 5
+    # a checkpoint keeps the incidents' state, not the run's setting of how long a re-warm climbs
+    saved = rewarming.state_dict()
+    assert "rewarm_iters" not in saved and saved["rewarm_from"] == 30
+    resumed = Recovery(rewarm_iters=8)
+    resumed.load_state_dict(saved)
+    assert (resumed.rewarm_from, resumed.lr_scale, resumed.rewarm_iters) == (30, 0.5, 8)
 
 
 def test_saving_works_where_a_folder_cannot_be_opened_as_a_file(tmp_path, monkeypatch):

@@ -9,5 +9,5 @@ if state.get("scaler"):
 run.train_stream.load_state_dict(state["data"])
 checkpoint.set_rng_state(state["rng"])
 run.monitor.load_state_dict(state["monitor"])
-run.recovery = Recovery(**state["recovery"])
+run.recovery.load_state_dict(state["recovery"])
 return state["step"]

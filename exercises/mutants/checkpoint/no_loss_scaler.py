@@ -7,7 +7,7 @@ return {
     "data": run.train_stream.state_dict(),
     "rng": checkpoint.rng_state(),
     "monitor": run.monitor.state_dict(),
-    "recovery": asdict(run.recovery),
+    "recovery": run.recovery.state_dict(),
     "config": run.identity,
     "meta": run.meta,
 }

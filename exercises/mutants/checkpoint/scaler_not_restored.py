@@ -7,7 +7,7 @@ if "optimizer" in state and "optimizer" not in forget:
 run.train_stream.load_state_dict({"position": 0} if "data_position" in forget else state["data"])
 checkpoint.set_rng_state(state["rng"])
 run.monitor.load_state_dict(state["monitor"])
-run.recovery = Recovery(**state["recovery"])
+run.recovery.load_state_dict(state["recovery"])
 if "schedule" in forget:
     run.recovery.schedule_from = state["step"]
 return state["step"]
