@@ -1,13 +1,11 @@
 """The layout's seams: the model as a rank holds it (layout.RankModel), answered by all four implementations."""
 
 import inspect
-import re
 
 import pytest
 import torch
 
 from machinery.checkpoint import ParameterCut
-from conftest import ROOT
 from model import GPT, GPTConfig
 from parallel.grid import Layout, ProcessGrid
 from parallel.layout import RankModel, model_for_rank
@@ -52,18 +50,6 @@ def test_every_rank_model_answers_the_whole_interface(name):
         ], f"{name}.{method}{ours} differs from RankModel.{method}{signature}"
     assert isinstance(model.zero_stage, int) and model.micro_batches >= 1 and model.in_flight >= 1
     assert all(isinstance(p, torch.nn.Parameter) for _, p, _ in model.local_parameters())
-
-
-def test_designs_interface_table_is_the_protocol():
-    """DESIGN.md's table of the model as a rank holds it names every member of RankModel, and no other."""
-    design = (ROOT / "DESIGN.md").read_text()
-    table = design[design.index("| member | `ShardedModel`") :].split("\n\n")[0]
-    named = {name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)", row.split("|")[1])}
-    attributes, methods = protocol_members(RankModel)
-    assert named == attributes | set(methods), (
-        f"DESIGN.md's table lacks {sorted((attributes | set(methods)) - named)}, "
-        f"and names {sorted(named - attributes - set(methods))} that RankModel does not have"
-    )
 
 
 @pytest.mark.parametrize("cut", [Cut, DTensorCut], ids=lambda cut: cut.__name__)
