@@ -21,8 +21,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from machinery import bands, curves  # noqa: E402
 from data import read_json  # noqa: E402
+from machinery import bands, curves  # noqa: E402
 
 
 def held_out_p(val, k):

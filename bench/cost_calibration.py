@@ -16,8 +16,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machinery import cost, planner  # noqa: E402
 from bench.layouts import measure_layout  # noqa: E402
+from machinery import cost, planner  # noqa: E402
 from parallel.grid import Layout  # noqa: E402
 
 MODEL = cost.MODELS["tiny"].gpt_config

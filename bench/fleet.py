@@ -49,9 +49,7 @@ from dataclasses import dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from machinery import checkpoint  # noqa: E402
-from machinery import cluster  # noqa: E402
-from machinery import planner  # noqa: E402
+from machinery import checkpoint, cluster, planner  # noqa: E402
 from machinery.run_folder import read_jsonl  # noqa: E402
 
 # the run: a tiny GPT on the standard library's bytes, a line per step (the supervisor reads each as a sign of life)

@@ -43,16 +43,16 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machinery import run_setup  # noqa: E402
 import train  # noqa: E402
-from machinery.config import TrainConfig  # noqa: E402
-from parallel.layout import model_for_rank  # noqa: E402
-from machinery.local_ranks import results_of, run_ranks  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
+from machinery import run_setup  # noqa: E402
 from machinery.closed_forms import comm_bytes_per_step  # noqa: E402
+from machinery.config import TrainConfig  # noqa: E402
+from machinery.local_ranks import results_of, run_ranks  # noqa: E402
 from machinery.monitor import SavedActivations, state_bytes  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 from parallel.comm_count import take_comm_bytes  # noqa: E402
 from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
+from parallel.layout import model_for_rank  # noqa: E402
 from parallel.pipeline import bubble_fraction  # noqa: E402
 
 MODEL = GPTConfig(block_size=64, vocab_size=256, n_layer=8, n_head=8, n_embd=128)

@@ -32,10 +32,10 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from model import GPT, GPTConfig  # noqa: E402
 from machinery.local_ranks import results_of, run_ranks  # noqa: E402
-from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
 from machinery.monitor import plot_gantt  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
 from parallel.pipeline import PipelineRank, bubble_fraction, run_schedule, schedule_for  # noqa: E402
 
 BATCH, BLOCK, N_EMBD, BLOCKS_PER_STAGE = 32, 128, 256, 4  # >= 4 rows per micro-batch up to m = 8

@@ -31,9 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from catalog import BY_NAME, EXERCISES, MUTANTS, mutants_of, reference_bodies, replace_body  # noqa: E402
-from errors import UserError  # noqa: E402
 from grade import GRADING_ENV, grade  # noqa: E402
 from make import ROOT, make  # noqa: E402
+
+from errors import UserError  # noqa: E402
 
 ONE_THREAD = dict(os.environ, OMP_NUM_THREADS="1", **GRADING_ENV)  # the jobs share the cores
 

@@ -24,6 +24,7 @@ import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from catalog import BY_NAME, EXERCISES, body, in_needs_order, stub_line  # noqa: E402
+
 from errors import UserError  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from errors import UserError
 from data import read_json
+from errors import UserError
+from machinery.arms import ArmsConfig
 from machinery.config import RecoveryConfig, TrainConfig
 from machinery.run_folder import COMMAND_RECORDS, fill_new_fields, identity_defaults, read_jsonl
-from machinery.arms import ArmsConfig
 
 BANDS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bands")
 MIN_SEEDS = 8  # fewer seeds than this leave the std too uncertain to draw an edge with

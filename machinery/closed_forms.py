@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from model import stage_layers
 from parallel.grid import Layout
 
-
 # ----------------------------------------------------------------------------
 # A closed form: its arithmetic, computed as written
 

@@ -18,12 +18,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from errors import UserError
 from data import load_meta
+from errors import UserError
 from machinery import checkpoint
+from machinery.bands import find_band, read_run, recipe
 from machinery.config import BenchmarkConfig, DataConfig, TrainConfig
 from machinery.corpus import default_data_dir, get_tokenizer
-from machinery.bands import find_band, read_run, recipe
 from machinery.evaluation import benchmark_scores, evaluate, read_benchmark
 from machinery.run_folder import recorded_gpt_config
 from machinery.run_setup import open_token_streams, pick_device

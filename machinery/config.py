@@ -24,10 +24,10 @@ except ModuleNotFoundError:  # Python 3.10: JSON config files only
     tomllib = None
 
 from errors import UserError
-from machinery.corpus import DataConfig
 from machinery.arms import ArmsConfig
-from parallel.grid import Layout
+from machinery.corpus import DataConfig
 from machinery.transfer import hf_folder_config, hf_tokenizer_of
+from parallel.grid import Layout
 
 # ----------------------------------------------------------------------------
 # The run's settings; defaults are the `tiny` preset

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from errors import UserError
 from data import load_meta, read_json, token_dtype
+from errors import UserError
 from machinery.files import download, file_sha256, remove_if_exists, write_json_atomic
 
 # ----------------------------------------------------------------------------

@@ -22,7 +22,6 @@ import sys
 import textwrap
 from dataclasses import dataclass, field
 
-
 from errors import UserError
 from machinery.bands import (
     BANDS_DIR,

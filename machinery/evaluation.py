@@ -38,9 +38,9 @@ from errors import UserError
 from machinery import checkpoint
 from machinery.corpus import get_tokenizer
 from machinery.files import download
-from parallel.grid import all_reduce_mean
-from machinery.sample import single_device_model
 from machinery.mixture import weights_at
+from machinery.sample import single_device_model
+from parallel.grid import all_reduce_mean
 
 # ----------------------------------------------------------------------------
 # The val loss

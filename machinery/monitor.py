@@ -10,7 +10,6 @@ from collections import Counter
 
 import torch
 
-
 # ----------------------------------------------------------------------------
 # Memory a step keeps
 

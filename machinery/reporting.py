@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 
 from machinery import closed_forms, cost
+from machinery.bands import find_band
 from machinery.cluster import PREEMPTED
 from machinery.corpus import get_tokenizer
-from machinery.bands import find_band
 from machinery.evaluation import final_check
 from machinery.monitor import SavedActivations, peak_memory_bytes, plot_gantt, plot_metrics, state_bytes
 from machinery.run_folder import append_jsonl, read_jsonl

@@ -6,6 +6,7 @@ import os
 
 from errors import UserError
 from machinery import checkpoint
+from machinery.cluster import raise_on_every_rank, run_on_rank0
 from machinery.init_from import load_initial_weights
 from machinery.mixture import weights_at
 from machinery.monitor import Throughput
@@ -20,7 +21,6 @@ from machinery.run_folder import (
     record_identity,
     write_jsonl,
 )
-from machinery.cluster import raise_on_every_rank, run_on_rank0
 
 # ----------------------------------------------------------------------------
 # The start

@@ -16,18 +16,18 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from errors import UserError
 from data import TokenStream
+from errors import UserError
 from machinery import closed_forms, evaluation, incidents, planner, reporting, resume
 from machinery.arms import check_arms
-from machinery.cluster import Watch, end_with_launcher
+from machinery.cluster import Watch, check_visible_everywhere, end_with_launcher, run_on_rank0
 from machinery.config import Configs, config_file_form
 from machinery.corpus import DataConfig, default_data_dir, get_tokenizer, load_or_prepare
 from machinery.evaluation import read_benchmark
 from machinery.faults import FaultInjector
+from machinery.incidents import HealthMonitor, Recovery
 from machinery.init_from import InitialWeights, initial_model
 from machinery.mixture import Mix, MixedStream, mix_meta, prepare_sources, read_mix
-from machinery.incidents import HealthMonitor, Recovery
 from machinery.monitor import Throughput
 from machinery.run_folder import (
     check_out_dir_is_ours,
@@ -41,7 +41,6 @@ from machinery.tracking import Tracker, hyperparameters, trackers_asked
 from machinery.transfer import fetch_named_base, is_named_base
 from parallel.data_parallel import adamw
 from parallel.grid import ProcessGrid, init_distributed, launch_from_environment
-from machinery.cluster import check_visible_everywhere, run_on_rank0
 from parallel.layout import RankModel, check_layout
 
 # ----------------------------------------------------------------------------

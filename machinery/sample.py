@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 from errors import UserError
 from machinery import checkpoint
-from machinery.corpus import get_tokenizer
 from machinery.arms import ArmedGPT
+from machinery.corpus import get_tokenizer
 from machinery.run_folder import out_dir_of, recorded_gpt_config
 
 SEPARATOR = "\n<|endoftext|>\n"  # between the documents of a sample

@@ -26,8 +26,8 @@ from typing import NamedTuple
 import torch
 
 from errors import UserError
-from machinery import checkpoint
-from machinery import files
+from machinery import checkpoint, files
+from machinery.arms import ArmedGPT, ArmsConfig
 from machinery.corpus import get_tokenizer
 from machinery.hf_layouts import (
     EXPORTED_BY,
@@ -43,10 +43,9 @@ from machinery.hf_layouts import (
     state_dict_from_hf,
     state_dict_to_hf,
 )
-from machinery.safetensors_format import SHARD_INDEX, read_safetensors, read_safetensors_folder, shard_writers
-from machinery.arms import ArmedGPT, ArmsConfig
-from model import GPTConfig, padded_vocab_size
 from machinery.run_folder import recorded_gpt_config
+from machinery.safetensors_format import SHARD_INDEX, read_safetensors, read_safetensors_folder, shard_writers
+from model import GPTConfig, padded_vocab_size
 
 # ----------------------------------------------------------------------------
 # Where a run's first weights come from

@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from machinery import checkpoint
 import train
+from machinery import checkpoint
+from machinery.arms import ArmedGPT, ArmsConfig, ManualAttention, manual_causal_attention
 from machinery.config import parse_args
 from machinery.local_ranks import run_ranks
-from machinery.arms import ArmedGPT, ArmsConfig, ManualAttention, manual_causal_attention
 from model import GPT, GPTConfig
 from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed
 from parallel.layout import model_for_rank

@@ -9,16 +9,16 @@ import random
 import numpy as np
 import pytest
 import torch
-
-from machinery import run_setup
-import train
-from machinery.config import parse_args
-from machinery.local_ranks import run_ranks
-from parallel.grid import destroy_distributed
-from machinery.incidents import Recovery
-from machinery.evaluation import validate
-from machinery.resume import checkpoint_state, restore_checkpoint
 from conftest import write_word_corpus
+
+import train
+from machinery import run_setup
+from machinery.config import parse_args
+from machinery.evaluation import validate
+from machinery.incidents import Recovery
+from machinery.local_ranks import run_ranks
+from machinery.resume import checkpoint_state, restore_checkpoint
+from parallel.grid import destroy_distributed
 
 SAVED_AT, STEPS_AFTER = 4, 4  # steps before the checkpoint, and steps taken again after the resume
 BATCH = 2  # rows a step reads

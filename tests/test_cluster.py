@@ -12,9 +12,9 @@ import sys
 import time
 
 import pytest
+from conftest import ROOT, write_word_corpus
 
 from machinery import cluster
-from conftest import ROOT, write_word_corpus
 from machinery.local_ranks import run_ranks
 from train import main
 

@@ -8,9 +8,9 @@ import torch
 
 from bench.layouts import measure_layout, pipelined
 from machinery.arms import ArmedGPT, ArmsConfig
-from model import GPT, GPTConfig
 from machinery.closed_forms import parameters_on_rank
 from machinery.monitor import SavedActivations
+from model import GPT, GPTConfig
 from parallel.grid import Layout
 
 SMALL = GPTConfig(block_size=8, vocab_size=101, n_layer=4, n_head=4, n_embd=32)  # V = 101: padded to a multiple of tp

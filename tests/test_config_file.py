@@ -4,12 +4,12 @@ reads as JSON does, and the presets are such files (config.py, presets/)."""
 import json
 
 import pytest
+from conftest import ROOT, write_word_corpus
 
-from machinery import config
 import train
+from machinery import config
 from machinery.config import parse_args, read_config_file
 from machinery.run_folder import read_jsonl
-from conftest import ROOT, write_word_corpus
 
 # a run small enough for a unit test: 1 layer of width 32, 20 steps, every loss logged
 # fmt: off

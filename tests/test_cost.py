@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import ROOT, run_script
 from torch.utils.flop_counter import FlopCounterMode
 
 from machinery import closed_forms, cost, planner
-from conftest import ROOT, run_script
 from machinery.arms import ArmedGPT, ArmsConfig
 from model import GPT, CausalSelfAttention, GPTConfig
 from parallel.grid import Layout

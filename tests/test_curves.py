@@ -11,8 +11,8 @@ import shutil
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, run_script
+
 from machinery import bands, compare, curves
 from machinery.files import write_json_atomic
 

@@ -7,13 +7,13 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, SHAKESPEARE, needs_gpt2, needs_shakespeare, run_script, save_bpe_tokenizer
 
 import data
 from data import TokenStream
 from errors import UserError
 from machinery import corpus
 from machinery.corpus import DOWNLOADS, DataConfig, get_tokenizer, prepare
-from conftest import ROOT, SHAKESPEARE, needs_gpt2, needs_shakespeare, run_script, save_bpe_tokenizer
 from machinery.files import download, file_sha256
 
 TEXT = "Hello, world!\n\tunicode: naïve café 日本語 🙂 <|endoftext|> done"

@@ -7,16 +7,15 @@ from functools import partial
 
 import pytest
 import torch
+from conftest import ROOT, run_script, write_word_corpus
 
-from machinery import checkpoint
-from machinery import closed_forms
 import train
-from conftest import ROOT, write_word_corpus, run_script
-from machinery.local_ranks import run_ranks
+from machinery import checkpoint, closed_forms
 from machinery.config import parse_args
-from parallel.layout import check_layout
+from machinery.local_ranks import run_ranks
 from model import GPT, GPTConfig
 from parallel.grid import Layout, ProcessGrid
+from parallel.layout import check_layout
 
 # fp32 pinned: the layouts agree to rounding in fp32; under bf16 (the default on CPUs that have it) they
 # would differ by bf16's rounding of differently split matmuls
@@ -735,9 +734,8 @@ def test_mfu_counts_the_whole_model_under_tensor_parallelism(corpus):
 
 
 def _check_visibility(paths_by_rank):
-    from parallel.grid import destroy_distributed, init_distributed
-
     from machinery.cluster import check_visible_everywhere
+    from parallel.grid import destroy_distributed, init_distributed
 
     launch = init_distributed(30)
     try:

@@ -21,7 +21,6 @@ from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 NOT_MODULES = {"tests", "notebooks", "exercises", "bench", "examples"}  # folders of scripts, never imported

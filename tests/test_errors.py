@@ -5,8 +5,8 @@ import importlib
 import sys
 
 import pytest
-
 from conftest import ROOT, run_script
+
 from errors import UserError
 from machinery.local_ranks import run_ranks
 

@@ -7,14 +7,15 @@ import math
 import pytest
 import torch
 import torch.nn as nn
+from conftest import HELLASWAG_FIXTURE as FIXTURE
+from conftest import ROOT, run_script
 
 from machinery import evaluation
 from machinery.config import BenchmarkConfig
-from conftest import HELLASWAG_FIXTURE as FIXTURE, ROOT, run_script
 from machinery.corpus import ByteTokenizer
 from machinery.files import file_sha256
-from model import GPTConfig
 from machinery.run_folder import is_finished
+from model import GPTConfig
 
 
 class UnigramModel(nn.Module):

@@ -6,12 +6,12 @@ import re
 import sys
 
 import pytest
-
 from conftest import ROOT, run_script
 
 sys.path.insert(0, str(ROOT / "exercises"))
 from catalog import BY_NAME, EXERCISES, all_needs, in_needs_order, mutants_of, reference_bodies  # noqa: E402
-from check_graders import main as check_the_graders, write_bodies  # noqa: E402
+from check_graders import main as check_the_graders  # noqa: E402
+from check_graders import write_bodies
 
 GPIPE_ORDER = ['return [("F", i) for i in range(micro_batches)] + [("B", i) for i in range(micro_batches)]\n']
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from machinery.checkpoint import ParameterCut
+from machinery.torch_engines import DDPModel, DTensorCut, FSDPModel
 from model import GPT, GPTConfig
 from parallel.grid import Layout, ProcessGrid
 from parallel.layout import RankModel, model_for_rank
 from parallel.pipeline import PipelineModel, PipelineRank
 from parallel.tensor_parallel import Cut
-from machinery.torch_engines import DDPModel, DTensorCut, FSDPModel
 
 IMPLEMENTATIONS = {
     "ShardedModel": lambda gpt, grid: model_for_rank(gpt, grid, Layout(), 2),

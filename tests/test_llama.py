@@ -8,19 +8,17 @@ import json
 
 import pytest
 import torch
-
-from machinery import checkpoint
-from machinery import closed_forms
-from machinery.corpus import get_tokenizer
-import train
-from machinery import hf_layouts, transfer
 from conftest import SHAKESPEARE, needs_gpt2, needs_shakespeare, save_bpe_tokenizer, write_word_corpus
-from machinery.files import file_sha256
-from parallel.layout import check_layout, model_for_rank
+
+import train
+from machinery import checkpoint, closed_forms, hf_layouts, transfer
 from machinery.arms import ArmedGPT, ArmsConfig
+from machinery.corpus import get_tokenizer
+from machinery.files import file_sha256
 from machinery.sample import KVCache, generate
 from model import GPT, GPTConfig, apply_rope, padded_vocab_size, rope_angles
 from parallel.grid import Layout, ProcessGrid
+from parallel.layout import check_layout, model_for_rank
 
 LLAMA = dict(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=64, block_size=32)
 

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from data import TokenStream
-
 from machinery.corpus import DataConfig
 from machinery.mixture import (
     Change,

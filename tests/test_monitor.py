@@ -5,9 +5,9 @@ import statistics
 import pytest
 import torch
 
-from model import GPT, GPTConfig
 from machinery.incidents import HealthMonitor
 from machinery.monitor import SavedActivations, layer_grad_norms
+from model import GPT, GPTConfig
 
 SETTINGS = dict(window=10, spike_factor=2.0, grad_z_threshold=6.0, val_rise_evals=3)
 

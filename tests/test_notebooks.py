@@ -25,7 +25,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from conftest import needs_gpt2  # notebook 01 compares bytes with GPT-2 BPE
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,8 +4,8 @@ both run on the CPU at a tiny scale, so neither can rot where no GPU is at hand.
 import re
 
 import pytest
-
-from conftest import HELLASWAG_FIXTURE as FIXTURE, ROOT, needs_gpt2, run_script, write_word_corpus
+from conftest import HELLASWAG_FIXTURE as FIXTURE
+from conftest import ROOT, needs_gpt2, run_script, write_word_corpus
 
 
 @needs_gpt2

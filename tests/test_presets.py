@@ -4,7 +4,6 @@ import json
 import math
 
 import pytest
-
 from conftest import ROOT, SHAKESPEARE, needs_shakespeare, run_script
 
 pytestmark = pytest.mark.slow

@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, run_script, write_word_corpus
 
-from machinery import checkpoint
-from machinery import cluster
+from machinery import checkpoint, cluster
 from machinery.config import RecoveryConfig, TrainConfig
 from machinery.incidents import Recovery
 from machinery.run_folder import read_jsonl
 from train import lr_at
-from conftest import ROOT, write_word_corpus, run_script
 
 # fmt: off
 BASE = [

@@ -10,15 +10,14 @@ import sys
 
 import pytest
 import torch
+from conftest import ROOT, needs_gpt2
 
 import train
-from conftest import ROOT, needs_gpt2
+from machinery.arms import ArmedGPT, ArmsConfig
 from machinery.config import SampleConfig
 from machinery.corpus import ByteTokenizer, DataConfig, get_tokenizer, prepare
-from machinery.sample import KVCache, filter_top_p, generate
-from machinery.arms import ArmedGPT, ArmsConfig
+from machinery.sample import KVCache, TextPrinter, filter_top_p, generate, sample_text, sample_texts
 from model import GPT, GPTConfig
-from machinery.sample import TextPrinter, sample_text, sample_texts
 
 SMALL = dict(block_size=16, n_layer=2, n_head=2, n_embd=32)
 

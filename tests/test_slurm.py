@@ -10,7 +10,6 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import ROOT
 
 SCRIPT = ROOT / "examples" / "slurm" / "train.sbatch"

@@ -3,18 +3,17 @@
 import contextlib
 import copy
 import traceback
+from dataclasses import replace
 from types import SimpleNamespace
 from unittest import mock
-
-from dataclasses import replace
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from machinery import checkpoint
 import train
+from machinery import checkpoint
 from machinery.local_ranks import run_ranks
 from model import GPT, GPTConfig
 from parallel.comm_count import take_comm_bytes

@@ -8,13 +8,12 @@ import re
 
 import pytest
 import torch
-
-from machinery import checkpoint
-from machinery import hf_layouts, safetensors_format
 from conftest import ROOT, TIKTOKEN_CACHE, needs_gpt2, run_script, write_word_corpus
-from model import GPT, GPTConfig
+
+from machinery import checkpoint, hf_layouts, safetensors_format
 from machinery.run_folder import recorded_gpt_config
 from machinery.sample import generate
+from model import GPT, GPTConfig
 
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))  # for this process and the scripts it starts
 
@@ -120,8 +119,8 @@ def test_init_from_gpt2_on_two_ranks_takes_the_steps_one_process_takes(tmp_path,
 @pytest.mark.integration
 def test_export_hf_loads_in_transformers_with_the_same_logits_and_greedy_text(tmp_path):
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
-    from machinery.sample import single_device_model
     from machinery import checkpoint
+    from machinery.sample import single_device_model
 
     corpus = write_word_corpus(tmp_path / "words.txt", 3000)
     # fmt: off

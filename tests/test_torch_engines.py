@@ -6,11 +6,10 @@ import shutil
 
 import pytest
 import torch
-
-from machinery import checkpoint
-from machinery import closed_forms
-import train
 from conftest import write_word_corpus
+
+import train
+from machinery import checkpoint, closed_forms
 from machinery.config import parse_args
 from machinery.local_ranks import results_of, run_ranks
 
@@ -135,9 +134,9 @@ def test_torch_engines_refuse_tensor_and_pipeline_parallelism(corpus, dp_mode, f
 
 def _replicas_after_wrapping(dp_mode):
     """Each rank builds its GPT from its own seed, then wraps it: the weights every rank then holds, whole."""
+    from machinery.torch_engines import DDPModel, FSDPModel
     from model import GPT, GPTConfig
     from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed
-    from machinery.torch_engines import DDPModel, FSDPModel
 
     launch = init_distributed(30)
     grid = ProcessGrid(Layout(dp=2), launch.rank, launch.world_size)

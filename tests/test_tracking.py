@@ -12,9 +12,9 @@ import types
 
 import numpy as np
 import pytest
+from conftest import write_word_corpus
 
 import train
-from conftest import write_word_corpus
 from machinery.run_folder import read_jsonl
 from machinery.tracking import wandb_mode
 

@@ -6,15 +6,14 @@ import os
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, run_script
 
-from machinery import checkpoint
-from machinery import run_setup
 import train
 from data import TokenStream
-from model import GPT, GPTConfig
-from conftest import ROOT, run_script
+from machinery import checkpoint, run_setup
 from machinery.config import TrainConfig, parse_args
 from machinery.run_folder import read_jsonl
+from model import GPT, GPTConfig
 from parallel.grid import Layout, ProcessGrid
 from parallel.layout import model_for_rank
 from train import clip_gradients, lr_at, optimizer_step

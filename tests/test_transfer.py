@@ -8,13 +8,11 @@ from dataclasses import asdict, replace
 import pytest
 import tiktoken
 import torch
-
-from machinery import checkpoint
-from machinery import config
-import train
-from machinery import hf_layouts, safetensors_format, transfer
-from machinery.arms import ArmsConfig
 from conftest import needs_gpt2
+
+import train
+from machinery import checkpoint, config, hf_layouts, safetensors_format, transfer
+from machinery.arms import ArmsConfig
 from machinery.files import file_sha256
 from model import GPT, GPTConfig
 

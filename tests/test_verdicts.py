@@ -8,7 +8,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, run_script
 
 sys.path.insert(0, str(ROOT / "notebooks"))
