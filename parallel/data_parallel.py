@@ -5,6 +5,8 @@ all-reduce per parameter, or buckets overlapped with backward), and the global g
 ZeRO's engines (zero.py) share the training state out over the same replicas instead.
 """
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
@@ -55,9 +57,8 @@ class DataParallel:
     trainable or frozen, and every buffer), so all copies begin identical, as torch's DDP makes them; with
     identical averaged gradients of the trainable ones they stay so (a buffer that forward changes would drift
     apart: DDP broadcasts buffers again before each forward, these engines only at the start). Under gradient
-    accumulation only
-    the last micro-batch syncs (`sync = False` before the others): the sum of local gradients is
-    averaged once, which equals averaging each micro-batch.
+    accumulation only the last micro-batch syncs (`with dp.no_sync():` around the others, as with DDP): the sum of
+    local gradients is averaged once, which equals averaging each micro-batch.
     """
 
     zero_stage = 0  # how much of the training state is shared out over the replicas (zero.py: 1 or 2)
@@ -70,7 +71,16 @@ class DataParallel:
         source = dist.get_global_rank(self.group, 0)
         for tensor in [*module.parameters(), *module.buffers()]:  # a frozen bias or a buffer would stay apart
             dist.broadcast(tensor.data, src=source, group=self.group)
-        self.sync = True
+        self._sync = True  # False inside no_sync()
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward inside starts no all-reduce: the local gradients add up until a backward outside it."""
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = True
 
     def finish(self):
         """Block until every gradient this rank keeps is the DP average; call after the last backward of a step."""
@@ -92,9 +102,6 @@ class DataParallel:
 class NaiveDataParallel(DataParallel):
     """After backward, one blocking all-reduce per parameter, then a division: the average, as
     simply as it can be written (kept to compare against the bucketed engine)."""
-
-    def __init__(self, module, grid, overlap=True):
-        super().__init__(module, grid)  # overlap: nothing to overlap, every all-reduce waits for backward
 
     def finish(self):
         """Block until every gradient is the DP average; call after the last backward of a step."""
@@ -162,7 +169,7 @@ class BucketedDataParallel(DataParallel):
         return torch.zeros(self.sizes[i], dtype=p.dtype, device=p.device)
 
     def _grad_ready(self, param):
-        if not (self.sync or self.reduces_every_micro_batch):
+        if not (self._sync or self.reduces_every_micro_batch):
             return
         i = self.bucket_of[param]
         self.ready[i] += 1
@@ -202,16 +209,6 @@ class BucketedDataParallel(DataParallel):
         self.launched.clear()
         self.ready = [0] * len(self.buckets)
         # exercise dp_average, BucketedDataParallel.finish: end
-
-
-def data_parallel(engine, **options):
-    """How ShardedModel and PipelineModel build their DP engine: make(module, grid, overlap) gives
-    `engine` (NaiveDataParallel, BucketedDataParallel, or ZeRO's) over the grid's dp group, or None when dp is 1."""
-
-    def make(module, grid, overlap=True):
-        return engine(module, grid, overlap=overlap, **options) if grid.dp > 1 else None
-
-    return make
 
 
 def zero_stage_of(dp):

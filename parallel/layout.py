@@ -25,7 +25,6 @@ from parallel.data_parallel import (
     DataParallel,
     NaiveDataParallel,
     clear_gradients,
-    data_parallel,
     forward_and_backward,
     sharded_grad_norm,
     zero_stage_of,
@@ -100,10 +99,11 @@ class ShardedModel:
         self.zero_stage = zero_stage_of(dp)
 
     def forward_backward(self, x, y, loss_weight, sync=True):
-        if self.dp is not None:
-            self.dp.sync = sync  # under accumulation only the last micro-batch starts the all-reduces
+        # under accumulation only the last micro-batch starts the all-reduces: no_sync() around the others
+        hold = self.dp.no_sync() if self.dp is not None and not sync else contextlib.nullcontext()
         x, y = cut_sequences(x, y, self.positions)
-        return mean_over_cp(forward_and_backward(self.forward, self.autocast, x, y, loss_weight), self.grid)
+        with hold:
+            return mean_over_cp(forward_and_backward(self.forward, self.autocast, x, y, loss_weight), self.grid)
 
     def loss(self, x, y):
         x, y = cut_sequences(x, y, self.positions)
@@ -266,19 +266,22 @@ def model_for_rank(
         sequence_shards = grid.tp if layout.sequence_parallel else 1
         module = PipelineRank(whole, grid.pp_rank, grid.pp, layout.virtual_stages, sequence_shards)
     average_over_cp(module.parameters(), grid)  # before the DP engine's hooks: it averages the cp mean
-    # DP: a stage's gradients are complete only when its schedule ends, so a pipeline launches every bucket there
-    dp = data_parallel_engine(layout)(module, grid, overlap=layout.pp == 1)
+    dp = data_parallel_engine(layout, module, grid)
     if layout.pp > 1:
         return PipelineModel(module, grid, cuts, positions, dp, layout, whole.config.n_embd, autocast)
     return ShardedModel(module, grid, cuts, positions, dp, autocast, compile)
 
 
-def data_parallel_engine(layout):
-    """make(module, grid, overlap): the hand-written DP engine the layout names (ZeRO's stage, or --dp_mode's)."""
+def data_parallel_engine(layout, module, grid):
+    """The hand-written DP engine the layout names (ZeRO's stage, or --dp_mode's) over the grid's dp group, or None
+    when dp is 1. A pipeline stage's gradients are complete only when its schedule ends: there (overlap=False) every
+    bucket is launched in finish()."""
+    if grid.dp == 1:
+        return None
     if layout.zero:
-        return data_parallel(ZERO_STAGES[layout.zero], bucket_mb=layout.bucket_mb)
+        return ZERO_STAGES[layout.zero](module, grid, overlap=layout.pp == 1, bucket_mb=layout.bucket_mb)
     if layout.dp_mode == "bucketed":
-        return data_parallel(BucketedDataParallel, bucket_mb=layout.bucket_mb)
+        return BucketedDataParallel(module, grid, overlap=layout.pp == 1, bucket_mb=layout.bucket_mb)
     if layout.dp_mode == "naive":
-        return data_parallel(NaiveDataParallel)
+        return NaiveDataParallel(module, grid)
     raise ValueError(f"--dp_mode {layout.dp_mode!r}: no engine")  # check_layout names the choices first

@@ -384,7 +384,11 @@ def _data(rank, step):
     return torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
 
 
-DP_SETUPS = {"bucketed": ("bucketed", True), "bucketed-no-overlap": ("bucketed", False), "naive": ("naive", True)}
+DP_SETUPS = {
+    "bucketed": ("bucketed", {"overlap": True}),
+    "bucketed-no-overlap": ("bucketed", {"overlap": False}),
+    "naive": ("naive", {}),
+}
 
 
 def _dp_average_over_steps(steps):
@@ -403,11 +407,11 @@ def _dp_average_over_steps(steps):
     # buckets of 1000 B: fc3 and fc2 (1360 B) fill the first, the unused layer and fc1 (656 B) the last
     engines = {"bucketed": partial(BucketedDataParallel, bucket_mb=1000 / 2**20), "naive": NaiveDataParallel}
     results = {}
-    for setup, (mode, overlap) in DP_SETUPS.items():
+    for setup, (mode, options) in DP_SETUPS.items():
         torch.manual_seed(0)
         net = ThreeLayersAndAnUnusedOne()
         twin = copy.deepcopy(net)
-        dp = engines[mode](net, grid, overlap=overlap)
+        dp = engines[mode](net, grid, **options)
         for step in range(steps):
             clear_gradients(net, dp)
             take_comm_bytes()
