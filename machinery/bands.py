@@ -50,7 +50,7 @@ SETTINGS = (*LR_SCHEDULE, "max_iters", "grad_clip", "weight_decay")
 
 
 @dataclass
-class RunCurves:
+class LoggedRun:
     """What a run folder's files say, by step: train loss, LR and grad norm (with its z-score) at the logged
     steps, val loss at the evaluated ones, the incidents and the injected faults."""
 
@@ -87,7 +87,7 @@ class RunCurves:
 
 
 def read_run(folder):
-    """RunCurves of a run folder; a UserError naming the folder and what is missing."""
+    """LoggedRun of a run folder; a UserError naming the folder and what is missing."""
     recorded = read_json(os.path.join(folder, "run.json"))
     if recorded is None:
         raise UserError(f"{folder}: no run.json, so not a run folder (python train.py --out_dir DIR makes one)")
@@ -96,17 +96,17 @@ def read_run(folder):
         raise UserError(f"{folder}: metrics.jsonl holds no logged step yet; read it once the run has logged one")
     identity = {k: v for k, v in recorded.items() if k not in COMMAND_RECORDS}
     identity = fill_new_fields(identity, identity_defaults(ArmsConfig(), TrainConfig()))  # an older run.json
-    run = RunCurves(folder, identity, recorded.get("config", {}), computed_in=recorded.get("computed_in", []))
+    logged = LoggedRun(folder, identity, recorded.get("config", {}), computed_in=recorded.get("computed_in", []))
     for r in records:
         if "loss" in r:
-            run.train[r["step"]], run.lr[r["step"]] = r["loss"], r["lr"]
-            run.grad_norm[r["step"]], run.grad_z[r["step"]] = r["grad_norm"], r["grad_norm_z"]
-            run.skipped += "skipped" in r
+            logged.train[r["step"]], logged.lr[r["step"]] = r["loss"], r["lr"]
+            logged.grad_norm[r["step"]], logged.grad_z[r["step"]] = r["grad_norm"], r["grad_norm_z"]
+            logged.skipped += "skipped" in r
         if "val_loss" in r:
-            run.val[r["step"]] = r["val_loss"]
-    run.incidents = read_jsonl(os.path.join(folder, "incidents.jsonl"))
-    run.injected = read_json(os.path.join(folder, "injected.json")) or []
-    return run
+            logged.val[r["step"]] = r["val_loss"]
+    logged.incidents = read_jsonl(os.path.join(folder, "incidents.jsonl"))
+    logged.injected = read_json(os.path.join(folder, "injected.json")) or []
+    return logged
 
 
 def recipe(identity):
@@ -137,7 +137,7 @@ def recipe_differences(run_recipe, band_recipe):
 
 def summary(runs, steps):
     """Per step, the mean, std and 5/50/95% quantiles over runs ({step: value} each), and every run's values."""
-    values = np.array([[run[t] for t in steps] for run in runs])  # (K, steps)
+    values = np.array([[logged[t] for t in steps] for logged in runs])  # (K, steps)
     q05, q50, q95 = np.quantile(values, [0.05, 0.5, 0.95], axis=0)
 
     def rounded(a):
@@ -160,29 +160,29 @@ def shared_summary(series):
 
 
 def make_band(runs, preset, made_by):
-    """The band of RunCurves `runs`: one recipe with one set of settings, at least MIN_SEEDS seeds, none of which
+    """The band of LoggedRun `runs`: one recipe with one set of settings, at least MIN_SEEDS seeds, none of which
     had an incident; its edge calibrated on them."""
     if len(runs) < MIN_SEEDS:
         raise UserError(f"a band needs at least {MIN_SEEDS} seeds; got {len(runs)}")
     first = runs[0]
-    for run in runs:
-        if differences := recipe_differences(recipe(run.identity), recipe(first.identity)):
-            raise UserError(f"{run.folder} is another recipe than {first.folder}: {'; '.join(differences)}")
-        if changed := [k for k in SETTINGS if run.settings[k] != first.settings[k]]:
-            raise UserError(f"{run.folder} trained with other settings than {first.folder}: {', '.join(changed)}")
-        if run.incidents:
-            raise UserError(f"{run.folder} had {len(run.incidents)} incident(s): a band is made of healthy runs")
+    for logged in runs:
+        if differences := recipe_differences(recipe(logged.identity), recipe(first.identity)):
+            raise UserError(f"{logged.folder} is another recipe than {first.folder}: {'; '.join(differences)}")
+        if changed := [k for k in SETTINGS if logged.settings[k] != first.settings[k]]:
+            raise UserError(f"{logged.folder} trained with other settings than {first.folder}: {', '.join(changed)}")
+        if logged.incidents:
+            raise UserError(f"{logged.folder} had {len(logged.incidents)} incident(s): a band is made of healthy runs")
     band = {
         "preset": preset,
         "about": "a recipe over seeds, each with its own data order (curves.py reads runs against it)",
-        "seeds": [run.settings["seed"] for run in runs],
-        "data_orders": [run.settings["data_order"] for run in runs],
+        "seeds": [logged.settings["seed"] for logged in runs],
+        "data_orders": [logged.settings["data_order"] for logged in runs],
         "made_by": made_by,
         "recipe": recipe(first.identity),
         "settings": {k: first.settings[k] for k in SETTINGS},
-        "train": shared_summary([run.train for run in runs]),
-        "val": shared_summary([run.val for run in runs]),
-        "grad_norm": shared_summary([run.grad_norm for run in runs]),
+        "train": shared_summary([logged.train for logged in runs]),
+        "val": shared_summary([logged.val for logged in runs]),
+        "grad_norm": shared_summary([logged.grad_norm for logged in runs]),
     }
     band["rule"] = calibrate(band["train"])
     return band
@@ -250,15 +250,15 @@ def jumps(values, series, rule, before=math.inf):
     ]
 
 
-def data_shifts(run):
+def data_shifts(logged):
     """[(step, batches)]: from each step a runbook's rollback restored on, how many steps earlier than a run without
     incidents the run reads each batch, all the skips so far counted. The runbook rolls back to a checkpoint and
     skips the rows up to the incident, so each skip moves every later batch to an earlier step; [] without one."""
     shifts, skipped_rows = [], 0
-    for action in sorted((i["action"] for i in run.incidents if "action" in i), key=lambda a: a["restored_step"]):
+    for action in sorted((i["action"] for i in logged.incidents if "action" in i), key=lambda a: a["restored_step"]):
         start, end = action["skipped_rows"]
         skipped_rows += end - start
-        shifts.append((action["restored_step"], skipped_rows / run.settings["global_batch"]))
+        shifts.append((action["restored_step"], skipped_rows / logged.settings["global_batch"]))
     return shifts
 
 
@@ -277,15 +277,15 @@ def student_t_p(t, dof):
     return min(1.0, max(0.0, 1.0 - inside))
 
 
-def val_p(run, band):
+def val_p(logged, band):
     """(step, the run's val loss, p) at the last evaluated step the run and the band share, or None: where one more
     seed of the recipe would land, by Student's t with K - 1 degrees of freedom (a prediction interval)."""
-    shared = [t for t in band["val"]["step"] if t in run.val]
+    shared = [t for t in band["val"]["step"] if t in logged.val]
     if not shared:
         return None
     step = shared[-1]
     seeds = [row[band["val"]["step"].index(step)] for row in band["val"]["runs"]]
-    return step, run.val[step], p_against(run.val[step], seeds)
+    return step, logged.val[step], p_against(logged.val[step], seeds)
 
 
 def p_against(value, seeds):

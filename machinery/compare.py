@@ -32,33 +32,37 @@ from parallel.grid import Layout, ProcessGrid
 from parallel.layout import model_for_rank
 
 
-def fixed_evaluation(run, say):
+def fixed_evaluation(logged, say):
     """(val stream, batches, tokenizer, benchmark examples) of the run's own evaluations, on one process: the val
     rows they read, and its benchmark where it has one (--benchmark; [] for none)."""
-    if run.config.get("train", {}).get("mix"):
-        raise UserError(f"{run.folder} trained on a --mix: compare reads one source's val rows; put a run of one first")
-    train_cfg = TrainConfig(**{k: v for k, v in run.config["train"].items() if k in TrainConfig.__dataclass_fields__})
-    data_dir = train_cfg.data_dir or default_data_dir(DataConfig(**run.config["data"]))
+    if logged.config.get("train", {}).get("mix"):
+        raise UserError(
+            f"{logged.folder} trained on a --mix: compare reads one source's val rows; put a run of one first"
+        )
+    train_cfg = TrainConfig(
+        **{k: v for k, v in logged.config["train"].items() if k in TrainConfig.__dataclass_fields__}
+    )
+    data_dir = train_cfg.data_dir or default_data_dir(DataConfig(**logged.config["data"]))
     if not os.path.exists(os.path.join(data_dir, "meta.json")):
-        raise UserError(f"{run.folder} read its data from {data_dir}, which holds no meta.json here")
+        raise UserError(f"{logged.folder} read its data from {data_dir}, which holds no meta.json here")
     meta = load_meta(data_dir)
-    block_size = run.identity["GPTConfig"]["block_size"]
+    block_size = logged.identity["GPTConfig"]["block_size"]
     # one process reading the run's global batch in its micro-batches: the rows of any layout's evaluations
-    micro_batch = run.settings["global_batch"] // train_cfg.gradient_accumulation_steps
+    micro_batch = logged.settings["global_batch"] // train_cfg.gradient_accumulation_steps
     one_process = replace(train_cfg, batch_size=micro_batch)
     grid = ProcessGrid()
     _, streams, batches = open_token_streams(None, {"val": data_dir}, meta, one_process, block_size, grid, say)
-    examples = read_benchmark(BenchmarkConfig(**run.config.get("benchmark", {})))
+    examples = read_benchmark(BenchmarkConfig(**logged.config.get("benchmark", {})))
     return streams["val"], batches, get_tokenizer(meta["tokenizer"]), examples
 
 
-def evaluate_checkpoints(run, steps, evaluation, device):
+def evaluate_checkpoints(logged, steps, evaluation, device):
     """{step: {"val_loss": ..., and "acc_norm" where there is a benchmark}} of the run's checkpoints at `steps`."""
     stream, batches, tokenizer, examples = evaluation
     grid = ProcessGrid()
     results = {}
     for step in steps:
-        _, state = checkpoint.load_chosen(os.path.join(run.folder, "ckpt"), step, device)
+        _, state = checkpoint.load_chosen(os.path.join(logged.folder, "ckpt"), step, device)
         model = single_device_model(recorded_gpt_config(state["config"]), state["model"], device)
         results[step] = {"val_loss": evaluate(model_for_rank(model, grid, Layout(), batches), stream, batches, grid)}
         if examples:
@@ -94,16 +98,19 @@ def compare_runs(run_dirs, band_path="", device="cpu", say=print):
     difference, √2 x its val std there."""
     runs = [read_run(d) for d in run_dirs]
     first = recipe(runs[0].identity)
-    for run in runs[1:]:
-        mine = recipe(run.identity)
+    for logged in runs[1:]:
+        mine = recipe(logged.identity)
         if (mine["data"], mine["model"]["block_size"]) != (first["data"], first["model"]["block_size"]):
             raise UserError(
-                f"{run.folder} and {runs[0].folder} trained on other data or blocks: one evaluation cannot judge both"
+                f"{logged.folder} and {runs[0].folder} trained on other data or blocks: one evaluation cannot judge "
+                "both"
             )
-    steps = steps_to_compare({run.folder: checkpoint.list_steps(os.path.join(run.folder, "ckpt")) for run in runs})
+    steps = steps_to_compare(
+        {logged.folder: checkpoint.list_steps(os.path.join(logged.folder, "ckpt")) for logged in runs}
+    )
     evaluation = fixed_evaluation(runs[0], say)
     say(f"{len(steps)} shared checkpoint steps, each evaluated on {runs[0].folder}'s {evaluation[1]} val batches")
-    results = {run.folder: evaluate_checkpoints(run, steps, evaluation, device) for run in runs}
+    results = {logged.folder: evaluate_checkpoints(logged, steps, evaluation, device) for logged in runs}
     last_third = [t for t in steps if t >= steps[0] + 2 * (steps[-1] - steps[0]) / 3]
     late = {name: statistics.fmean(by_step[t]["val_loss"] for t in last_third) for name, by_step in results.items()}
     ranked = sorted(late, key=late.get)

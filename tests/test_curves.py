@@ -43,7 +43,7 @@ def synthetic_run(seed, offset=None, jump_at=None, plateau_from=None, **settings
         "TrainConfig": {**lr, "seed": seed, "data_order": seed, "global_batch": 8, "eval_iters": 10, "lanes": 64,
                         "init_from": "", "dtype": "float32"},
     }  # fmt: skip
-    run = bands.RunCurves(f"runs/seed_{seed}", identity, {"preset": "tiny", "recovery": {}})
+    run = bands.LoggedRun(f"runs/seed_{seed}", identity, {"preset": "tiny", "recovery": {}})
     for t in steps:
         run.train[int(t)], run.lr[int(t)] = float(train[t]), lr["learning_rate"]
         run.grad_norm[int(t)], run.grad_z[int(t)] = 1.0, 0.0
