@@ -20,9 +20,9 @@ autocast the model runs under, the GradScaler in `optimizer_step`), and Pre-LN +
 
 The loop never asks how the model is laid out across ranks: it talks to the model as this rank holds it
 (parallel/layout.py's RankModel). Nor does it hold the machinery a real run needs (checkpoint folders, logs,
-the cost account, the runbook's actions): machinery/run_setup.py builds the `Run`, and the loop calls its few
-hooks (`run.start()`, `run.batches(step)`, `run.validate(step)`, `run.log(record)`, `run.save(step)`,
-`run.respond_to_incident(step, fired)`, `run.stop_for_signal(step)`, `run.finish(...)`), listed in Run's docstring.
+the cost account, the runbook's actions): machinery/run_setup.py builds the `Run` of a few components (the job,
+the learner, the incidents, the checkpointer, the reporter, ...), and the loop calls the few methods that Run's
+docstring lists (`run.start()`, `run.checkpointer.save(step)`, `run.reporter.log(record)`, ...).
 
 A run writes into its out_dir: run.json, metrics.jsonl, incidents.jsonl, metrics.png and a pipeline's pipeline.png
 (unless --plot false), samples.txt and ckpt/.
@@ -117,9 +117,11 @@ def optimizer_step(model, optimizer, scaler, next_batch, lr, cfg):
 def train(preset, configs):
     """The chapter's loop: forward -> CLM loss -> backward -> clip -> AdamW, evaluated and
     watched as it goes, checkpointed every few steps, rolled back when an incident strikes."""
-    run = set_up(preset, configs)  # processes, data, model, optimizer, watchers (machinery/run_setup.py)
-    with run.watch:  # the stop signals, heartbeats and the folder's lock, until the job ends (machinery/cluster.py)
-        cfg, monitor = run.configs.train, run.monitor
+    run = set_up(preset, configs)  # the job, data, model, optimizer, watchers: the Run's components (machinery/)
+    job, learner, checkpointer, reporter = run.job, run.learner, run.checkpointer, run.reporter
+    monitor, recovery = run.incidents.monitor, run.incidents.recovery
+    with job.watch:  # the stop signals, heartbeats and the folder's lock, until the job ends (machinery/cluster.py)
+        cfg = job.configs.train
         step = run.start()  # 0, or where the newest checkpoint left off
         while True:
             record, eval_warnings = {"step": step}, []
@@ -133,37 +135,37 @@ def train(preset, configs):
                 final_evaluation = record  # evaluation_due(max_iters): the last weights were just judged
                 break
 
-            run.watch.beat(step)  # this rank's heartbeat: alive, at this step
+            job.watch.beat(step)  # this rank's heartbeat: alive, at this step
             next_batch = run.batches(step)  # the data, unless a fault is due
             # the schedule, counted from where it restarted, times what incidents did to it (machinery/incidents.py)
-            lr = lr_at(run.recovery.schedule_step(step), cfg) * run.recovery.lr_factor(step)
-            take_comm_bytes()  # this step's communication is counted from zero (run.log reads it)
-            loss, grad_norm = optimizer_step(run.model, run.optimizer, run.scaler, next_batch, lr, cfg)
+            lr = lr_at(recovery.schedule_step(step), cfg) * recovery.lr_factor(step)
+            take_comm_bytes()  # this step's communication is counted from zero (the reporter reads it)
+            loss, grad_norm = optimizer_step(learner.model, learner.optimizer, learner.scaler, next_batch, lr, cfg)
             # the logged loss is the mean over DP ranks; the grad norm is already that of the averaged gradient
-            loss = all_reduce_mean(loss, run.grid.dp_group, run.grid.dp).item()  # .item() waits for the device
+            loss = all_reduce_mean(loss, job.grid.dp_group, job.grid.dp).item()  # .item() waits for the device
             grad_norm = grad_norm.item()
-            overflow = skipped_for_fp16_overflow(run.scaler, loss, grad_norm)
+            overflow = skipped_for_fp16_overflow(learner.scaler, loss, grad_norm)
             grad_norm_z, fired = (0.0, []) if overflow else monitor.check_step(loss, grad_norm)
             fired += eval_warnings
             if monitor.is_incident(fired):
                 step = run.respond_to_incident(step, fired)  # roll back, skip the data, maybe lower the LR
                 continue
             for detector, values in fired:
-                run.say(f"warning at step {step}: {detector} {values}; the next checkpoint is marked unhealthy")
-            run.throughput.step_done()
+                job.say(f"warning at step {step}: {detector} {values}; the next checkpoint is marked unhealthy")
+            reporter.throughput.step_done()
 
             record.update(loss=loss, lr=lr, grad_norm=grad_norm, grad_norm_z=grad_norm_z)
             if overflow:
-                record["skipped"] = f"fp16 overflow; loss scale now {run.scaler.get_scale():g}"
+                record["skipped"] = f"fp16 overflow; loss scale now {learner.scaler.get_scale():g}"
             if log_due(step, record, cfg):
-                run.log(record)
+                reporter.log(record)
             step += 1
-            stop = run.watch.stop_requested(run.model.device)  # SIGTERM or SIGUSR1, on any rank
-            if stop or step % run.configs.recovery.ckpt_interval == 0 or step == cfg.max_iters:
-                run.save(step)
+            stop = job.watch.stop_requested(learner.model.device)  # SIGTERM or SIGUSR1, on any rank
+            if stop or step % job.configs.recovery.ckpt_interval == 0 or step == cfg.max_iters:
+                checkpointer.save(step)
             if stop:
-                run.stop_for_signal(step)
-        run.finish(final_evaluation)
+                reporter.stop_for_signal(step)
+        reporter.finish(final_evaluation)
 
 
 def evaluation_due(step, cfg):

@@ -205,8 +205,8 @@ EXERCISES = [
     ),
     Exercise(
         "checkpoint",
-        "machinery/resume.py",
-        ("checkpoint_state", "restore_checkpoint"),
+        "machinery/checkpointer.py",
+        ("Checkpointer.snapshot", "Checkpointer.restore"),
         "what a checkpoint holds, in single-device form, and the resume that puts each piece back",
         ("init", "clm_loss", "next_batch", "lr_at", "clip_gradients", "check_step", "flops_per_token"),
         (

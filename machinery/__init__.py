@@ -5,14 +5,15 @@ run_setup.py builds; nothing here is needed to read the lesson. Each file's job,
   configuring and setting up a run
     config.py              the configuration dataclasses, presets, config files and the `--name value` command line
     arms.py                the counterfactual arms the notebooks measure the defenses against (Post-LN, no norm, ...)
-    run_setup.py           everything before the first step, built into one Run: processes, data, model, optimizer
+    run_setup.py           everything before the first step, built into one Run of a few components (Job, Learner)
     init_from.py           the model a run starts from: a fresh init, or --init_from's weights fitted to the run
     torch_engines.py       torch's own DDP and FSDP2 (--dp_mode ddp|fsdp) behind the lesson's RankModel
     modes.py               what replaces training: --sample, --eval_only, --export_hf
   a run's folder, checkpoints and resume
-    run_folder.py          one run per --out_dir: what makes two runs the same, the JSON-lines logs
+    run_folder.py          one run per --out_dir (RunFolder): what makes two runs the same, the JSON-lines logs
+    run_data.py            the run's data (RunData): token files prepared, the streams, validation
     checkpoint.py          the single-device form of any layout's state, and checkpoint folders on disk
-    resume.py              the start of a run, what a checkpoint holds, resume and save
+    checkpointer.py        the Checkpointer: what a checkpoint holds, restore, load, save
     files.py               files a crash never leaves half-written, sha256, checked downloads
   watching a run, and its incidents
     monitor.py             meters: activation memory, state bytes, throughput; the metrics plot

@@ -19,7 +19,7 @@ truncated or corrupted one is skipped with a warning. A command that reads a
 run may name a step instead (load_chosen, --ckpt_step), whose checkpoint must
 verify.
 
-What a checkpoint holds is resume.py's decision (`checkpoint_state`); this file
+What a checkpoint holds is checkpointer.py's decision (`Checkpointer.snapshot`); this file
 provides the means, the random generators' states as tensors among them.
 """
 

@@ -25,8 +25,9 @@ from machinery.bands import find_band, read_run, recipe
 from machinery.config import BenchmarkConfig, DataConfig, TrainConfig
 from machinery.corpus import default_data_dir, get_tokenizer
 from machinery.evaluation import benchmark_scores, evaluate, read_benchmark
+from machinery.run_data import open_token_streams
 from machinery.run_folder import recorded_gpt_config
-from machinery.run_setup import open_token_streams, pick_device
+from machinery.run_setup import pick_device
 from machinery.sample import single_device_model
 from parallel.grid import Layout, ProcessGrid
 from parallel.layout import model_for_rank

@@ -96,7 +96,7 @@ class RecoveryConfig:
     monitor_window: int = 50  # steps in the rolling baselines of loss and grad norm
     grad_z_threshold: float = 8.0  # grad_z: grad norm more than this many std above its recent mean; 0 = off
     val_rise_evals: int = 3  # val_rise: val loss up this many evals in a row while train loss falls; 0 = off
-    # The runbook (incidents.respond_to_incident): every incident rolls back to the newest healthy
+    # The runbook (incidents.Incidents.respond): every incident rolls back to the newest healthy
     # checkpoint and skips the data that led to it; a repeat within incident_window steps (0: never) also...
     incident_window: int = 200
     repeat_response: str = "lower_lr"  # ...lower_lr: multiplies the LR by incident_lr_scale from then on | rewarm

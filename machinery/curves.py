@@ -494,7 +494,7 @@ def main(argv=None):
     parser.add_argument("--plot", default="", help="where the plot goes (default: RUN/curves.png)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        logged = read_run(args.logged)
+        logged = read_run(args.run)
         band, why = find_band(logged.identity, logged.preset, args.band)
         reading = read_curve(logged, band, why)
         print("\n".join(reading.lines + anchor_lines(args.band or os.path.join(BANDS_DIR, f"{logged.preset}.json"))))

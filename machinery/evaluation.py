@@ -38,7 +38,6 @@ from errors import UserError
 from machinery import checkpoint
 from machinery.corpus import get_tokenizer
 from machinery.files import download
-from machinery.mixture import weights_at
 from machinery.sample import single_device_model
 from parallel.grid import all_reduce_mean
 
@@ -228,19 +227,3 @@ def final_check(model, grid, step, val_loss, gpt_config, meta, benchmark_example
             flush=True,
         )
     return record, single
-
-
-def validate(run, step):
-    """{"val_loss": ...}: the mean loss on the first val rows. A mix adds "val_loss_by_source", and
-    "mix_tokens" (each source's tokens read so far); its val_loss weighs the sources by the weights in
-    force at `step`, the mix the train loss is drawn from, so the two stay comparable (the val-rise
-    detector sets one against the other) when the mix changes."""
-    losses = {name: evaluate(run.model, stream, run.eval_batches, run.grid) for name, stream in run.val_streams.items()}
-    if run.mix is None:
-        (val_loss,) = losses.values()
-        return {"val_loss": val_loss}
-    return {
-        "val_loss": sum(weights_at(run.mix, step)[name] * loss for name, loss in losses.items()),
-        "val_loss_by_source": losses,
-        "mix_tokens": run.train_stream.mix_tokens(),
-    }

@@ -6,7 +6,7 @@
     python train.py --inject hang@500 --dp 2 --dist_timeout 30 ...   # a rank that stops responding, alive
 
 The health monitor (incidents.py) must catch the first two and the runbook
-(incidents.respond_to_incident) recover from them; the third is what checkpoints
+(incidents.Incidents.respond) recover from them; the third is what checkpoints
 and exact resume are for; the fourth is what the heartbeats (cluster.py) name.
 """
 

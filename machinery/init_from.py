@@ -1,5 +1,5 @@
 """The model a run starts from: a fresh init, the same on every rank, or --init_from's weights, read and fitted to
-the run (transfer.py reads them) at set-up, and loaded into the rank's model by the start of a run (resume.start)."""
+the run (transfer.py reads them) at set-up, and loaded into the rank's model by the start of a run (Run.start)."""
 
 import os
 from dataclasses import asdict, replace
@@ -74,20 +74,19 @@ def read_initial_weights(configs, meta, grid, say):
     return gpt_config, InitialWeights(state_dict, weights.description, weights.data)
 
 
-def load_initial_weights(run):
-    """--init_from's weights into the model as this rank holds it, as a checkpoint's are (any layout). A run that
-    had checkpoints of its own but none that verifies reads its source now, which set-up skipped."""
-    if run.initial_weights is None:  # set-up built the model from run.json's record: the source must still fit it
-        gpt_config, weights = read_initial_weights(run.configs, run.meta, run.grid, run.say)
-        if changed := config_changes({"GPTConfig": asdict(run.configs.model)}, {"GPTConfig": asdict(gpt_config)}):
+def load_initial_weights(model, weights, job, meta, identity):
+    """--init_from's weights (an InitialWeights, or None) into `model` (the model as this rank holds it), as a
+    checkpoint's are (any layout). None: a run that had checkpoints of its own but none that verifies reads its
+    source now, which set-up skipped. job: the run's Job; meta and identity: its data's and its run.json's."""
+    configs, grid, say = job.configs, job.grid, job.say
+    if weights is None:  # set-up built the model from run.json's record: the source must still fit it
+        gpt_config, weights = read_initial_weights(configs, meta, grid, say)
+        if changed := config_changes({"GPTConfig": asdict(configs.model)}, {"GPTConfig": asdict(gpt_config)}):
             raise UserError(
                 f"--init_from {weights.source} no longer fits the model this run recorded ({'; '.join(changed)}): "
                 "start over with --overwrite, or point --init_from at the weights the run started from"
             )
-    else:
-        weights = run.initial_weights
-    checkpoint.load_full_state_dict(run.model, weights.state_dict, run.grid)
-    run.initial_weights = None  # the model holds them now
-    run.say(f"starting from the weights of {weights.source}: a fresh optimizer, step 0, this run's data")
-    if weights.data is not None and (changed := data_changes(weights.data, run.identity["data"])):
-        run.say(f"the data, against what {weights.source} read: {'; '.join(changed)}")
+    checkpoint.load_full_state_dict(model, weights.state_dict, grid)
+    say(f"starting from the weights of {weights.source}: a fresh optimizer, step 0, this run's data")
+    if weights.data is not None and (changed := data_changes(weights.data, identity["data"])):
+        say(f"the data, against what {weights.source} read: {'; '.join(changed)}")

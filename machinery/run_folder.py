@@ -14,7 +14,7 @@ is not a run of ours, is overwritten unless --overwrite says so.
 import json
 import os
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from data import read_json
 from errors import UserError
@@ -26,6 +26,33 @@ from machinery.mixture import weight_changes
 def out_dir_of(preset, cfg):
     """--out_dir, or out/<preset> when it is not given."""
     return cfg.out_dir or os.path.join("out", preset)
+
+
+@dataclass
+class RunFolder:
+    """A run's folder (out_dir) and the files a run keeps there, and --ckpt_mirror's second folder of checkpoints."""
+
+    out_dir: str
+    identity: dict  # what makes two runs the same run (run.json)
+    continued: list[str]  # the schedule fields that differ from the run already here ("max_iters: 2000 -> 3000")
+    mirror: str = ""  # --ckpt_mirror: a second folder with a copy of every checkpoint; "": none
+
+    @property
+    def ckpt_dir(self):
+        return os.path.join(self.out_dir, "ckpt")
+
+    @property
+    def ckpt_dirs(self):
+        """Where its checkpoints are kept: ckpt_dir, and the mirror's copy if there is one."""
+        return [self.ckpt_dir] + ([os.path.join(self.mirror, "ckpt")] if self.mirror else [])
+
+    @property
+    def metrics_path(self):
+        return os.path.join(self.out_dir, "metrics.jsonl")
+
+    @property
+    def incidents_path(self):
+        return os.path.join(self.out_dir, "incidents.jsonl")
 
 
 def run_identity(gpt_config, cfg, meta, global_batch):

@@ -1,39 +1,44 @@
-"""A run's set-up: everything before its first step, built into one `Run` the loop and the machinery share.
+"""A run's set-up: everything before its first step, built into one `Run` of a few components that own their state.
 
-Processes and devices (the process grid, the compute dtype), the data (one source, or a mix: mixture.py), the
-run's folder (run_folder.py), the model cut for this rank's place in the layout (a fresh init, or --init_from's
-weights: init_from.py), AdamW, the loss scaler, the health monitor and the fault injector. The Run's hooks are all
-the loop asks of the machinery after set-up.
+The job (the process grid, the compute dtype, the watch), the run's folder (run_folder.py), the data (one source,
+or a mix: run_data.py), the learner (the model cut for this rank's place in the layout from a fresh init or
+--init_from's weights (init_from.py), AdamW, the loss scaler), the incidents (the health monitor, the runbook's
+Recovery, the fault injector: incidents.py), the checkpointer (checkpointer.py) and the reporter (reporting.py).
 """
 
 import contextlib
 import os
 import random
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from data import TokenStream
 from errors import UserError
-from machinery import closed_forms, evaluation, incidents, planner, reporting, resume
+from machinery import checkpoint, planner
 from machinery.arms import check_arms
+from machinery.checkpointer import Checkpointer
 from machinery.cluster import Watch, check_visible_everywhere, end_with_launcher, run_on_rank0
 from machinery.config import Configs, config_file_form
-from machinery.corpus import DataConfig, default_data_dir, get_tokenizer, load_or_prepare
-from machinery.evaluation import read_benchmark
+from machinery.corpus import get_tokenizer
+from machinery.evaluation import final_check, read_benchmark
 from machinery.faults import FaultInjector
-from machinery.incidents import HealthMonitor, Recovery
-from machinery.init_from import InitialWeights, initial_model
-from machinery.mixture import Mix, MixedStream, mix_meta, prepare_sources, read_mix
-from machinery.monitor import Throughput
+from machinery.incidents import HealthMonitor, Incidents, Recovery
+from machinery.init_from import InitialWeights, initial_model, load_initial_weights
+from machinery.reporting import Reporter
+from machinery.run_data import RunData, check_a_corpus_is_named, open_token_streams, prepare_data
 from machinery.run_folder import (
+    RunFolder,
+    append_jsonl,
     check_out_dir_is_ours,
     identity_defaults,
+    is_finished,
     out_dir_of,
     prepare_out_dir,
+    read_jsonl,
+    record_config,
+    record_identity,
     run_identity,
 )
 from machinery.torch_engines import rank_model
@@ -100,115 +105,154 @@ def make_optimizer(module, cfg, device, dp=None):
 
 
 # ----------------------------------------------------------------------------
-# The run
+# The run: a few components, each owning its state
 
 
 @dataclass
-class Run:
-    """What the loop and the machinery's stages share. set_up builds it; afterwards the stages change only
-    `recovery`, `records`, `comm_compared`, `measured_state`, `initial_weights` and `throughput` (resume.start,
-    restore_checkpoint, respond_to_incident, log_step, the first update), while the objects it holds (model,
-    optimizer, streams, monitor, tracker) change state as they work.
-
-    Beyond the model, optimizer, scaler, monitor and recovery it holds, the loop (train.train) asks a run only
-    these hooks, each a line here over the machinery's modules:
-
-        start()                         resume from the newest checkpoint, or step 0: the first step (resume.py)
-        batches(step)                   the next_batch the step reads: the data's, or a fault's (faults.py)
-        validate(step)                  {"val_loss": ...} of the weights now, the throughput clock paused
-        respond_to_incident(step, fired)  the runbook's rung acted on: the step to go on from (incidents.py)
-        log(record)                     one logged step: console, metrics.jsonl, trackers (reporting.py)
-        save(step)                      a checkpoint of the state the step starts from (resume.py)
-        stop_for_signal(step)           after a stop signal's checkpoint: end every rank, exit code 75
-        finish(final_evaluation)        the final check, the plot, samples (reporting.py)
-    """
+class Job:
+    """What was asked and where it runs: the preset, the configs (the model's with the vocabulary padded) and this
+    command's settings in config-file form (run.json's "config": --config OUT/run.json repeats it); this process's
+    place in the group, its voice (rank 0 prints, the others are silent), its compute dtype; and the watch: stop
+    signals, heartbeats and the run folder's lock (cluster.py), until the job ends."""
 
     preset: str  # --preset's name: its band of seeds, if any, reads the curve at the end
-    command: dict  # this command's settings in config-file form (run.json's "config": --config OUT/run.json repeats it)
-    configs: Configs  # the model's with the vocabulary padded
+    configs: Configs
+    command: dict
     grid: ProcessGrid
-    say: Callable[..., None]  # print on rank 0, silence elsewhere: one voice for the whole group
-    out_dir: str
-    identity: dict  # what makes two runs the same run (run.json)
-    continued: list[str]  # the schedule fields that differ from the run already in out_dir ("max_iters: 2000 -> 3000")
-    # --init_from's weights, fitted to this run, for start() to load if it starts at step 0 (then dropped); None:
-    # a fresh init, or a run that resumes from its own checkpoints (the source was not read: it may be gone)
-    initial_weights: InitialWeights | None
-    meta: dict  # the token files' meta.json; for a mix, the sources' together (mixture.mix_meta)
-    mix: Mix | None  # --mix: the sources and their weights by step; None: one source
-    benchmark_examples: list[dict]  # for the final check ([]: none); read at set-up, so a failed download fails early
-    train_stream: TokenStream | MixedStream
-    val_streams: dict[str, TokenStream]  # by source name; one source: one stream
-    eval_batches: int  # micro-batches per evaluation of each val stream, on each rank
-    model: RankModel  # the model as this rank holds it
-    optimizer_groups: list[
-        list[str]
-    ]  # the single-device names of each AdamW group's parameters: how checkpoints list them
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler  # fp16 loss scaling; disabled for fp32 and bf16
+    say: Callable[..., None]
     dtype: torch.dtype
-    monitor: HealthMonitor
-    recovery: Recovery  # what incidents did to the LR and step (incidents.py)
-    injector: FaultInjector
-    tokens_per_step: int  # all ranks together
-    flops_per_token: float  # of the whole single-device model, whatever share this rank holds
-    peak_flops: float | None  # one device's peak, for MFU; None on CPU
-    watch: Watch  # stop signals, heartbeats and the run folder's lock (cluster.py), until the job ends
-    tracker: Tracker = field(default_factory=Tracker)  # --log_to's TensorBoard / W&B on rank 0 (tracking.py); else none
-    comm_compared: bool = False  # the first logged step printed its measured bytes beside the closed form
-    measured_state: int | None = None  # monitor.state_bytes at this process's first update, until logged
-    records: list[dict] = field(default_factory=list)  # logged metrics of the current timeline, for the plot
-    started: float = field(default_factory=time.perf_counter)
-    throughput: Throughput | None = None  # tokens/s of the steps since start(), evaluations left out
+    watch: Watch
 
     @property
     def is_rank0(self):
         return self.grid.rank == 0
 
-    @property
-    def ckpt_dir(self):
-        return os.path.join(self.out_dir, "ckpt")
+    def on_rank0(self, fn):
+        """fn() on rank 0 only; its result, or its refusal, on every rank (cluster.run_on_rank0)."""
+        return run_on_rank0(fn, self.is_rank0)
 
-    @property
-    def ckpt_dirs(self):
-        """Where its checkpoints are kept: ckpt_dir, and --ckpt_mirror's second copy if given."""
-        mirror = self.configs.recovery.ckpt_mirror
-        return [self.ckpt_dir] + ([os.path.join(mirror, "ckpt")] if mirror else [])
 
-    @property
-    def metrics_path(self):
-        return os.path.join(self.out_dir, "metrics.jsonl")
+@dataclass
+class Learner:
+    """What an update changes: the model as this rank holds it, its optimizer and the fp16 loss scaler (disabled
+    for fp32 and bf16). optimizer_groups: the single-device names of each optimizer group's parameters, how a
+    checkpoint lists them. initial_weights: --init_from's, fitted to this run, for the start at step 0 (then
+    dropped); None: a fresh init, or a run that resumes from its own checkpoints (the source was not read)."""
 
-    @property
-    def incidents_path(self):
-        return os.path.join(self.out_dir, "incidents.jsonl")
+    model: RankModel
+    optimizer: torch.optim.Optimizer
+    optimizer_groups: list[list[str]]
+    scaler: torch.amp.GradScaler
+    initial_weights: InitialWeights | None = None
 
-    # The hooks train.train's loop calls
+
+@dataclass
+class Run:
+    """A run as the loop (train.train) sees it: its components, each owning its state, and the few steps of a run
+    that take several of them. The loop reads the learner's model, optimizer and scaler, the incidents' monitor
+    and recovery, and calls:
+
+        start()                           resume from the newest checkpoint, or step 0: the first step
+        batches(step)                     the next_batch the step reads: the data's, or a fault's (faults.py)
+        validate(step)                    {"val_loss": ...} of the weights now, the throughput clock paused
+        respond_to_incident(step, fired)  the runbook's rung acted on: the step to go on from (incidents.py)
+    and, of its components:
+
+        run.reporter.log(record)               one logged step: console, metrics.jsonl, trackers (reporting.py)
+        run.checkpointer.save(step)            a checkpoint of the state the step starts from (checkpointer.py)
+        run.reporter.stop_for_signal(step)     after a stop signal's checkpoint: end every rank, exit code 75
+        run.reporter.finish(final_evaluation)  the final check, the plot, samples (reporting.py)
+    """
+
+    job: Job
+    folder: RunFolder
+    data: RunData
+    learner: Learner
+    incidents: Incidents
+    checkpointer: Checkpointer
+    reporter: Reporter
 
     def start(self):
-        return resume.start(self)
+        """The run's first moments: refuse a finished run, print the cost account, then resume from the newest
+        checkpoint that verifies, or start at step 0 (from --init_from's weights, if given) and save it; record
+        this command's settings and its dtype in run.json, and start the reporter's timeline and clock. Returns
+        the first step."""
+        job, folder, cfg, rcfg = self.job, self.folder, self.job.configs.train, self.job.configs.recovery
+        self.data.check_epochs(cfg)
+        latest = self.checkpointer.load()
+        if latest is not None:
+            newest, state = latest
+            if job.on_rank0(lambda: is_finished(folder.metrics_path, newest, cfg.max_iters)):
+                refuse_finished_run(folder.out_dir, newest, cfg)
+        if folder.continued:
+            job.say(f"continuing the run in {folder.out_dir} with {'; '.join(folder.continued)}")
+            job.on_rank0(lambda: record_identity(folder.out_dir, folder.identity))
+        # the measured step runs before the RNG is restored or first saved, so every start draws alike
+        self.reporter.print_cost_account()
+        if latest is not None:
+            step = self.checkpointer.restore(state, forget=rcfg.forgotten_on_resume)
+            job.say(f"resuming from the checkpoint of step {step} in {folder.ckpt_dir}")
+        elif rcfg.resume:
+            raise UserError(f"--resume, but {folder.ckpt_dir} holds no checkpoint that verifies")
+        else:
+            step = 0
+            if cfg.init_from:
+                learner = self.learner
+                load_initial_weights(learner.model, learner.initial_weights, job, self.data.meta, folder.identity)
+                learner.initial_weights = None  # the model holds them now
+            self.checkpointer.save(0)
+        # run.json's "config": this command's settings, which `--config OUT/run.json` repeats; and its dtype
+        dtype = str(job.dtype).removeprefix("torch.")
+        job.on_rank0(lambda: record_config(folder.out_dir, job.command, step, dtype))
+        self.reporter.start_timeline(step)
+        return step
 
     def batches(self, step):
-        return self.injector.strike(step, self.model, self.train_stream)  # the data, unless a fault is due
+        """The next_batch the step reads: the data's, unless a fault is due (faults.py)."""
+        return self.incidents.injector.strike(step, self.learner.model, self.data.train_stream)
 
     def validate(self, step):
-        with self.throughput.paused():
-            return evaluation.validate(self, step)  # val_loss; for a mix, each source's too, and the tokens read
+        """{"val_loss": ...} of the weights now (for a mix, each source's too, and the tokens read), off the clock."""
+        with self.reporter.throughput.paused():
+            return self.data.validate(self.learner.model, self.job.grid, step)
 
     def respond_to_incident(self, step, fired):
-        return incidents.respond_to_incident(self, step, fired)
+        """The runbook's rung for the incident `fired` at `step`, acted on; returns the step to go on from."""
+        return self.incidents.respond(step, fired, self.checkpointer, self.reporter)
 
-    def log(self, record):
-        reporting.log_step(self, record)
+    def evaluate_newest(self):
+        """--eval_only: the final check of the newest checkpoint (or --ckpt_step's), logged to metrics.jsonl."""
+        job, folder = self.job, self.folder
+        latest = self.checkpointer.load(ckpt_step=job.configs.recovery.ckpt_step)
+        if latest is None:
+            raise UserError(f"--eval_only: no checkpoint in {folder.ckpt_dir} verifies")
+        step, state = latest
+        checkpoint.load_full_state_dict(self.learner.model, state["model"], job.grid)
+        record, _ = final_check(
+            self.learner.model,
+            job.grid,
+            step,
+            self.validate(step)["val_loss"],
+            job.configs.model,
+            self.data.meta,
+            self.reporter.benchmark_examples,
+            job.say,
+            eval_only=True,
+        )
+        if job.is_rank0:
+            append_jsonl(folder.metrics_path, record)
+            self.reporter.tracker.log(read_jsonl(folder.metrics_path))  # the timeline this record now ends
+            self.reporter.tracker.close()
 
-    def save(self, step):
-        resume.save_checkpoint(self, step)
 
-    def stop_for_signal(self, step):
-        reporting.stop_for_signal(self, step)
-
-    def finish(self, final_evaluation):
-        reporting.finish(self, final_evaluation)
+def refuse_finished_run(out_dir, finished_at, cfg):
+    hint = f"; --lr_decay_iters {finished_at} keeps it at min_lr instead" if not cfg.lr_decay_iters else ""
+    raise UserError(
+        f"{out_dir} holds a finished run: its newest checkpoint is at step {finished_at} and --max_iters is "
+        f"{cfg.max_iters}, so there is nothing to train. To train it further, pass a larger --max_iters "
+        f"(the LR schedule stretches to the new end{hint}); to start over there, --overwrite; or choose "
+        f"another --out_dir. To sample from it: python train.py --sample --out_dir {out_dir}"
+    )
 
 
 def start_processes(configs):
@@ -269,44 +313,36 @@ def set_up(preset, configs):
         model = rank_model(
             whole, grid, configs.parallel, cfg.batch_size, dtype, autocast_context(device, dtype), cfg.compile
         )
+        job = Job(preset, configs, command, grid, say, dtype, watch)
+        folder = RunFolder(out_dir, identity, continued, recovery.ckpt_mirror)
+        tokens_per_step = global_batch * configs.model.block_size
+        data = RunData(meta, mix, train_stream, val_streams, eval_batches, tokens_per_step)
+        optimizer = make_optimizer(model.module, cfg, device, model.dp)
+        scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+        learner = Learner(model, optimizer, optimizer_groups, scaler, initial_weights)
+        monitor = HealthMonitor(
+            recovery.monitor_window,
+            recovery.spike_factor,
+            recovery.grad_z_threshold,
+            recovery.val_rise_evals,
+            recovery.triggers.split(","),
+        )
+        # faults strike one process, the last rank, as a failing machine would
+        last_rank = grid.rank == grid.world_size - 1
+        injector = FaultInjector(recovery.inject, out_dir, meta["vocab_size"], grid.rank, last_rank)
+        incidents = Incidents(
+            monitor, Recovery(rewarm_iters=recovery.rewarm_iters or cfg.warmup_iters), injector, recovery
+        )
+        tracker = Tracker(trackers if grid.rank == 0 else (), out_dir, hyperparameters(configs, identity))
+        peak_flops = planner.device_peak_flops(device, cfg.peak_tflops)
         run = Run(
-            preset=preset,
-            command=command,
-            configs=configs,
-            grid=grid,
-            say=say,
-            out_dir=out_dir,
-            identity=identity,
-            continued=continued,
-            initial_weights=initial_weights,
-            meta=meta,
-            mix=mix,
-            benchmark_examples=benchmark_examples,
-            train_stream=train_stream,
-            val_streams=val_streams,
-            eval_batches=eval_batches,
-            model=model,
-            optimizer_groups=optimizer_groups,
-            optimizer=make_optimizer(model.module, cfg, device, model.dp),
-            scaler=torch.amp.GradScaler(device.type, enabled=dtype == torch.float16),
-            dtype=dtype,
-            monitor=HealthMonitor(
-                recovery.monitor_window,
-                recovery.spike_factor,
-                recovery.grad_z_threshold,
-                recovery.val_rise_evals,
-                recovery.triggers.split(","),
-            ),
-            # faults strike one process, the last rank, as a failing machine would
-            recovery=Recovery(rewarm_iters=recovery.rewarm_iters or cfg.warmup_iters),
-            injector=FaultInjector(
-                recovery.inject, out_dir, meta["vocab_size"], grid.rank, grid.rank == grid.world_size - 1
-            ),
-            tokens_per_step=global_batch * configs.model.block_size,
-            flops_per_token=closed_forms.flops_per_token(configs.model),
-            peak_flops=planner.device_peak_flops(device, cfg.peak_tflops),
-            tracker=Tracker(trackers if grid.rank == 0 else (), out_dir, hyperparameters(configs, identity)),
-            watch=watch,
+            job=job,
+            folder=folder,
+            data=data,
+            learner=learner,
+            incidents=incidents,
+            checkpointer=Checkpointer(job, folder, learner, data, incidents),
+            reporter=Reporter(job, folder, data, learner, tracker, benchmark_examples, peak_flops),
         )
         on_failure.pop_all()
         return run
@@ -332,80 +368,3 @@ def check_tokenizer_at_hand(configs, meta):
 def prepare_mirror(mirror, identity, overwrite, defaults):
     check_out_dir_is_ours(mirror, "--ckpt_mirror")
     prepare_out_dir(mirror, identity, overwrite, defaults, "--ckpt_mirror")
-
-
-def check_a_corpus_is_named(preset, configs):
-    """Refuse, before the run writes anything, to train on data nobody named: a --data_dir without token files that
-    only the embedded default (stdlib) would fill, or a preset that names no corpus (gpt2-small) with none prepared."""
-    cfg, dcfg = configs.train, configs.data
-    default_dir = default_data_dir(dcfg)
-    data_dir = cfg.data_dir or default_dir
-    if cfg.mix or dcfg.source not in ("", DataConfig.source) or os.path.exists(os.path.join(data_dir, "meta.json")):
-        return
-    prepare = f"python -m machinery.corpus --source 'texts/**/*.txt' --tokenizer {dcfg.tokenizer} --out_dir"
-    if cfg.data_dir and os.path.abspath(data_dir) != os.path.abspath(default_dir):
-        named = f"the embedded default, {dcfg.source}, fills only its own folder ({default_dir})" if dcfg.source else ""
-        raise UserError(
-            f"--data_dir {cfg.data_dir} holds no token files (no meta.json), and the run names no corpus to prepare "
-            f"there{': ' + named if named else ''}. Prepare yours once: {prepare} {cfg.data_dir} (or pass --source)"
-        )
-    if not dcfg.source:
-        raise UserError(
-            f"--preset {preset} names no corpus: its plan of {cfg.max_iters:,} steps needs data you choose, not a "
-            f"default that would silently stand in for it. Prepare yours once, e.g. {prepare} data/texts, then pass "
-            "--data_dir data/texts (or --source, or --mix)"
-        )
-
-
-def prepare_data(preset, configs, is_rank0):
-    """(the mix or None, meta, {source name: its data folder}): the token files, tokenized by rank 0 on first use.
-    A mix prepares each of its sources into a folder of its own, data/<source>-<tokenizer> (under --data_dir if
-    given), so a source shared by several mixes is tokenized once."""
-    cfg, dcfg = configs.train, configs.data
-    if cfg.mix:
-        mix = read_mix(cfg.mix)
-        prepared = run_on_rank0(lambda: prepare_sources(mix, dcfg, cfg.data_dir or "data"), is_rank0)
-        data_dirs = {name: data_dir for name, (data_dir, _) in prepared.items()}
-        return mix, mix_meta(mix, {name: meta for name, (_, meta) in prepared.items()}), data_dirs
-    data_dir = cfg.data_dir or default_data_dir(dcfg)
-    meta = run_on_rank0(lambda: load_or_prepare(dcfg, data_dir), is_rank0)
-    return None, meta, {"data": data_dir}
-
-
-def open_token_streams(mix, data_dirs, meta, cfg, block_size, grid, say):
-    """(train stream, {source: val stream}, micro-batches per evaluation on each rank), announced. Each DP
-    rank reads its share of every batch; --data_order shuffles the training data only, so every run is
-    judged on the same val rows. A mix reads its sources' train files through one MixedStream."""
-
-    def stream(data_dir, split, order_seed=0):
-        return TokenStream(
-            os.path.join(data_dir, f"{split}.bin"),
-            meta["dtype"],
-            cfg.batch_size,
-            block_size,
-            grid.dp_rank,
-            grid.dp,
-            cfg.lanes,
-            order_seed,
-        )
-
-    for name, data_dir in data_dirs.items():
-        source_meta = meta["sources"][name] if mix else meta
-        say(
-            f"data {data_dir}: {source_meta['source']}, {meta['tokenizer']} tokens, "
-            f"{source_meta['train_tokens']:,} train + {source_meta['val_tokens']:,} val"
-            + (f"; starting weight {mix.weights[name]:.3g}" if mix else "")
-        )
-    train_streams = {name: stream(data_dir, "train", cfg.data_order) for name, data_dir in data_dirs.items()}
-    val_streams = {name: stream(data_dir, "val") for name, data_dir in data_dirs.items()}
-    if mix:
-        train_stream = MixedStream(
-            mix, train_streams, cfg.batch_size, grid.dp_rank, grid.dp, cfg.gradient_accumulation_steps
-        )
-    else:
-        (train_stream,) = train_streams.values()
-    # an eval reads eval_iters global batches (fewer if a val.bin is smaller), in this rank's micro-batches
-    global_batch = grid.dp * cfg.batch_size * cfg.gradient_accumulation_steps
-    smallest = min(s.windows_per_epoch for s in val_streams.values())
-    eval_iters = max(1, min(cfg.eval_iters, smallest // global_batch))
-    return train_stream, val_streams, eval_iters * cfg.gradient_accumulation_steps

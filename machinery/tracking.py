@@ -75,9 +75,9 @@ class Tracker:
         self.last_step = None  # the step of the last record sent
 
     def log(self, timeline):
-        """Send the newest record of the run's timeline (run.records, just appended to). If the record before it is
-        not the last one sent, the timeline was cut since (this process started, resumed, or rolled back): the
-        trackers drop what they had from the step after it on, as metrics.jsonl did."""
+        """Send the newest record of the run's timeline (the reporter's records, just appended to). If the record
+        before it is not the last one sent, the timeline was cut since (this process started, resumed, or rolled
+        back): the trackers drop what they had from the step after it on, as metrics.jsonl did."""
         if not self.names:
             return
         record = timeline[-1]
@@ -199,21 +199,25 @@ class WeightsAndBiases:
         name = os.path.basename(os.path.normpath(out_dir))
         # W&B's own variables, read here as the wandb package would: its project, and its mode (wandb_mode)
         project = os.environ.get("WANDB_PROJECT") or "minipretrain"
-        self.run = wandb.init(project=project, name=name, group=name, dir=out_dir, config=config, mode=wandb_mode())
-        self.run.define_metric("step")
-        self.run.define_metric("*", step_metric="step")
+        self.wandb_run = wandb.init(
+            project=project, name=name, group=name, dir=out_dir, config=config, mode=wandb_mode()
+        )
+        self.wandb_run.define_metric("step")
+        self.wandb_run.define_metric("*", step_metric="step")
 
     def cut(self, step):
         pass  # W&B keeps what it was sent; the charts show the line step back
 
     def record(self, step, scalars, texts):
-        self.run.log({"step": step, **scalars, **texts})
+        self.wandb_run.log({"step": step, **scalars, **texts})
 
     def incident(self, incident):
-        self.run.log({"step": incident["step"], "incident/rung": incident["rung"], "incident": describe(incident)})
+        self.wandb_run.log(
+            {"step": incident["step"], "incident/rung": incident["rung"], "incident": describe(incident)}
+        )
 
     def close(self):
-        self.run.finish()
+        self.wandb_run.finish()
 
 
 def wandb_mode():

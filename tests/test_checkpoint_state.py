@@ -1,4 +1,4 @@
-"""What a checkpoint holds (resume.checkpoint_state) and how a resume restores it (resume.restore_checkpoint),
+"""What a checkpoint holds (Checkpointer.snapshot) and how a resume restores it (Checkpointer.restore),
 in-process on tiny runs: a resumed run takes bitwise the steps the saved run took, each piece is put back,
 --resume_without leaves out only what it names, and two pipeline stages save the single-device form."""
 
@@ -14,10 +14,8 @@ from conftest import write_word_corpus
 import train
 from machinery import run_setup
 from machinery.config import parse_args
-from machinery.evaluation import validate
 from machinery.incidents import Recovery
 from machinery.local_ranks import run_ranks
-from machinery.resume import checkpoint_state, restore_checkpoint
 from parallel.grid import destroy_distributed
 
 SAVED_AT, STEPS_AFTER = 4, 4  # steps before the checkpoint, and steps taken again after the resume
@@ -63,7 +61,8 @@ def new_run(corpus, *extra, out="out"):
 
 def step_lr(run, step):
     """The LR train()'s loop gives this step."""
-    return train.lr_at(run.recovery.schedule_step(step), run.configs.train) * run.recovery.lr_factor(step)
+    recovery = run.incidents.recovery
+    return train.lr_at(recovery.schedule_step(step), run.job.configs.train) * recovery.lr_factor(step)
 
 
 def take_steps(run, first, n):
@@ -71,14 +70,19 @@ def take_steps(run, first, n):
     records = []
     for step in range(first, first + n):
         record = {"step": step}
-        if step % run.configs.train.eval_interval == 0:
-            record.update(validate(run, step))
-            run.monitor.check_eval(record["val_loss"])
+        if step % run.job.configs.train.eval_interval == 0:
+            record.update(run.validate(step))
+            run.incidents.monitor.check_eval(record["val_loss"])
         lr = step_lr(run, step)
         loss, grad_norm = train.optimizer_step(
-            run.model, run.optimizer, run.scaler, run.train_stream.next_batch, lr, run.configs.train
+            run.learner.model,
+            run.learner.optimizer,
+            run.learner.scaler,
+            run.data.train_stream.next_batch,
+            lr,
+            run.job.configs.train,
         )
-        grad_norm_z, fired = run.monitor.check_step(loss.item(), grad_norm.item())
+        grad_norm_z, fired = run.incidents.monitor.check_step(loss.item(), grad_norm.item())
         record.update(
             loss=loss.item(),
             lr=lr,
@@ -107,15 +111,15 @@ def written_and_read(state):
 
 
 def weights(run):
-    return {name: p.detach().clone() for name, p, _ in run.model.local_parameters()}
+    return {name: p.detach().clone() for name, p, _ in run.learner.model.local_parameters()}
 
 
 def moments(run):
     """{parameter name: {exp_avg, exp_avg_sq, step}} of AdamW, copied."""
     return {
-        name: {key: value.clone() for key, value in run.optimizer.state[p].items()}
-        for name, p, _ in run.model.local_parameters()
-        if p in run.optimizer.state
+        name: {key: value.clone() for key, value in run.learner.optimizer.state[p].items()}
+        for name, p, _ in run.learner.model.local_parameters()
+        if p in run.learner.optimizer.state
     }
 
 
@@ -129,7 +133,7 @@ def saved(corpus):
     """A run after SAVED_AT steps, its checkpoint (written and read back), what it held at that moment, and
     what it did next: the draws of every generator, then STEPS_AFTER more steps."""
     run = new_run(corpus)
-    run.recovery = copy.deepcopy(AFTER_AN_INCIDENT)
+    run.incidents.recovery.load_state_dict(AFTER_AN_INCIDENT.state_dict())
     take_steps(run, 0, SAVED_AT)
     # a step may draw from Python's and numpy's generators too (a data loader's shuffle, say): here they have, so
     # the saved states differ from a fresh run's, whose --seed seeds every generator alike
@@ -137,13 +141,13 @@ def saved(corpus):
     had = dict(
         weights=weights(run),
         moments=moments(run),
-        position=run.train_stream.position,
+        position=run.data.train_stream.position,
         lr=step_lr(run, SAVED_AT),
-        monitor=copy.deepcopy(run.monitor.state_dict()),
-        recovery=copy.deepcopy(run.recovery),
-        scaler=run.scaler.state_dict(),
+        monitor=copy.deepcopy(run.incidents.monitor.state_dict()),
+        recovery=copy.deepcopy(run.incidents.recovery),
+        scaler=run.learner.scaler.state_dict(),
     )
-    state = written_and_read(checkpoint_state(run, SAVED_AT))
+    state = written_and_read(run.checkpointer.snapshot(SAVED_AT))
     had["draws"] = draw_from_every_generator()
     records = take_steps(run, SAVED_AT, STEPS_AFTER)
     return dict(run=run, state=state, had=had, records=records, final_weights=weights(run))
@@ -152,7 +156,7 @@ def saved(corpus):
 def resumed(corpus, saved, into="a fresh run", forget=()):
     """(run, the step restore_checkpoint returned) after restoring the saved checkpoint."""
     run = saved["run"] if into == "the same run" else new_run(corpus)
-    return run, restore_checkpoint(run, copy.deepcopy(saved["state"]), forget=forget)
+    return run, run.checkpointer.restore(copy.deepcopy(saved["state"]), forget=forget)
 
 
 def check_same_tensors(got, want, what):
@@ -187,14 +191,14 @@ def test_a_checkpoint_holds_every_piece_under_its_name(saved):
         f"the data position is the training stream's state_dict after {SAVED_AT} steps of {BATCH} rows: "
         f"expected {{'position': {SAVED_AT * BATCH}}}, got {state['data']}"
     )
-    assert state["config"] == run.identity, (
+    assert state["config"] == run.folder.identity, (
         f"the checkpoint's config is the run's identity (run.json), which "
         f"a resume checks the model's shape against: got {state['config']}"
     )
-    assert state["meta"] == run.meta, (
-        f"the checkpoint's meta is the token files' meta.json: expected {run.meta}, got {state['meta']}"
+    assert state["meta"] == run.data.meta, (
+        f"the checkpoint's meta is the token files' meta.json: expected {run.data.meta}, got {state['meta']}"
     )
-    names = {name for name, _, _ in run.model.local_parameters()}
+    names = {name for name, _, _ in run.learner.model.local_parameters()}
     assert names <= set(state["model"]), (
         f"the weights are the single-device state dict: expected every "
         f"parameter's name, missing {sorted(names - set(state['model']))}"
@@ -237,9 +241,9 @@ def test_restore_puts_back_adamws_moments(corpus, saved):
 def test_restore_puts_back_the_data_position(corpus, saved):
     run, _ = resumed(corpus, saved)
     want = saved["had"]["position"]
-    assert run.train_stream.position == want, (
+    assert run.data.train_stream.position == want, (
         f"the training stream's position after the resume (rows read so "
-        f"far): expected {want}, got {run.train_stream.position}"
+        f"far): expected {want}, got {run.data.train_stream.position}"
     )
 
 
@@ -255,7 +259,7 @@ def test_restore_puts_back_every_random_generator(corpus, saved):
 
 def test_restore_puts_back_the_monitors_baselines(corpus, saved):
     run, _ = resumed(corpus, saved)
-    got, want = run.monitor.state_dict(), saved["had"]["monitor"]
+    got, want = run.incidents.monitor.state_dict(), saved["had"]["monitor"]
     for key in want:
         assert got[key] == want[key], (
             f"the health monitor's {key} after the resume (its baselines decide what "
@@ -265,18 +269,16 @@ def test_restore_puts_back_the_monitors_baselines(corpus, saved):
 
 def test_restore_puts_back_the_runbooks_state(corpus, saved):
     run, _ = resumed(corpus, saved)
-    want = saved["had"]["recovery"]
-    assert isinstance(run.recovery, Recovery), (
-        f"run.recovery is a Recovery after the resume, got {type(run.recovery).__name__}"
-    )
-    assert run.recovery == want, (
-        f"the runbook's state after the resume (incidents, LR scale, re-warm): expected {want}, got {run.recovery}"
+    want, got = saved["had"]["recovery"], run.incidents.recovery
+    assert isinstance(got, Recovery), f"the run's recovery is a Recovery after the resume, got {type(got).__name__}"
+    assert got == want, (
+        f"the runbook's state after the resume (incidents, LR scale, re-warm): expected {want}, got {got}"
     )
 
 
 def test_restore_puts_back_the_loss_scaler(corpus, saved):
     run, _ = resumed(corpus, saved)
-    got, want = run.scaler.state_dict(), saved["had"]["scaler"]
+    got, want = run.learner.scaler.state_dict(), saved["had"]["scaler"]
     for key in want:  # the scale, and the steps since it last grew (_growth_tracker)
         assert got.get(key) == want[key], (
             f"the fp16 loss scaler's {key} after the resume: expected {want[key]}, got {got.get(key)}"
@@ -287,10 +289,10 @@ def test_a_checkpoint_saved_without_loss_scaling_resumes_under_fp16(corpus, save
     """--dtype auto picks bf16 where the device has it, else fp16 on a GPU: a run saved without loss scaling (its
     scaler's state empty) may go on under fp16, and its scaler then starts afresh, at its initial scale."""
     run = new_run(corpus)  # --dtype float16: the scaler is on
-    fresh = run.scaler.state_dict()
+    fresh = run.learner.scaler.state_dict()
     state = dict(copy.deepcopy(saved["state"]), scaler={})  # what a bf16 or fp32 run's disabled scaler saves
     try:
-        step = restore_checkpoint(run, state)
+        step = run.checkpointer.restore(state)
     except Exception as e:
         pytest.fail(
             f"a checkpoint whose scaler state is empty (saved without fp16 loss scaling) resumes under "
@@ -300,9 +302,9 @@ def test_a_checkpoint_saved_without_loss_scaling_resumes_under_fp16(corpus, save
         f"a checkpoint saved without loss scaling, resumed under fp16: the step is the "
         f"checkpoint's: expected {SAVED_AT}, got {step}"
     )
-    assert run.scaler.state_dict() == fresh, (
+    assert run.learner.scaler.state_dict() == fresh, (
         f"a checkpoint saved without loss scaling leaves the fp16 scaler as "
-        f"it starts: expected {fresh}, got {run.scaler.state_dict()}"
+        f"it starts: expected {fresh}, got {run.learner.scaler.state_dict()}"
     )
 
 
@@ -315,21 +317,21 @@ def test_resume_without_a_piece_leaves_out_that_piece_only(corpus, saved, piece)
     run, step = resumed(corpus, saved, forget=(piece,))
     had = saved["had"]
     position = 0 if piece == "data_position" else had["position"]
-    assert run.train_stream.position == position, (
+    assert run.data.train_stream.position == position, (
         f"--resume_without {piece}: the data position (rows read) "
         f"after the resume: expected {position}, got "
-        f"{run.train_stream.position}"
+        f"{run.data.train_stream.position}"
     )
     schedule_from = step if piece == "schedule" else had["recovery"].schedule_from
-    assert run.recovery.schedule_from == schedule_from, (
+    assert run.incidents.recovery.schedule_from == schedule_from, (
         f"--resume_without {piece}: the step the LR schedule "
         f"counts from: expected {schedule_from}, got "
-        f"{run.recovery.schedule_from}"
+        f"{run.incidents.recovery.schedule_from}"
     )
     recovery = dict(vars(had["recovery"]), schedule_from=schedule_from)
-    assert vars(run.recovery) == recovery, (
+    assert vars(run.incidents.recovery) == recovery, (
         f"--resume_without {piece}: the rest of the runbook's state is the "
-        f"checkpoint's: expected {recovery}, got {vars(run.recovery)}"
+        f"checkpoint's: expected {recovery}, got {vars(run.incidents.recovery)}"
     )
     if piece == "optimizer":
         assert not moments(run), (
@@ -347,14 +349,15 @@ def test_resuming_again_without_the_schedule_restarts_it_at_the_new_resume(corpu
     own step, not added to the checkpoint's earlier restart."""
     run, first = resumed(corpus, saved, forget=("schedule",))
     take_steps(run, first, 2)
-    state = written_and_read(checkpoint_state(run, first + 2))
+    state = written_and_read(run.checkpointer.snapshot(first + 2))
     for forget, want in (((), first), (("schedule",), first + 2)):
         again = new_run(corpus)
-        restore_checkpoint(again, copy.deepcopy(state), forget=forget)
+        again.checkpointer.restore(copy.deepcopy(state), forget=forget)
         how = "without the schedule" if forget else "in full"
-        assert again.recovery.schedule_from == want, (
+        got = again.incidents.recovery.schedule_from
+        assert got == want, (
             f"a run resumed without its schedule at step {first}, checkpointed at step {first + 2} and resumed "
-            f"{how}: the step its LR schedule counts from: expected {want}, got {again.recovery.schedule_from}"
+            f"{how}: the step its LR schedule counts from: expected {want}, got {got}"
         )
 
 
@@ -362,7 +365,7 @@ def test_a_checkpoint_without_optimizer_state_resumes_under_reset_optimizer(corp
     """An older checkpoint may hold no optimizer state: --reset_optimizer accepts it, with fresh moments."""
     run = new_run(corpus, "--reset_optimizer")
     state = {piece: value for piece, value in copy.deepcopy(saved["state"]).items() if piece != "optimizer"}
-    step = restore_checkpoint(run, state)
+    step = run.checkpointer.restore(state)
     assert step == SAVED_AT, (
         f"a checkpoint without optimizer state, under --reset_optimizer: the step is the "
         f"checkpoint's: expected {SAVED_AT}, got {step}"
@@ -372,9 +375,9 @@ def test_a_checkpoint_without_optimizer_state_resumes_under_reset_optimizer(corp
         f"got state for {sorted(moments(run))}"
     )
     check_same_tensors(weights(run), saved["had"]["weights"], "a checkpoint without optimizer state: the weights")
-    assert run.train_stream.position == saved["had"]["position"], (
+    assert run.data.train_stream.position == saved["had"]["position"], (
         f"a checkpoint without optimizer state: the data position: expected {saved['had']['position']}, got "
-        f"{run.train_stream.position}"
+        f"{run.data.train_stream.position}"
     )
 
 
@@ -418,10 +421,10 @@ def _save_and_restore_on_rank(corpus):
     try:
         take_steps(run, 0, 2)
         had_weights, had_moments = weights(run), moments(run)
-        state = written_and_read(checkpoint_state(run, 2))
+        state = written_and_read(run.checkpointer.snapshot(2))
         take_steps(run, 2, 1)
         try:
-            restore_checkpoint(run, state)
+            run.checkpointer.restore(state)
             restored = None
         except Exception as e:  # reported by the test of the restore; the shapes saved are still worth a look
             restored = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
@@ -458,7 +461,7 @@ def two_stages(corpus):
 
 
 def test_two_pipeline_stages_save_the_single_device_form(corpus, two_stages):
-    whole = new_run(corpus, "--n_layer", "2", out="out_whole").model.module  # the single-device GPT, same shape
+    whole = new_run(corpus, "--n_layer", "2", out="out_whole").learner.model.module  # the single-device GPT, same shape
     want = {name: list(t.shape) for name, t in whole.state_dict().items()}
     order = [name for group in run_setup.parameter_groups(whole.named_parameters()) for name, _ in group]
     for rank, (_, got) in two_stages.items():

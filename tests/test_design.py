@@ -17,6 +17,7 @@ import importlib.util
 import json
 import re
 import sysconfig
+import textwrap
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
@@ -301,7 +302,35 @@ def test_the_picture_of_the_house_is_drawn_from_the_imports():
     assert not upward, f"the lesson imports the machinery: {sorted(upward)}"
 
 
-if __name__ == "__main__":  # python tests/test_design.py: draw the house into DESIGN.md again
+def import_tree(design):
+    """DESIGN.md's import tree drawn again from the code: each file's line names what it imports now, in an order
+    where every arrow points down (the tree's own order kept where the imports allow), with the note each line
+    gives in its final parentheses. A new file needs a line with its note first (`file ──> (none)  (its job)`)."""
+    tree = next(block for block in design.split("```")[1::2] if "──>" in block)
+    notes = dict(re.findall(r"^([\w/]+\.py) +──>.*?  \((.*?)\)\n(?=[\w/]+\.py|$)", tree, re.MULTILINE | re.DOTALL))
+    notes = {file: " ".join(note.split()) for file, note in notes.items()}
+    graph = code_graph()
+    missing = sorted(graph.keys() - notes.keys())
+    assert not missing, f"give each new file a line in DESIGN.md's tree, with its job in parentheses: {missing}"
+    position = {file: i for i, file in enumerate(notes)}
+    importers = {file: {a for a, imported in graph.items() if file in imported} for file in graph}
+    order = []
+    while len(order) < len(graph):  # the first file in the old order whose importers are all placed already
+        placed = set(order)
+        order.append(min((f for f in graph if f not in placed and importers[f] <= placed), key=position.get))
+    lines = []
+    for file in order:
+        imported = sorted(graph[file], key=order.index)
+        text = f"{', '.join(imported) or '(none)'}  ({notes[file]})"
+        wrapped = textwrap.wrap(text, 120 - 37, break_long_words=False, break_on_hyphens=False)
+        lines.append(f"{file:<32} ──> {wrapped[0]}")
+        lines += [" " * 37 + line for line in wrapped[1:]]
+    return "\n" + "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # python tests/test_design.py: draw the house and the import tree into DESIGN.md again
     design = (ROOT / "DESIGN.md").read_text()
     start, end = design.find(FIGURE_START), design.find(FIGURE_END)
-    (ROOT / "DESIGN.md").write_text(design[:start] + house_figure() + design[end + len(FIGURE_END) :])
+    design = design[:start] + house_figure() + design[end + len(FIGURE_END) :]
+    tree = next(block for block in design.split("```")[1::2] if "──>" in block)
+    (ROOT / "DESIGN.md").write_text(design.replace(tree, import_tree(design)))

@@ -1,13 +1,13 @@
 # wrong: the fp16 loss scaler is left out of the checkpoint
-# in: checkpoint_state
+# in: Checkpointer.snapshot
 return {
-    "model": checkpoint.full_state_dict(run.model, run.grid),
-    "optimizer": checkpoint.full_optimizer_state_dict(run.optimizer, run.model, run.grid, run.optimizer_groups),
+    "model": checkpoint.full_state_dict(self.model, self.grid),
+    "optimizer": checkpoint.full_optimizer_state_dict(self.optimizer, self.model, self.grid, self.optimizer_groups),
     "step": step,
-    "data": run.train_stream.state_dict(),
+    "data": self.data.state_dict(),
     "rng": checkpoint.rng_state(),
-    "monitor": run.monitor.state_dict(),
-    "recovery": run.recovery.state_dict(),
-    "config": run.identity,
-    "meta": run.meta,
+    "monitor": self.monitor.state_dict(),
+    "recovery": self.recovery.state_dict(),
+    "config": self.identity,
+    "meta": self.meta,
 }

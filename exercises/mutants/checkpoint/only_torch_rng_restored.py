@@ -1,15 +1,15 @@
 # wrong: only torch's generator is restored; Python's and numpy's go on from where they are
-# in: restore_checkpoint
-checkpoint.load_full_state_dict(run.model, state["model"], run.grid)
+# in: Checkpointer.restore
+checkpoint.load_full_state_dict(self.model, state["model"], self.grid)
 if "optimizer" in state and "optimizer" not in forget:
-    checkpoint.load_full_optimizer_state_dict(run.optimizer, state["optimizer"], run.model, run.grid,
-                                              run.optimizer_groups)
+    checkpoint.load_full_optimizer_state_dict(self.optimizer, state["optimizer"], self.model, self.grid,
+                                              self.optimizer_groups)
 if state.get("scaler"):
-    run.scaler.load_state_dict(state["scaler"])
-run.train_stream.load_state_dict({"position": 0} if "data_position" in forget else state["data"])
+    self.scaler.load_state_dict(state["scaler"])
+self.data.load_state_dict({"position": 0} if "data_position" in forget else state["data"])
 torch.set_rng_state(state["rng"]["torch"])
-run.monitor.load_state_dict(state["monitor"])
-run.recovery.load_state_dict(state["recovery"])
+self.monitor.load_state_dict(state["monitor"])
+self.recovery.load_state_dict(state["recovery"])
 if "schedule" in forget:
-    run.recovery.schedule_from = state["step"]
+    self.recovery.schedule_from = state["step"]
 return state["step"]
