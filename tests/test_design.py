@@ -216,6 +216,40 @@ def test_the_layout_is_one_frozen_value_that_no_function_takes_apart():
 
 
 # ----------------------------------------------------------------------------
+# The run: a few components
+
+RUN_FIELDS = 10  # the Run holds components, each owning its state, and nothing else
+
+
+def test_the_run_is_a_few_components_and_no_function_takes_it():
+    """machinery.run_setup.Run has at most RUN_FIELDS fields, each a class of ours with methods (a component, not a
+    value regrouped); no function of the machinery or train.py has a parameter named run (the name means the Run),
+    and none is handed a Run: the Run's own methods are the steps that take several components."""
+    import dataclasses
+    import typing
+
+    from machinery.run_setup import Run
+
+    fields = dataclasses.fields(Run)
+    assert len(fields) <= RUN_FIELDS, f"the Run has {len(fields)} fields: {[f.name for f in fields]}"
+    hints = typing.get_type_hints(Run)
+    plain = [f.name for f in fields if not hints[f.name].__module__.startswith("machinery.")]
+    assert not plain, f"the Run's fields that are no component of the machinery: {plain}"
+    takers = []
+    for path in product_files():
+        if not (path.startswith("machinery/") or path == "train.py"):
+            continue
+        for node in ast.walk(ast.parse((ROOT / path).read_text(), path)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                takers += [f"{path}:{node.lineno} {node.name}" for a in arguments if a.arg == "run"]
+            elif isinstance(node, ast.Call):  # f(run) or f(x, run=run): a Run handed over whole
+                handed = [*node.args, *(k.value for k in node.keywords)]
+                takers += [f"{path}:{node.lineno}" for a in handed if isinstance(a, ast.Name) and a.id == "run"]
+    assert not takers, f"functions that take the Run: {takers}"
+
+
+# ----------------------------------------------------------------------------
 # The lesson one person reads in an afternoon: its budgets
 
 LESSON_LINES = 3000  # the root's *.py and parallel/: what the README's reading path asks a learner to read
