@@ -150,8 +150,7 @@ def train(preset, configs):
             if monitor.is_incident(fired):
                 step = run.respond_to_incident(step, fired)  # roll back, skip the data, maybe lower the LR
                 continue
-            for detector, values in fired:
-                job.say(f"warning at step {step}: {detector} {values}; the next checkpoint is marked unhealthy")
+            reporter.warn(step, fired)  # leading indicators only: the next checkpoint is marked unhealthy
             reporter.throughput.step_done()
 
             record.update(loss=loss, lr=lr, grad_norm=grad_norm, grad_norm_z=grad_norm_z)

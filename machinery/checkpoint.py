@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from errors import UserError
+from machinery.cluster import say
 from machinery.files import file_sha256, fsync_dir, write_synced
 from model import GPT
 
@@ -261,17 +262,17 @@ def load_verified(path, device="cpu"):
         return None, f"refused to load: not a plain tensor checkpoint ({type(e).__name__}: {str(e)[:200]})"
 
 
-def load_latest(ckpt_dir, device="cpu", healthy_only=False, warn=print):
+def load_latest(ckpt_dir, device="cpu", healthy_only=False):
     """(step, state) of the newest checkpoint that verifies and loads, or None.
 
     A checkpoint that fails its manifest, or holds more than plain tensors, is
-    reported through `warn` and skipped in favour of the one before it.
+    said (cluster.say) and skipped in favour of the one before it.
     """
-    found = find_latest([ckpt_dir], device, healthy_only, warn)
+    found = find_latest([ckpt_dir], device, healthy_only)
     return None if found is None else (found[0], found[2])
 
 
-def find_latest(ckpt_dirs, device="cpu", healthy_only=False, warn=print):
+def find_latest(ckpt_dirs, device="cpu", healthy_only=False):
     """(step, path, state) of the newest checkpoint in any of ckpt_dirs (a run's, then its --ckpt_mirror) that
     verifies and loads, or None. Of a step's copies, the first folder's that verifies: a corrupt or lost copy in
     one folder falls back to the other's before it falls back to an older step."""
@@ -284,16 +285,16 @@ def find_latest(ckpt_dirs, device="cpu", healthy_only=False, warn=print):
             if problem is None:
                 return step, path, state
             fallback = "its copy in " + os.path.dirname(copies[i + 1]) if i + 1 < len(copies) else "the one before it"
-            warn(f"warning: skipping checkpoint {path}: {problem}; falling back to {fallback}")
+            say(f"warning: skipping checkpoint {path}: {problem}; falling back to {fallback}")
     return None
 
 
-def load_chosen(ckpt_dir, step=-1, device="cpu", healthy_only=False, warn=print):
+def load_chosen(ckpt_dir, step=-1, device="cpu", healthy_only=False):
     """(step, state) of the checkpoint a command that reads a run asks for (--ckpt_step): -1, the newest that
     verifies (load_latest: None where none does); else the checkpoint of that step, which must verify and load,
     or a UserError that says why it does not and names the steps whose checkpoints do."""
     if step == -1:
-        return load_latest(ckpt_dir, device, healthy_only, warn)
+        return load_latest(ckpt_dir, device, healthy_only)
     state, problem = load_verified(step_path(ckpt_dir, step), device)
     if problem is None:
         return step, state

@@ -6,7 +6,7 @@ import os
 
 from errors import UserError
 from machinery import checkpoint
-from machinery.cluster import raise_on_every_rank, run_on_rank0
+from machinery.cluster import raise_on_every_rank, run_on_rank0, say
 from machinery.run_folder import config_changes, fill_new_fields, identity_defaults
 
 
@@ -16,7 +16,7 @@ class Checkpointer:
     (and put back into) the component that owns it. Every rank calls its methods."""
 
     def __init__(self, job, folder, learner, data, incidents):
-        self.configs, self.grid, self.say, self.is_rank0 = job.configs, job.grid, job.say, job.is_rank0
+        self.configs, self.grid, self.is_rank0 = job.configs, job.grid, job.is_rank0
         self.folder = folder
         self.model, self.optimizer, self.scaler = learner.model, learner.optimizer, learner.scaler
         self.optimizer_groups = learner.optimizer_groups  # how a checkpoint lists each group's parameters
@@ -63,9 +63,9 @@ class Checkpointer:
                 "weights alone cannot undo. Pass --reset_optimizer to accept that and continue anyway."
             )
         if forget:
-            self.say(f"warning: resuming without the checkpoint's {', '.join(forget)} (--resume_without)")
+            say(f"warning: resuming without the checkpoint's {', '.join(forget)} (--resume_without)")
         if "optimizer" not in state or "optimizer" in forget:
-            self.say("warning: no optimizer state taken from the checkpoint; AdamW restarts from zero moments")
+            say("warning: no optimizer state taken from the checkpoint; AdamW restarts from zero moments")
         # exercise checkpoint, Checkpointer.restore: begin
         checkpoint.load_full_state_dict(self.model, state["model"], self.grid)
         if "optimizer" in state and "optimizer" not in forget:
@@ -97,14 +97,14 @@ class Checkpointer:
         def choose():
             nonlocal latest
             if ckpt_step != -1:
-                latest = checkpoint.load_chosen(ckpt_dir, ckpt_step, healthy_only=healthy_only, warn=self.say)
+                latest = checkpoint.load_chosen(ckpt_dir, ckpt_step, healthy_only=healthy_only)
                 return None if latest is None else checkpoint.step_path(ckpt_dir, ckpt_step)
-            found = checkpoint.find_latest(self.folder.ckpt_dirs, healthy_only=healthy_only, warn=self.say)
+            found = checkpoint.find_latest(self.folder.ckpt_dirs, healthy_only=healthy_only)
             if found is None:
                 return None
             step, path, state = found
             if os.path.dirname(path) != ckpt_dir:
-                self.say(f"taking the checkpoint of step {step} from the mirror: {path}")
+                say(f"taking the checkpoint of step {step} from the mirror: {path}")
             latest = step, state
             return path
 

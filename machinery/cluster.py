@@ -209,7 +209,7 @@ class RunLock:
     Taken before anything is written in out_dir; renewed every RENEW_SECONDS by a daemon thread; removed when
     the job ends, if it still names this job. processes: every rank's, and under torchrun each launcher's."""
 
-    def __init__(self, out_dir, processes, say):
+    def __init__(self, out_dir, processes):
         self.path = os.path.join(out_dir, LOCK_FILE)
         now = time.time()
         self.holder = {"processes": processes, "started": now, "renewed": now}
@@ -287,11 +287,11 @@ class Watch:
     a job. As a context manager around the loop: released on the way out, and a RuntimeError from a collective
     that waited past --dist_timeout becomes a UserError naming the rank that stopped responding."""
 
-    def __init__(self, out_dir, grid, say):
+    def __init__(self, out_dir, grid):
         processes, self.lock = every_process(), None
 
         def take_lock():
-            self.lock = RunLock(out_dir, processes, say)
+            self.lock = RunLock(out_dir, processes)
 
         run_on_rank0(take_lock, grid.rank == 0)  # a refusal stops every rank
         self.heartbeat = Heartbeat(out_dir, grid.rank, grid.world_size, processes)
@@ -323,6 +323,12 @@ class Watch:
 
 # ----------------------------------------------------------------------------
 # Coordination: every rank goes on, or every rank stops
+
+
+def say(*args, **kwargs):
+    """print, on rank 0 only: one voice for the whole group, whose other ranks would repeat it word for word."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(*args, **kwargs)
 
 
 def run_on_rank0(fn, is_rank0):

@@ -22,6 +22,7 @@ from data import load_meta
 from errors import UserError
 from machinery import checkpoint
 from machinery.bands import find_band, read_run, recipe
+from machinery.cluster import say
 from machinery.config import BenchmarkConfig, DataConfig, TrainConfig
 from machinery.corpus import default_data_dir, get_tokenizer
 from machinery.evaluation import benchmark_scores, evaluate, read_benchmark
@@ -33,7 +34,7 @@ from parallel.grid import Layout, ProcessGrid
 from parallel.layout import model_for_rank
 
 
-def fixed_evaluation(logged, say):
+def fixed_evaluation(logged):
     """(val stream, batches, tokenizer, benchmark examples) of the run's own evaluations, on one process: the val
     rows they read, and its benchmark where it has one (--benchmark; [] for none)."""
     if logged.config.get("train", {}).get("mix"):
@@ -52,7 +53,7 @@ def fixed_evaluation(logged, say):
     micro_batch = logged.settings["global_batch"] // train_cfg.gradient_accumulation_steps
     one_process = replace(train_cfg, batch_size=micro_batch)
     grid = ProcessGrid()
-    _, streams, batches = open_token_streams(None, {"val": data_dir}, meta, one_process, block_size, grid, say)
+    _, streams, batches = open_token_streams(None, {"val": data_dir}, meta, one_process, block_size, grid)
     examples = read_benchmark(BenchmarkConfig(**logged.config.get("benchmark", {})))
     return streams["val"], batches, get_tokenizer(meta["tokenizer"]), examples
 
@@ -92,7 +93,7 @@ def steps_to_compare(held):
     return steps
 
 
-def compare_runs(run_dirs, band_path="", device="cpu", say=print):
+def compare_runs(run_dirs, band_path="", device="cpu"):
     """(results {run: {step: {"val_loss", "acc_norm"?}}}, verdict line) of runs' checkpoints at the steps they
     share, on the first run's evaluation (its val rows, its benchmark). The verdict reads the val loss over the last
     third of those steps: the mean gap there between the best run and the next, against the band's seed noise of a
@@ -109,7 +110,7 @@ def compare_runs(run_dirs, band_path="", device="cpu", say=print):
     steps = steps_to_compare(
         {logged.folder: checkpoint.list_steps(os.path.join(logged.folder, "ckpt")) for logged in runs}
     )
-    evaluation = fixed_evaluation(runs[0], say)
+    evaluation = fixed_evaluation(runs[0])
     say(f"{len(steps)} shared checkpoint steps, each evaluated on {runs[0].folder}'s {evaluation[1]} val batches")
     results = {logged.folder: evaluate_checkpoints(logged, steps, evaluation, device) for logged in runs}
     last_third = [t for t in steps if t >= steps[0] + 2 * (steps[-1] - steps[0]) / 3]

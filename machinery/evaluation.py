@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from errors import UserError
 from machinery import checkpoint
+from machinery.cluster import say
 from machinery.corpus import get_tokenizer
 from machinery.files import download
 from machinery.sample import single_device_model
@@ -155,7 +156,7 @@ def ending_losses(model, rows, starts, device):
     return summed, summed / scored.sum(1)
 
 
-def benchmark_scores(model, tokenizer, examples, device, autocast, examples_per_batch=4, say=None):
+def benchmark_scores(model, tokenizer, examples, device, autocast, examples_per_batch=4):
     """acc, acc_norm and chance of model (a single-device GPT) on [(context, endings, label)];
     say, if given, hears the progress every half minute.
 
@@ -178,7 +179,7 @@ def benchmark_scores(model, tokenizer, examples, device, autocast, examples_per_
             correct_norm += min(ours, key=mean.__getitem__) - offset == label
             offset += len(endings)
         done = first + len(batch)
-        if say and time.perf_counter() - told > 30 and done < len(examples):
+        if time.perf_counter() - told > 30 and done < len(examples):
             told, seconds = time.perf_counter(), time.perf_counter() - started
             say(f"benchmark: {done:,} of {len(examples):,} examples, ETA {seconds * (len(examples) / done - 1):.0f}s")
     model.train()
@@ -195,7 +196,7 @@ def benchmark_scores(model, tokenizer, examples, device, autocast, examples_per_
 # The final check
 
 
-def final_check(model, grid, step, val_loss, gpt_config, meta, benchmark_examples, say, eval_only=False):
+def final_check(model, grid, step, val_loss, gpt_config, meta, benchmark_examples, eval_only=False):
     """Val loss and perplexity, and the benchmark, of the weights `model` holds (the model as this
     rank holds it, of single-device GPTConfig gpt_config; meta: its token files' meta.json),
     printed. Every rank calls it (the weights are gathered into single-device form); rank 0 scores
@@ -218,7 +219,6 @@ def final_check(model, grid, step, val_loss, gpt_config, meta, benchmark_example
             benchmark_examples,
             model.device,
             model.autocast,
-            say=lambda line: print(line, flush=True),
         )
         record.update(hellaswag_acc_norm=scores["acc_norm"], hellaswag_acc=scores["acc"])
         print(

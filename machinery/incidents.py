@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, replace
 
 from errors import UserError
+from machinery.cluster import say
 from machinery.config import RecoveryConfig
 from machinery.faults import FaultInjector
 
@@ -229,7 +230,7 @@ class Incidents:
         }
         reporter.rewind(restored)
         reporter.log_incident(incident)
-        reporter.say(
+        say(
             f"INCIDENT at step {step}: {detector} {values} -> rung {RUNGS[response]} ({response}): rolled back to "
             f"step {restored}, skipped data rows {skipped[0]}..{skipped[1]}, LR x{kept.lr_scale:.3g}",
             flush=True,

@@ -9,7 +9,7 @@ from data import read_json
 from errors import UserError
 from machinery import checkpoint
 from machinery.arms import ArmedGPT
-from machinery.cluster import raise_on_every_rank, run_on_rank0, said_of
+from machinery.cluster import raise_on_every_rank, run_on_rank0, said_of, say
 from machinery.run_folder import config_changes, data_changes
 from machinery.transfer import fit_to_run, initial_weights
 from model import padded_vocab_size
@@ -21,7 +21,7 @@ class InitialWeights(NamedTuple):
     data: dict | None  # what the source read, if it is a run of ours (its run.json's "data"); None: unknown
 
 
-def initial_model(configs, meta, grid, say, device, out_dir):
+def initial_model(configs, meta, grid, device, out_dir):
     """(configs with the model's vocabulary, the whole single-device GPT every rank starts from, --init_from's
     weights for start() to load, or None). A fresh init is the same on every rank, so any layout starts alike.
     --init_from gives the weights only: the optimizer, the step, the data and the LR schedule are this run's. A run
@@ -35,7 +35,7 @@ def initial_model(configs, meta, grid, say, device, out_dir):
     if recorded_vocab_size is not None:
         configs = replace(configs, model=replace(configs.model, vocab_size=recorded_vocab_size))
         return configs, ArmedGPT(configs.model).to(device), None
-    gpt_config, weights = read_initial_weights(configs, meta, grid, say)
+    gpt_config, weights = read_initial_weights(configs, meta, grid)
     configs = replace(configs, model=gpt_config)
     return configs, ArmedGPT(configs.model).to(device), weights
 
@@ -52,25 +52,25 @@ def vocab_size_of_a_run_to_resume(out_dir, cfg):
     return recorded.get("GPTConfig", {}).get("vocab_size")  # None: a malformed record, which prepare_out_dir names
 
 
-def read_initial_weights(configs, meta, grid, say):
+def read_initial_weights(configs, meta, grid):
     """(the GPTConfig of the run's model, InitialWeights): --init_from's weights checked against and fitted
     to this run (transfer.fit_to_run), on every rank: rank 0 first, as it may download them (once)."""
     weights, problem, error = None, None, None
     if grid.rank == 0:
         try:
-            weights = initial_weights(configs.train.init_from, configs.train.init_url, say)
+            weights = initial_weights(configs.train.init_from, configs.train.init_url)
         except Exception as e:
             error, problem = e, said_of(e)
     raise_on_every_rank(problem, error)  # a barrier too: the others read what rank 0 fetched
     if grid.rank != 0:
-        weights = initial_weights(configs.train.init_from, configs.train.init_url, say)
+        weights = initial_weights(configs.train.init_from, configs.train.init_url)
     if weights.tokenizer is not None and weights.tokenizer != meta["tokenizer"]:
         raise UserError(
             f"--init_from {weights.description} learned {weights.tokenizer!r} tokens, and this run's data holds "
             f"{meta['tokenizer']!r} tokens: the same id would mean another token. Pass --tokenizer "
             f"{weights.tokenizer} (and its data)"
         )
-    gpt_config, state_dict = fit_to_run(weights.gpt_config, weights.state_dict, configs.model, weights.description, say)
+    gpt_config, state_dict = fit_to_run(weights.gpt_config, weights.state_dict, configs.model, weights.description)
     return gpt_config, InitialWeights(state_dict, weights.description, weights.data)
 
 
@@ -78,9 +78,9 @@ def load_initial_weights(model, weights, job, meta, identity):
     """--init_from's weights (an InitialWeights, or None) into `model` (the model as this rank holds it), as a
     checkpoint's are (any layout). None: a run that had checkpoints of its own but none that verifies reads its
     source now, which set-up skipped. job: the run's Job; meta and identity: its data's and its run.json's."""
-    configs, grid, say = job.configs, job.grid, job.say
+    configs, grid = job.configs, job.grid
     if weights is None:  # set-up built the model from run.json's record: the source must still fit it
-        gpt_config, weights = read_initial_weights(configs, meta, grid, say)
+        gpt_config, weights = read_initial_weights(configs, meta, grid)
         if changed := config_changes({"GPTConfig": asdict(configs.model)}, {"GPTConfig": asdict(gpt_config)}):
             raise UserError(
                 f"--init_from {weights.source} no longer fits the model this run recorded ({'; '.join(changed)}): "

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from machinery import closed_forms, cost
 from machinery.bands import find_band
-from machinery.cluster import PREEMPTED
+from machinery.cluster import PREEMPTED, say
 from machinery.corpus import get_tokenizer
 from machinery.evaluation import final_check
 from machinery.monitor import SavedActivations, Throughput, peak_memory_bytes, plot_gantt, plot_metrics, state_bytes
@@ -49,7 +49,7 @@ class Reporter:
 
     def __init__(self, job, folder, data, learner, tracker, benchmark_examples, peak_flops):
         self.job, self.folder, self.data, self.learner = job, folder, data, learner
-        self.configs, self.grid, self.say, self.is_rank0 = job.configs, job.grid, job.say, job.is_rank0
+        self.configs, self.grid, self.is_rank0 = job.configs, job.grid, job.is_rank0
         self.tracker = tracker  # --log_to's TensorBoard / W&B on rank 0 (tracking.py); else none
         self.benchmark_examples = benchmark_examples  # for the final check ([]: none)
         self.flops_per_token = closed_forms.flops_per_token(job.configs.model)  # of the whole single-device model
@@ -64,7 +64,7 @@ class Reporter:
         """What the run will cost (cost.py's account): parameters, tokens, FLOPs, memory, and the time from
         one measured step."""
         cfg, model = self.configs.train, self.learner.model  # rank 0's: the first stage, which keeps the most
-        self.say(f"device {model.device}, dtype {str(self.job.dtype).replace('torch.', '')}, out {self.folder.out_dir}")
+        say(f"device {model.device}, dtype {str(self.job.dtype).replace('torch.', '')}, out {self.folder.out_dir}")
         batch = [t.to(model.device) for t in next(iter(self.data.val_streams.values())).next_batch()]
         step_seconds = timed_step_seconds(model, batch) * cfg.gradient_accumulation_steps
         with SavedActivations(model.module) as saved:  # one more pass, to weigh what backward keeps
@@ -81,7 +81,7 @@ class Reporter:
             step_seconds,
             measured_activations=saved.peak,
         ):
-            self.say("cost: " + line)
+            say("cost: " + line)
 
     def start_timeline(self, step):
         """The logged timeline that led to `step` (metrics.jsonl cut there), the state measured at the first update,
@@ -123,7 +123,7 @@ class Reporter:
             line += f"\n  a fresh model guesses uniformly: loss ~ ln(vocab) = ln {vocab} = {math.log(vocab):.4f}"
         if self.grid.world_size > 1:  # the step's communication, each dimension on its busiest rank
             record.update({f"comm_bytes_{d}": b for d, b in take_busiest_comm_bytes(self.learner.model.device).items()})
-        self.say(line, flush=True)
+        say(line, flush=True)
         if self.measured_state is not None:
             self.print_state_beside_closed_form(record)
         if self.grid.world_size > 1 and not self.comm_compared:
@@ -132,6 +132,12 @@ class Reporter:
         if self.is_rank0:
             append_jsonl(self.folder.metrics_path, record)
             self.tracker.log(self.records)  # the timeline: a tracker drops what a resume or rollback dropped
+
+    def warn(self, step, fired):
+        """The detectors that fired at `step` without calling for a rollback (the monitor marks the next checkpoint
+        unhealthy): one line each."""
+        for detector, values in fired:
+            say(f"warning at step {step}: {detector} {values}; the next checkpoint is marked unhealthy")
 
     def log_incident(self, incident):
         """An incident into incidents.jsonl and the trackers (rank 0)."""
@@ -158,7 +164,7 @@ class Reporter:
             dist.all_reduce(measured, op=dist.ReduceOp.MAX)
         record["state_bytes"] = measured.item()
         closed_form = closed_forms.fullest_rank_state_bytes(self.configs.model, layout)
-        self.say(
+        say(
             f"state at the first update, on the fullest rank: measured {record['state_bytes']:,} B | closed form "
             f"{closed_form:,.0f} B = {closed_forms.state_bytes_formula(layout.dp, layout.zero_stage)} per parameter "
             "held"
@@ -175,9 +181,9 @@ class Reporter:
             accumulation=cfg.gradient_accumulation_steps,
             compute_bytes=self.job.dtype.itemsize,
         )  # {dimension: (bytes, formula)}
-        self.say("communication of that step, payload bytes on the busiest rank: measured | closed form")
+        say("communication of that step, payload bytes on the busiest rank: measured | closed form")
         for d, (closed_form, formula) in expected.items():
-            self.say(f"  {d} {record[f'comm_bytes_{d}']:>13,} | {closed_form:>13,} = {formula}")
+            say(f"  {d} {record[f'comm_bytes_{d}']:>13,} | {closed_form:>13,} = {formula}")
         self.comm_compared = True
 
     # ------------------------------------------------------------------------
@@ -189,7 +195,7 @@ class Reporter:
         exists (bands/<preset>.json), how to read the curve against it."""
         model, out_dir = self.learner.model, self.folder.out_dir
         peak = peak_memory_bytes(model.device)  # set against the cost account's memory line at the start
-        self.say(
+        say(
             f"training took {(time.perf_counter() - self.started) / 60:.1f} min"
             + (f"; peak memory {peak / 2**30:.2f} GiB" if peak else "")
         )
@@ -204,7 +210,6 @@ class Reporter:
             self.configs.model,
             self.data.meta,
             self.benchmark_examples,
-            self.say,
         )
         if not self.is_rank0:
             return
@@ -241,7 +246,7 @@ class Reporter:
         schedule = layout.schedule if v == 1 else f"interleaved {layout.schedule}, v={v}"
         measured = bubble_fraction(timeline)
         formula = "(p - 1) / (m + p - 1)" if v == 1 else "(p - 1) / (v * m + p - 1)"  # computed as written
-        self.say(
+        say(
             f"pipeline bubble of the last step: measured {measured:.3f}, {formula} = "
             f"{closed_forms.computed(formula, p=p, m=m, v=v):.3f} ({schedule}, p={p}, m={m})"
         )
@@ -253,7 +258,7 @@ class Reporter:
         """A stop signal reached the job and the checkpoint of `step` is written: end every rank with
         cluster.PREEMPTED, which a scheduler's script (examples/slurm/train.sbatch) reads as "requeue me"."""
         received = self.job.watch.signals.received or "a stop signal to another rank"
-        self.say(
+        say(
             f"{received}: stopped after step {step - 1} and wrote the checkpoint of step {step} in "
             f"{self.folder.ckpt_dir}. Run the same command to resume from it (exit code {PREEMPTED})",
             flush=True,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from data import TokenStream
 from errors import UserError
-from machinery.cluster import run_on_rank0
+from machinery.cluster import run_on_rank0, say
 from machinery.corpus import DataConfig, default_data_dir, load_or_prepare
 from machinery.evaluation import evaluate
 from machinery.mixture import Mix, MixedStream, mix_meta, prepare_sources, read_mix, weights_at
@@ -116,7 +116,7 @@ def prepare_data(preset, configs, is_rank0):
     return None, meta, {"data": data_dir}
 
 
-def open_token_streams(mix, data_dirs, meta, cfg, block_size, grid, say):
+def open_token_streams(mix, data_dirs, meta, cfg, block_size, grid):
     """(train stream, {source: val stream}, micro-batches per evaluation on each rank), announced. Each DP
     rank reads its share of every batch; --data_order shuffles the training data only, so every run is
     judged on the same val rows. A mix reads its sources' train files through one MixedStream."""

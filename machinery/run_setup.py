@@ -9,7 +9,6 @@ Recovery, the fault injector: incidents.py), the checkpointer (checkpointer.py) 
 import contextlib
 import os
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +18,7 @@ from errors import UserError
 from machinery import checkpoint, planner
 from machinery.arms import check_arms
 from machinery.checkpointer import Checkpointer
-from machinery.cluster import Watch, check_visible_everywhere, end_with_launcher, run_on_rank0
+from machinery.cluster import Watch, check_visible_everywhere, end_with_launcher, run_on_rank0, say
 from machinery.config import Configs, config_file_form
 from machinery.corpus import get_tokenizer
 from machinery.evaluation import final_check, read_benchmark
@@ -112,14 +111,13 @@ def make_optimizer(module, cfg, device, dp=None):
 class Job:
     """What was asked and where it runs: the preset, the configs (the model's with the vocabulary padded) and this
     command's settings in config-file form (run.json's "config": --config OUT/run.json repeats it); this process's
-    place in the group, its voice (rank 0 prints, the others are silent), its compute dtype; and the watch: stop
+    place in the group and its compute dtype; and the watch: stop
     signals, heartbeats and the run folder's lock (cluster.py), until the job ends."""
 
     preset: str  # --preset's name: its band of seeds, if any, reads the curve at the end
     configs: Configs
     command: dict
     grid: ProcessGrid
-    say: Callable[..., None]
     dtype: torch.dtype
     watch: Watch
 
@@ -185,13 +183,13 @@ class Run:
             if job.on_rank0(lambda: is_finished(folder.metrics_path, newest, cfg.max_iters)):
                 refuse_finished_run(folder.out_dir, newest, cfg)
         if folder.continued:
-            job.say(f"continuing the run in {folder.out_dir} with {'; '.join(folder.continued)}")
+            say(f"continuing the run in {folder.out_dir} with {'; '.join(folder.continued)}")
             job.on_rank0(lambda: record_identity(folder.out_dir, folder.identity))
         # the measured step runs before the RNG is restored or first saved, so every start draws alike
         self.reporter.print_cost_account()
         if latest is not None:
             step = self.checkpointer.restore(state, forget=rcfg.forgotten_on_resume)
-            job.say(f"resuming from the checkpoint of step {step} in {folder.ckpt_dir}")
+            say(f"resuming from the checkpoint of step {step} in {folder.ckpt_dir}")
         elif rcfg.resume:
             raise UserError(f"--resume, but {folder.ckpt_dir} holds no checkpoint that verifies")
         else:
@@ -236,7 +234,6 @@ class Run:
             job.configs.model,
             self.data.meta,
             self.reporter.benchmark_examples,
-            job.say,
             eval_only=True,
         )
         if job.is_rank0:
@@ -256,7 +253,7 @@ def refuse_finished_run(out_dir, finished_at, cfg):
 
 
 def start_processes(configs):
-    """This process's place in the group, its voice, device and compute dtype: (grid, say, device, dtype)."""
+    """This process's place in the group, its device and compute dtype: (grid, device, dtype)."""
     cfg, layout = configs.train, configs.parallel
     launch = launch_from_environment()
     device = pick_device(cfg.device if cfg.device != "auto" else launch.device)
@@ -268,32 +265,31 @@ def start_processes(configs):
     if launch.torchrun:
         end_with_launcher(launch.rank)  # an orphan would train on beside the next job in its folder (cluster.py)
     grid = ProcessGrid(layout, launch.rank, launch.world_size)
-    say = print if grid.rank == 0 else (lambda *args, **kwargs: None)
     # every generator a checkpoint saves, so that two runs of one command save the same states
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    return grid, say, device, dtype
+    return grid, device, dtype
 
 
 def set_up(preset, configs):
     """Everything before the first step: processes, data, the run's folder, model, optimizer, watchers."""
     cfg, recovery = configs.train, configs.recovery
     command = config_file_form(preset, configs)  # as given, before the run fills in the model's vocabulary
-    grid, say, device, dtype = start_processes(configs)
+    grid, device, dtype = start_processes(configs)
     trackers = run_on_rank0(lambda: trackers_asked(cfg.log_to), grid.rank == 0)  # rank 0 logs: it needs the packages
     out_dir = out_dir_of(preset, cfg)
     run_on_rank0(lambda: check_out_dir_is_ours(out_dir), grid.rank == 0)  # before the data may land inside it
     run_on_rank0(lambda: check_a_corpus_is_named(preset, configs), grid.rank == 0)
-    watch = Watch(out_dir, grid, say)  # the folder's lock first: one job per run folder (cluster.py)
+    watch = Watch(out_dir, grid)  # the folder's lock first: one job per run folder (cluster.py)
     with contextlib.ExitStack() as on_failure:  # a set-up that fails releases the lock
         on_failure.callback(watch.close)
         if is_named_base(cfg.init_from):  # before the data: a Llama base's tokenizer.json comes with it
-            run_on_rank0(lambda: fetch_named_base(cfg.init_from, cfg.init_url, say), grid.rank == 0)
+            run_on_rank0(lambda: fetch_named_base(cfg.init_from, cfg.init_url), grid.rank == 0)
         mix, meta, data_dirs = prepare_data(preset, configs, grid.rank == 0)
         benchmark_examples = run_on_rank0(lambda: read_benchmark(configs.benchmark), grid.rank == 0)
         run_on_rank0(lambda: check_tokenizer_at_hand(configs, meta), grid.rank == 0)
-        configs, whole, initial_weights = initial_model(configs, meta, grid, say, device, out_dir)
+        configs, whole, initial_weights = initial_model(configs, meta, grid, device, out_dir)
         global_batch = grid.dp * cfg.batch_size * cfg.gradient_accumulation_steps  # sequences per optimizer step
         identity = run_identity(configs.model, cfg, meta, global_batch)
         defaults = identity_defaults(configs.model, cfg)
@@ -306,14 +302,14 @@ def set_up(preset, configs):
         )
         say(f"{grid}" if grid.world_size > 1 else "single process")
         train_stream, val_streams, eval_batches = open_token_streams(
-            mix, data_dirs, meta, cfg, configs.model.block_size, grid, say
+            mix, data_dirs, meta, cfg, configs.model.block_size, grid
         )
         # the single-device names of each AdamW group's parameters, taken before a layout cuts the model
         optimizer_groups = [[name for name, _ in group] for group in parameter_groups(whole.named_parameters())]
         model = rank_model(
             whole, grid, configs.parallel, cfg.batch_size, dtype, autocast_context(device, dtype), cfg.compile
         )
-        job = Job(preset, configs, command, grid, say, dtype, watch)
+        job = Job(preset, configs, command, grid, dtype, watch)
         folder = RunFolder(out_dir, identity, continued, recovery.ckpt_mirror)
         tokens_per_step = global_batch * configs.model.block_size
         data = RunData(meta, mix, train_stream, val_streams, eval_batches, tokens_per_step)

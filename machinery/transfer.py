@@ -28,6 +28,7 @@ import torch
 from errors import UserError
 from machinery import checkpoint, files
 from machinery.arms import ArmedGPT, ArmsConfig
+from machinery.cluster import say
 from machinery.corpus import get_tokenizer
 from machinery.hf_layouts import (
     EXPORTED_BY,
@@ -168,7 +169,7 @@ def named_base_folder(name):
     return os.path.abspath(os.path.join(NAMED_WEIGHTS_DIR, name))  # absolute: a --tokenizer read from any cwd
 
 
-def fetch_named_base(name, init_url="", say=print):
+def fetch_named_base(name, init_url=""):
     """The folder holding a named base's files, fetched once (from --init_url, a folder's URL, if given) and each
     checked against its sha256: the pinned one, or where none was published, the one the hub gives for that
     revision's file (said so). A file that is there took its name only after its check (files.download)."""
@@ -222,7 +223,7 @@ class Source(NamedTuple):
     data: dict | None = None  # a run of ours: what it read (its run.json's "data"); None: unknown
 
 
-def initial_weights(init_from, init_url="", say=print):
+def initial_weights(init_from, init_url=""):
     """The Source of --init_from, which is one of:
     - a run's out_dir: its newest healthy checkpoint;
     - a Hugging Face GPT-2 or Llama folder: its model.safetensors (or shards), and the config.json beside it;
@@ -231,14 +232,14 @@ def initial_weights(init_from, init_url="", say=print):
       folder, where GPT-2's holds the weights only (its architecture is GPT2_ARCHITECTURE, its tokenizer tiktoken's)."""
     if is_named_base(init_from):
         base = NAMED_BASES[init_from]
-        folder = fetch_named_base(init_from, init_url, say)
+        folder = fetch_named_base(init_from, init_url)
         weights = _read_hf_weights(os.path.join(folder, "model.safetensors"))
         gpt2 = base.gpt_config.arch == "gpt2"
         gpt_config, tokenizer = (base.gpt_config, "gpt2") if gpt2 else (hf_folder_config(folder), folder)
         return Source(gpt_config, weights, tokenizer, f"{init_from} (at {base.revision[:12]})")
     if os.path.isfile(os.path.join(init_from, "run.json")):  # a run of ours
         ckpt_dir = os.path.join(init_from, "ckpt")
-        latest = checkpoint.load_latest(ckpt_dir, healthy_only=True, warn=say)
+        latest = checkpoint.load_latest(ckpt_dir, healthy_only=True)
         if latest is None:
             raise UserError(
                 f"--init_from {init_from} is a run with no healthy checkpoint in {ckpt_dir} that verifies: "
@@ -308,7 +309,7 @@ def _shape_of(state_dict):
     )
 
 
-def fit_to_run(source_gpt_config, state_dict, run_gpt_config, source_description, say=print):
+def fit_to_run(source_gpt_config, state_dict, run_gpt_config, source_description):
     """(the GPTConfig to build the run's model with, the state dict fitted to it), or a UserError naming
     what differs. The source's shape and architecture must be the run's, but for two things:
     - block_size may be smaller than the source's, never larger: GPT-2 keeps the first block_size rows of wpe;
@@ -438,7 +439,7 @@ def _is_our_export(folder):
     return ours and config.get("model_type") in ("gpt2", "llama")
 
 
-def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, say=print, max_shard_bytes=5 * 10**9):
+def export_hf(state_dict, gpt_config, tokenizer_name, dest_dir, max_shard_bytes=5 * 10**9):
     """Write our weights to dest_dir as a transformers GPT2LMHeadModel (a llama run: LlamaForCausalLM) with GPT-2's
     tokenizer: config.json, model.safetensors (fp32, the vocabulary trimmed to the tokenizer's), vocab.json,
     merges.txt, tokenizer_config.json, special_tokens_map.json (_write_into: each under a temporary name of its own,
@@ -535,7 +536,7 @@ def _write_into(folder, writers):
     files.fsync_dir(folder)
 
 
-def export_run(out_dir, dest_dir, ckpt_step=-1, say=print, max_shard_mb=5000):
+def export_run(out_dir, dest_dir, ckpt_step=-1, max_shard_mb=5000):
     """--export_hf: the run's checkpoint of ckpt_step (--ckpt_step; -1: its newest) exported to dest_dir (export_hf).
     The newest, not the newest that verifies as --sample and --eval_only read: an export leaves the run as its
     model, and a warning that it holds older weights would be read by no one. So when the newest checkpoint does
@@ -551,5 +552,5 @@ def export_run(out_dir, dest_dir, ckpt_step=-1, say=print, max_shard_mb=5000):
         raise UserError(f"--export_hf{which} {e}") from None
     say(f"exporting {out_dir}, its checkpoint of step {step}")
     gpt_config, tokenizer = recorded_gpt_config(state["config"]), state["meta"]["tokenizer"]
-    export_hf(state["model"], gpt_config, tokenizer, dest_dir, say, max_shard_bytes=int(max_shard_mb * 10**6))
+    export_hf(state["model"], gpt_config, tokenizer, dest_dir, max_shard_bytes=int(max_shard_mb * 10**6))
     say(f"score it on HellaSwag: lm_eval --model hf --model_args pretrained={dest_dir} --tasks hellaswag --device cpu")

@@ -154,7 +154,7 @@ def test_a_live_jobs_lock_is_refused_naming_its_pid(tmp_path):
     live = os.getppid()  # the process that started the tests: alive (this process's own lock would be its own)
     write_lock(tmp_path, holder(live))
     with pytest.raises(ValueError, match=rf"in use by the job started .* pid {live}\).*kill {live}"):
-        cluster.RunLock(tmp_path, cluster.this_process(), print)
+        cluster.RunLock(tmp_path, cluster.this_process())
 
 
 @pytest.mark.parametrize(
@@ -165,10 +165,10 @@ def test_a_live_jobs_lock_is_refused_naming_its_pid(tmp_path):
         pytest.param(lambda: holder(os.getppid(), renewed_ago=2 * cluster.STALE_SECONDS), id="pid-reused"),
     ],
 )
-def test_a_stale_lock_is_taken_over_with_a_warning(tmp_path, gone):
+def test_a_stale_lock_is_taken_over_with_a_warning(tmp_path, gone, capsys):
     write_lock(tmp_path, gone())
-    said = []
-    lock = cluster.RunLock(tmp_path, cluster.this_process(), said.append)
+    lock = cluster.RunLock(tmp_path, cluster.this_process())
+    said = capsys.readouterr().out.splitlines()
     assert len(said) == 1 and said[0].startswith("warning: taking over") and "which is gone" in said[0]
     assert json.loads((tmp_path / cluster.LOCK_FILE).read_text())["processes"] == [[socket.gethostname(), os.getpid()]]
     lock.release()
@@ -176,7 +176,7 @@ def test_a_stale_lock_is_taken_over_with_a_warning(tmp_path, gone):
 
 
 def test_a_lock_taken_over_by_another_job_is_not_released_by_the_first(tmp_path):
-    lock = cluster.RunLock(tmp_path, cluster.this_process(), print)
+    lock = cluster.RunLock(tmp_path, cluster.this_process())
     write_lock(tmp_path, holder(12345, host="another-host"))  # it was judged gone, and another job took over
     lock.release()
     assert json.loads((tmp_path / cluster.LOCK_FILE).read_text())["processes"] == [["another-host", 12345]]

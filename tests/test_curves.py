@@ -457,7 +457,7 @@ def test_a_planted_run_without_warmup_names_the_warmup_as_a_cause(planted):
 def test_planted_other_data_order_is_inside_the_band_and_compares_tied(planted):
     folders, _, band_path, _ = planted
     assert reading_of(planted, "order").normal
-    results, verdict = compare.compare_runs([folders["healthy_101"], folders["order"]], band_path, say=print)
+    results, verdict = compare.compare_runs([folders["healthy_101"], folders["order"]], band_path)
     assert verdict.startswith("verdict: tied within noise")
     own = bands.read_run(folders["order"]).val
     assert results[folders["order"]][150] == {"val_loss": own[150]}  # the fixed evaluation: the run's own

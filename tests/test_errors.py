@@ -106,7 +106,7 @@ def _rank0_fails(kind):
     configs = parse_args(["--init_from", "w.safetensors"])[2]
     attempts = (
         lambda: cluster.run_on_rank0(fail, launch.rank == 0),
-        lambda: init_from.read_initial_weights(configs, {}, SimpleNamespace(rank=launch.rank), print),
+        lambda: init_from.read_initial_weights(configs, {}, SimpleNamespace(rank=launch.rank)),
     )
     raised = []
     for attempt in attempts:

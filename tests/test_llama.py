@@ -208,7 +208,7 @@ def test_export_hf_of_a_llama_run_loads_in_transformers(tmp_path, tied):
     torch.manual_seed(0)
     gpt_config = GPTConfig(**{**LLAMA, "vocab_size": 50304, "tie_embeddings": tied, "rms_norm_eps": 1e-5})
     ours = GPT(gpt_config).eval()
-    transfer.export_hf(ours.state_dict(), gpt_config, "gpt2", str(tmp_path / "hf"), say=lambda line: None)
+    transfer.export_hf(ours.state_dict(), gpt_config, "gpt2", str(tmp_path / "hf"))
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert type(theirs).__name__ == "LlamaForCausalLM"
     tokens = torch.randint(0, 50257, (2, 24))
@@ -234,7 +234,7 @@ def test_a_base_brings_its_tokenizer_and_the_export_carries_it(tmp_path):
     ]])
     # fmt: on
     assert json.loads((tmp_path / "data" / "meta.json").read_text())["tokenizer"] == str(base)  # the base's ids
-    transfer.export_run(str(out), str(tmp_path / "hf"), say=lambda line: None)
+    transfer.export_run(str(out), str(tmp_path / "hf"))
     assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (base / "tokenizer.json").read_bytes()
     exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     text = "alpha beta gamma."
@@ -377,7 +377,7 @@ def test_sharded_safetensors_are_read_and_written(hf_llama, tmp_path):
     gpt_config = GPTConfig(**{**LLAMA, "vocab_size": padded_vocab_size(vocab_size)})
     ours = GPT(gpt_config).eval()
     export = tmp_path / "export"
-    transfer.export_hf(ours.state_dict(), gpt_config, str(tokenizer), str(export), lambda line: None, 50_000)
+    transfer.export_hf(ours.state_dict(), gpt_config, str(tokenizer), str(export), 50_000)
     assert len(list(export.glob("model-*.safetensors"))) > 1 and (export / "model.safetensors.index.json").is_file()
     theirs = transformers.AutoModelForCausalLM.from_pretrained(export).eval()
     tokens = torch.randint(0, vocab_size, (1, 30))
@@ -385,6 +385,6 @@ def test_sharded_safetensors_are_read_and_written(hf_llama, tmp_path):
         torch.testing.assert_close(theirs(tokens).logits, ours(tokens)[0][..., :vocab_size], rtol=0, atol=1e-4)
     # exported again in one file: the shards of the first export go, a file of the user's stays
     (export / "notes.txt").write_text("mine")
-    transfer.export_hf(ours.state_dict(), gpt_config, str(tokenizer), str(export), say=lambda line: None)
+    transfer.export_hf(ours.state_dict(), gpt_config, str(tokenizer), str(export))
     assert not list(export.glob("model-*.safetensors")) and not (export / "model.safetensors.index.json").exists()
     assert (export / "model.safetensors").is_file() and (export / "notes.txt").read_text() == "mine"

@@ -166,7 +166,7 @@ def flat_tensors(value, prefix=""):
             yield from flat_tensors(v, f"{prefix}/{i}")
 
 
-def test_a_corrupt_newest_checkpoint_falls_back_to_its_mirrored_copy_first(tmp_path):
+def test_a_corrupt_newest_checkpoint_falls_back_to_its_mirrored_copy_first(tmp_path, capsys):
     """checkpoint.find_latest over a run's ckpt/ and its --ckpt_mirror's: a step's copy in the mirror before an
     older step; the whole run resumed from it is tested below (integration)."""
     primary, mirror = tmp_path / "run" / "ckpt", tmp_path / "mirror" / "ckpt"
@@ -174,8 +174,8 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_its_mirrored_copy_first(tmp_p
         checkpoint.save(primary, step, {"step": step, "w": torch.full((3,), float(step))}, healthy=True)
         checkpoint.mirror(primary, mirror, step)
     (Path(checkpoint.step_path(primary, 20)) / "state.pt").write_bytes(b"not a checkpoint")
-    warnings = []
-    step, path, state = checkpoint.find_latest([primary, mirror], warn=warnings.append)
+    step, path, state = checkpoint.find_latest([primary, mirror])
+    warnings = capsys.readouterr().out.splitlines()
     assert (step, path, state["w"].tolist()) == (20, checkpoint.step_path(mirror, 20), [20.0] * 3)
     assert len(warnings) == 1 and f"falling back to its copy in {mirror}" in warnings[0]
 
@@ -396,19 +396,19 @@ class Payload:
         return (os.system, (f"touch {os.environ.get('PAYLOAD_MARK', '/nonexistent/mark')}",))
 
 
-def test_a_truncated_newest_checkpoint_is_skipped_for_the_one_before(tmp_path):
+def test_a_truncated_newest_checkpoint_is_skipped_for_the_one_before(tmp_path, capsys):
     """The in-process twin of test_truncated_newest_checkpoint_falls_back (-m integration, a whole run)."""
     for step in (10, 20):
         checkpoint.save(tmp_path, step, small_state(step), healthy=True)
     state = Path(checkpoint.step_path(tmp_path, 20)) / "state.pt"
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # a write cut off half way
-    warnings = []
-    step, loaded = checkpoint.load_latest(tmp_path, warn=warnings.append)
+    step, loaded = checkpoint.load_latest(tmp_path)
+    warnings = capsys.readouterr().out.splitlines()
     assert step == 10 and torch.equal(loaded["weights"], small_state(10)["weights"])
     assert "step_0000020" in warnings[0] and "does not match its sha256" in warnings[0]
 
 
-def test_crafted_pickle_is_refused_not_run(tmp_path, monkeypatch):
+def test_crafted_pickle_is_refused_not_run(tmp_path, monkeypatch, capsys):
     mark = tmp_path / "pwned"
     monkeypatch.setenv("PAYLOAD_MARK", str(mark))
     checkpoint.save(tmp_path / "ckpt", 10, small_state(10), healthy=True)
@@ -418,8 +418,8 @@ def test_crafted_pickle_is_refused_not_run(tmp_path, monkeypatch):
     (evil / "state.pt").write_bytes(pickle.dumps({"model": Payload()}, protocol=2))
     manifest = {"step": 20, "healthy": True, "files": {"state.pt": checkpoint.file_sha256(evil / "state.pt")}}
     (evil / "manifest.json").write_text(json.dumps(manifest))
-    warnings = []
-    step, state = checkpoint.load_latest(tmp_path / "ckpt", warn=warnings.append)
+    step, state = checkpoint.load_latest(tmp_path / "ckpt")
+    warnings = capsys.readouterr().out.splitlines()
     assert step == 10 and torch.equal(state["weights"], torch.full((4,), 10.0))
     assert "refused to load" in warnings[0] and "step_0000020" in warnings[0]
     assert not mark.exists()  # the payload never ran

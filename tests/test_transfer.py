@@ -137,7 +137,7 @@ def test_gpt2_weights_come_in_and_go_out_with_the_same_logits(tmp_path):
     padded = {**state_dict, "wte.weight": padded_wte, "lm_head.weight": padded_wte}
     dest = tmp_path / "export"
     for _ in range(2):  # the second export replaces the first
-        transfer.export_hf(padded, replace(gpt_config, vocab_size=50304), "gpt2", str(dest), say=lambda _: None)
+        transfer.export_hf(padded, replace(gpt_config, vocab_size=50304), "gpt2", str(dest))
     assert not (tmp_path / "export.tmp").exists() and not (tmp_path / "export.old").exists()
     exported = transformers.AutoModelForCausalLM.from_pretrained(dest).eval()
     with torch.no_grad():
@@ -181,7 +181,7 @@ LLAMA_SHAPED = dict(arch="llama", n_kv_head=2, tie_embeddings=False)
 
 
 @pytest.mark.parametrize("fields", [GPT2_SHAPED, LLAMA_SHAPED], ids=["gpt2", "llama"])
-def test_fit_to_run_takes_a_shorter_or_equal_block_and_refuses_a_longer_one(fields):
+def test_fit_to_run_takes_a_shorter_or_equal_block_and_refuses_a_longer_one(fields, capsys):
     """Every block_size path of both architectures: shorter (GPT-2's position table cropped, Llama's rotary
     positions left as they are), the same (the tensors as they came), longer (refused by name). Each fitted model
     gives the source's logits on the positions both hold."""
@@ -189,11 +189,9 @@ def test_fit_to_run_takes_a_shorter_or_equal_block_and_refuses_a_longer_one(fiel
     source.eval()
     idx = torch.randint(0, 256, (2, 32))
     for block_size, message in [(16, "holds 32 positions; this run's block_size is 16"), (32, None)]:
-        said = []
         run_gpt_config = replace(source_gpt_config, block_size=block_size)
-        gpt_config, state_dict = transfer.fit_to_run(
-            source_gpt_config, source.state_dict(), run_gpt_config, "x", said.append
-        )
+        gpt_config, state_dict = transfer.fit_to_run(source_gpt_config, source.state_dict(), run_gpt_config, "x")
+        said = capsys.readouterr().out.splitlines()
         assert gpt_config == run_gpt_config
         assert (message in said[0]) if message else said == []
         model = GPT(gpt_config).eval()
@@ -208,7 +206,7 @@ def test_fit_to_run_keeps_the_source_vocabulary():
     source, source_gpt_config = small_model(vocab_size=250, **GPT2_SHAPED)  # unpadded, as HF's 50257; both pad to 256
     source.eval()
     run_gpt_config = replace(source_gpt_config, vocab_size=256, block_size=16)
-    gpt_config, state_dict = transfer.fit_to_run(source_gpt_config, source.state_dict(), run_gpt_config, "x", print)
+    gpt_config, state_dict = transfer.fit_to_run(source_gpt_config, source.state_dict(), run_gpt_config, "x")
     assert gpt_config == replace(run_gpt_config, vocab_size=250)
     model = GPT(gpt_config).eval()
     model.load_state_dict(state_dict)
@@ -222,20 +220,20 @@ def test_fit_to_run_keeps_the_source_vocabulary():
     assert fitted == gpt_config
 
 
-def test_a_bare_safetensors_file_is_compared_by_its_tensors(tmp_path):
+def test_a_bare_safetensors_file_is_compared_by_its_tensors(tmp_path, capsys):
     source, source_gpt_config = small_model(**GPT2_SHAPED)
     path = tmp_path / "w.safetensors"
     safetensors_format.write_safetensors(str(path), hf_layouts.state_dict_to_hf(source.state_dict(), 256))
     gpt_config, state_dict, tokenizer, description, data = transfer.initial_weights(str(path))
     assert (gpt_config, tokenizer, description, data) == (None, None, str(path), None)
-    said = []
-    fitted, _ = transfer.fit_to_run(gpt_config, state_dict, source_gpt_config, description, said.append)
+    fitted, _ = transfer.fit_to_run(gpt_config, state_dict, source_gpt_config, description)
+    said = capsys.readouterr().out.splitlines()
     assert fitted == source_gpt_config and "read from its tensors" in said[0]
     with pytest.raises(ValueError, match=r"holds n_layer 2; this run has n_layer 3: pass --n_layer 2"):
-        transfer.fit_to_run(gpt_config, state_dict, replace(source_gpt_config, n_layer=3), description, said.append)
+        transfer.fit_to_run(gpt_config, state_dict, replace(source_gpt_config, n_layer=3), description)
     rmsnorm = replace(source_gpt_config, norm="rmsnorm", bias=False)
     with pytest.raises(ValueError, match=r"holds tensors this run's model has none of \(blocks\.0\.attn\.c_attn\.bias"):
-        transfer.fit_to_run(gpt_config, state_dict, rmsnorm, description, said.append)
+        transfer.fit_to_run(gpt_config, state_dict, rmsnorm, description)
 
 
 def test_export_refuses_another_architecture_or_tokenizer(tmp_path):
@@ -268,14 +266,14 @@ def test_export_refuses_a_foreign_folder_and_leaves_it_untouched(tmp_path):
 
 
 @needs_gpt2
-def test_export_run_takes_the_newest_checkpoint_and_says_how_to_score_it(tmp_path):
+def test_export_run_takes_the_newest_checkpoint_and_says_how_to_score_it(tmp_path, capsys):
     out_dir, dest = tmp_path / "run", tmp_path / "hf"
     model, gpt_config = small_model(vocab_size=50304, **GPT2_SHAPED)  # padded, as a run's
     identity = {"GPTConfig": asdict(gpt_config)}  # a checkpoint records it as run.json does, a dict
     state = {"model": model.state_dict(), "config": identity, "meta": {"tokenizer": "gpt2"}}
     checkpoint.save(str(out_dir / "ckpt"), 200, state, healthy=True)
-    said = []
-    transfer.export_run(str(out_dir), str(dest), say=said.append)
+    transfer.export_run(str(out_dir), str(dest))
+    said = capsys.readouterr().out.splitlines()
     assert "its checkpoint of step 200" in said[0]
     assert (
         said[-1]
@@ -465,7 +463,7 @@ def test_a_named_base_is_fetched_once_and_checked_against_its_sha256(tmp_path, m
     assert transfer.initial_weights("tiny", served.as_uri()).description == "tiny (at abc123)"
 
 
-def test_a_named_base_without_a_published_hash_is_checked_against_the_hubs(tmp_path, monkeypatch):
+def test_a_named_base_without_a_published_hash_is_checked_against_the_hubs(tmp_path, monkeypatch, capsys):
     model, gpt_config = small_model(**GPT2_SHAPED)
     weights = tmp_path / "weights.safetensors"
     safetensors_format.write_safetensors(str(weights), hf_layouts.state_dict_to_hf(model.state_dict(), 256))
@@ -473,9 +471,11 @@ def test_a_named_base_without_a_published_hash_is_checked_against_the_hubs(tmp_p
     serve_from_a_local_hub(monkeypatch, tmp_path, "someone/tiny", "abc123", contents, lfs=["model.safetensors"])
     base = transfer.NamedBase("someone/tiny", "abc123", {"model.safetensors": None}, gpt_config)
     monkeypatch.setitem(transfer.NAMED_BASES, "tiny", base)
-    said = []
-    transfer.initial_weights("tiny", say=said.append)
-    assert said == ["tiny: no sha256 of its model.safetensors was published to pin, so it is checked against the hub's"]
+    transfer.initial_weights("tiny")
+    said = capsys.readouterr().out.splitlines()
+    assert [line for line in said if line.startswith("tiny:")] == [
+        "tiny: no sha256 of its model.safetensors was published to pin, so it is checked against the hub's"
+    ]
     # a hub whose listing holds no hash for the file: refused, pointing at a folder downloaded by hand
     serve_from_a_local_hub(monkeypatch, tmp_path / "other", "someone/tiny", "abc123", contents)
     with pytest.raises(ValueError, match=r"no sha256 pinned here for its model\.safetensors, and the hub's could not "
