@@ -117,13 +117,21 @@ def make_norm(gpt_config):
         raise ValueError(f"unknown norm {gpt_config.norm!r}")
 
 
+def grouped_heads(t, n_head):
+    """Keys or values (B, kv_heads, S, C/H) with each head repeated for the n_head / kv_heads query heads it serves
+    (grouped-query attention) -> (B, H, S, C/H); as they are when every query head has its own."""
+    return t if t.size(1) == n_head else t.repeat_interleave(n_head // t.size(1), dim=1)
+
+
 def causal_attention(q, k, v, dropout_p):
     """softmax(q k^T / sqrt(C/H) + causal mask) v, through PyTorch's fused kernel (flash attention
-    where it has one): the (T, T) scores are never stored. q, k, v (B, H, T, C/H).
+    where it has one): the (T, T) scores are never stored. q (B, H, T, C/H), k and v (B, kv_heads, S, C/H).
+    A cached step's one query is the newest position, which attends to all S keys.
 
     Under bf16 autocast on a CPU it runs in fp32: there PyTorch's bf16 attention kernel is slower
     than its fp32 one at small head sizes, while the matmuls around it still gain from bf16
     (DESIGN.md, "Choices measured")."""
+    k, v = grouped_heads(k, q.size(1)), grouped_heads(v, q.size(1))  # (B, H, S, C/H)
     # A KV cache's step brings one query, the newest position, against all S keys: it sees every one of them,
     # so no mask (is_causal would align its mask with the first key and hide all but that one).
     is_causal = q.size(-2) > 1
@@ -154,29 +162,29 @@ def apply_rope(x, cos, sin):
 
 
 class CausalSelfAttention(nn.Module):
-    kernel = staticmethod(causal_attention)  # softmax(q k^T / sqrt(C/H) + causal mask) v: PyTorch's fused one
+    # softmax(q k^T / sqrt(C/H) + causal mask) v: the one seam a variant replaces (machinery/arms.py's kernel written
+    # out, context_parallel.py's ring); q (B, H, T, C/H), k and v (B, kv_heads, S, C/H)
+    kernel = staticmethod(causal_attention)
 
     def __init__(self, gpt_config):
         super().__init__()
         self.head_dim = gpt_config.n_embd // gpt_config.n_head
         self.dropout = gpt_config.dropout
-        self.n_head, self.n_kv_head = gpt_config.n_head, gpt_config.kv_heads
+        self.n_head, self.n_kv_head = gpt_config.n_head, gpt_config.kv_heads  # tensor parallelism sets this rank's
         self.rope_theta = gpt_config.rope_theta if gpt_config.arch == "llama" else None  # None: learned positions
         kv_width = self.n_kv_head * self.head_dim  # GQA: k and v narrower than q
         qkv_bias = gpt_config.bias or gpt_config.qkv_bias
         self.c_attn = nn.Linear(gpt_config.n_embd, gpt_config.n_embd + 2 * kv_width, bias=qkv_bias)  # q, k, v at once
-        self.c_proj = nn.Linear(
-            gpt_config.n_embd, gpt_config.n_embd, bias=gpt_config.bias
-        )  # back into the residual stream
+        self.c_proj = nn.Linear(gpt_config.n_embd, gpt_config.n_embd, bias=gpt_config.bias)  # into the residual stream
         self.resid_dropout = nn.Dropout(gpt_config.dropout)
 
     def forward(self, x, cache=None):
-        # q (B, T, C), k and v (B, T, C kv_heads / H) each; under tensor parallelism c_attn yields this rank's heads
-        # only, in the same proportions (and under sequence parallelism gathers all T positions from x's T/tp)
+        # q (B, T, n_head C/H), k and v (B, T, n_kv_head C/H) each: this rank's heads under tensor parallelism (and
+        # under sequence parallelism c_attn gathers all T positions from x's T/tp)
         qkv = self.c_attn(x)
         B, T, _ = qkv.shape
-        kv_width = qkv.size(-1) * self.n_kv_head // (self.n_head + 2 * self.n_kv_head)
-        q, k, v = qkv.split((qkv.size(-1) - 2 * kv_width, kv_width, kv_width), dim=2)
+        kv_width = self.n_kv_head * self.head_dim
+        q, k, v = qkv.split((self.n_head * self.head_dim, kv_width, kv_width), dim=2)
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H or kv_heads, T, C/H)
         if self.rope_theta is not None:  # rotary positions: q and k turned by their positions, v left alone
             start = 0 if cache is None else len(cache)  # a cache holds the positions before these T
@@ -184,21 +192,13 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:  # generating: these T positions' keys and values join those of the earlier ones
             k, v = cache.extend(k, v)  # (B, kv_heads, S, C/H): every position so far, these T the last
-        y = self.attend(q, k, v, self.dropout if self.training else 0.0)  # (B, H, T, C/H)
+        y = self.kernel(q, k, v, self.dropout if self.training else 0.0)  # (B, H, T, C/H)
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, C): the heads side by side
         return self.resid_dropout(self.c_proj(y))
 
     def positions(self, start, T, device):
         """The (T,) positions of these queries in the sequence: start onwards (context parallelism: its own)."""
         return torch.arange(start, start + T, device=device)
-
-    def attend(self, q, k, v, dropout_p):
-        """softmax(q k^T / sqrt(C/H) + causal mask) v: position t attends to positions <= t only. q (B, H, T, C/H),
-        k and v (B, kv_heads, S, C/H). A cached step's one query is the newest position, which attends to all S:
-        the kernel then masks nothing."""
-        if k.size(1) != q.size(1):  # GQA: each key/value head serves a group of n_head / n_kv_head query heads
-            k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))  # (B, H, S, C/H)
-        return self.kernel(q, k, v, dropout_p)  # (B, H, T, C/H)
 
 
 class MLP(nn.Module):

@@ -337,12 +337,11 @@ def sum_over_tp(parameter, group):
 
 
 def tensor_parallel(model, grid, sequence_parallel=False):
-    """Cut a single-device GPT across the TP group, in place, from its own initialization
-    (same seed, same math): attention by heads (q, k, v column parallel, output projection
-    row parallel; under GQA each rank takes n_kv_head / tp key/value heads, those its query
-    heads read), the MLP column then row (SwiGLU's gate and up cut alike), the embedding, the
-    head (the tied embedding's slice, or an untied head's) and the loss by vocabulary. Norm
-    weights and position embeddings stay whole on every rank.
+    """Cut a single-device GPT across the TP group, in place, from its own initialization (same seed, same math):
+    attention by heads (q, k, v column parallel, output projection row parallel; under GQA each rank takes
+    n_kv_head / tp key/value heads, those its query heads read; the attention told this rank's head counts), the MLP
+    column then row (SwiGLU's gate and up cut alike), the embedding, the head (the tied embedding's slice, or an
+    untied head's) and the loss by vocabulary. Norm weights and position embeddings stay whole on every rank.
 
     Returns {parameter name: Cut} for every parameter that is now a slice: what gathering
     a checkpoint and the global grad norm need to know. A group of one cuts nothing: {}.
@@ -359,6 +358,7 @@ def tensor_parallel(model, grid, sequence_parallel=False):
     mlp_sections = (model.config.hidden,) * 2 if model.config.arch == "llama" else ()  # SwiGLU: gate, up
     for block in model.blocks:
         block.attn.c_attn = column.from_linear(block.attn.c_attn, grid, (C, kv, kv))  # heads h*H/tp...
+        block.attn.n_head, block.attn.n_kv_head = block.attn.n_head // grid.tp, block.attn.n_kv_head // grid.tp
         block.attn.c_proj = row.from_linear(block.attn.c_proj, grid)
         block.mlp.c_fc = column.from_linear(block.mlp.c_fc, grid, mlp_sections)
         block.mlp.c_proj = row.from_linear(block.mlp.c_proj, grid)
