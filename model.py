@@ -282,17 +282,6 @@ def run_blocks(blocks, x, recompute=False):
     return x
 
 
-def stage_layers(n_layer, stages):
-    """Which consecutive blocks each pipeline stage holds, balanced: [first, last) block indices of each stage.
-    Arithmetic on n_layer alone: pipeline.py builds its stages by it, and cost.py counts them without a process."""
-    bounds, first = [], 0
-    for s in range(stages):
-        count = n_layer // stages + (s < n_layer % stages)  # the first n_layer % stages stages take one block more
-        bounds.append((first, first + count))
-        first += count
-    return bounds
-
-
 class GPT(nn.Module):
     # state_dict() lists the tied matrix under both names; named_parameters() only under the first
     TIED = {"lm_head.weight": "wte.weight"}

@@ -198,12 +198,3 @@ def clear_gradients(module, dp):
         dp.clear_gradients()
     else:
         module.zero_grad(set_to_none=True)
-
-
-def forward_and_backward(forward, autocast, x, y, loss_weight):
-    """One micro-batch of a model that runs every layer: the loss of (x, y) under autocast, loss_weight times it
-    backpropagated; returns the loss, detached. Each DP engine wraps it in its own way of holding the sync back."""
-    with autocast:
-        _, loss = forward(x, y)
-    (loss * loss_weight).backward()
-    return loss.detach()

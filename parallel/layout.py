@@ -20,13 +20,7 @@ import torch.nn as nn
 
 from errors import UserError
 from parallel.context_parallel import average_over_cp, context_parallel, cut_sequences, mean_over_cp
-from parallel.data_parallel import (
-    BucketedDataParallel,
-    DataParallel,
-    NaiveDataParallel,
-    clear_gradients,
-    forward_and_backward,
-)
+from parallel.data_parallel import BucketedDataParallel, DataParallel, NaiveDataParallel, clear_gradients
 from parallel.grid import ProcessGrid, check_grid
 from parallel.optimizer import sharded_grad_norm
 from parallel.pipeline import SCHEDULES, PipelineModel, PipelineRank
@@ -125,6 +119,16 @@ class ShardedModel:
 
     def timeline(self):
         return None  # every rank ran every layer: no stages to draw
+
+
+def forward_and_backward(forward, autocast, x, y, loss_weight):
+    """One micro-batch of a model that runs every layer: the loss of (x, y) under autocast, loss_weight times it
+    backpropagated; returns the loss, detached. Each rank model wraps it in its own way of holding the sync back
+    (ShardedModel, and torch's engines in machinery/torch_engines.py)."""
+    with autocast:
+        _, loss = forward(x, y)
+    (loss * loss_weight).backward()
+    return loss.detach()
 
 
 def check_layout(layout, gpt_config, batch_size, world_size, dtype):

@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from model import run_blocks, stage_layers
+from model import run_blocks
 from parallel.comm_count import counted
 from parallel.context_parallel import cut_sequences, mean_over_cp
 from parallel.data_parallel import clear_gradients
@@ -201,6 +201,17 @@ def peak_activations(order):
 
 # ----------------------------------------------------------------------------
 # A stage of the model
+
+
+def stage_layers(n_layer, stages):
+    """Which consecutive blocks each pipeline stage holds, balanced: [first, last) block indices of each stage.
+    Arithmetic on n_layer alone: pipeline.py builds its stages by it, and cost.py counts them without a process."""
+    bounds, first = [], 0
+    for s in range(stages):
+        count = n_layer // stages + (s < n_layer % stages)  # the first n_layer % stages stages take one block more
+        bounds.append((first, first + count))
+        first += count
+    return bounds
 
 
 class PipelineStage(nn.Module):
