@@ -1,12 +1,10 @@
 """A GPT language model: token + position embeddings, n_layer transformer blocks, tied output head.
 
-Follows GPT-2 (Radford et al. 2019) as nanoGPT writes it, with the stability
-choices of modern pretraining: Pre-LN blocks, RMSNorm (Zhang & Sennrich 2019),
-no biases, width-scaled initialization; LayerNorm with biases where a preset
-claims GPT-2. The loss is the causal language modelling (CLM) loss:
-cross-entropy of each position's prediction of the next token, in fp32. The
-counterfactuals the notebooks measure these choices against (Post-LN, no norm,
-a naive init, attention written out) are machinery/arms.py's subclass of this GPT.
+Follows GPT-2 (Radford et al. 2019) as nanoGPT writes it, with the stability choices of modern pretraining: Pre-LN
+blocks, RMSNorm (Zhang & Sennrich 2019), no biases, width-scaled initialization; LayerNorm with biases where a preset
+claims GPT-2. The loss is the causal language modelling (CLM) loss: cross-entropy of each position's prediction of
+the next token, in fp32. The counterfactuals the notebooks measure these choices against (Post-LN, no norm, a naive
+init, attention written out) are machinery/arms.py's subclass of this GPT.
 
 `--arch llama` is the family today's small bases belong to (Llama, SmolLM2, Qwen2.5), beside GPT-2 and sharing
 everything else: rotary positions instead of learned ones (`apply_rope`), grouped-query attention (`--n_kv_head`:
@@ -126,7 +124,6 @@ def grouped_heads(t, n_head):
 def causal_attention(q, k, v, dropout_p):
     """softmax(q k^T / sqrt(C/H) + causal mask) v, through PyTorch's fused kernel (flash attention
     where it has one): the (T, T) scores are never stored. q (B, H, T, C/H), k and v (B, kv_heads, S, C/H).
-    A cached step's one query is the newest position, which attends to all S keys.
 
     Under bf16 autocast on a CPU it runs in fp32: there PyTorch's bf16 attention kernel is slower
     than its fp32 one at small head sizes, while the matmuls around it still gain from bf16
@@ -172,9 +169,8 @@ class CausalSelfAttention(nn.Module):
         self.dropout = gpt_config.dropout
         self.n_head, self.n_kv_head = gpt_config.n_head, gpt_config.kv_heads  # tensor parallelism sets this rank's
         self.rope_theta = gpt_config.rope_theta if gpt_config.arch == "llama" else None  # None: learned positions
-        kv_width = self.n_kv_head * self.head_dim  # GQA: k and v narrower than q
-        qkv_bias = gpt_config.bias or gpt_config.qkv_bias
-        self.c_attn = nn.Linear(gpt_config.n_embd, gpt_config.n_embd + 2 * kv_width, bias=qkv_bias)  # q, k, v at once
+        qkv_bias = gpt_config.bias or gpt_config.qkv_bias  # q, k, v at once; under GQA k and v narrower than q
+        self.c_attn = nn.Linear(gpt_config.n_embd, gpt_config.n_embd + 2 * gpt_config.kv_width, bias=qkv_bias)
         self.c_proj = nn.Linear(gpt_config.n_embd, gpt_config.n_embd, bias=gpt_config.bias)  # into the residual stream
         self.resid_dropout = nn.Dropout(gpt_config.dropout)
 
@@ -205,9 +201,7 @@ class MLP(nn.Module):
     def __init__(self, gpt_config):
         super().__init__()
         self.c_fc = nn.Linear(gpt_config.n_embd, gpt_config.hidden, bias=gpt_config.bias)
-        self.c_proj = nn.Linear(
-            gpt_config.hidden, gpt_config.n_embd, bias=gpt_config.bias
-        )  # back into the residual stream
+        self.c_proj = nn.Linear(gpt_config.hidden, gpt_config.n_embd, bias=gpt_config.bias)  # the residual stream
         self.dropout = nn.Dropout(gpt_config.dropout)
         self.approximate = "tanh" if gpt_config.activation == "gelu_tanh" else "none"
 
@@ -234,13 +228,10 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    """One transformer block: attention then MLP, each a residual branch.
-
-    Pre-LN normalizes the branch input and leaves the residual stream x
-    untouched, so gradients reach early layers through an identity path; Post-LN
-    (the original Transformer, machinery/arms.py's PostLNBlock) normalizes after
-    the sum and is known to need a careful warmup to train at depth (Xiong et al. 2020).
-    """
+    """One transformer block: attention then MLP, each a residual branch. Pre-LN normalizes the branch input and
+    leaves the residual stream x untouched, so gradients reach early layers through an identity path; Post-LN (the
+    original Transformer, machinery/arms.py's PostLNBlock) normalizes after the sum and is known to need a careful
+    warmup to train at depth (Xiong et al. 2020)."""
 
     def __init__(self, gpt_config):
         super().__init__()
@@ -302,19 +293,16 @@ class GPT(nn.Module):
         self.recompute = False  # activation recomputation (run_blocks): how to train, not what the model is
         self.apply(self._init_weights)
 
-    # Width-scaled initialization. sigma = init_std(C) = sqrt(2 / (5 C)): each
-    # Linear that reads the residual stream then sums C inputs into an output
-    # of variance 2/5 (Nguyen & Salazar 2019, "small init"); at C = 768 it is
+    # Width-scaled initialization. sigma = init_std(C) = sqrt(2 / (5 C)): each Linear that reads the residual stream
+    # then sums C inputs into an output of variance 2/5 (Nguyen & Salazar 2019, "small init"); at C = 768 it is
     # 0.023, close to GPT-2's fixed 0.02, and it shrinks as models widen.
-    # - Residual output projections (attn.c_proj, mlp.c_proj): sigma / sqrt(2 n_layer).
-    #   Each block adds two branches to the residual stream; scaling each by
-    #   1/sqrt(2 n_layer) keeps the stream's variance independent of depth (GPT-2).
-    # - Tied embedding / output head: std = 0.25 / sqrt(C). As the head it scores
-    #   a normalized hidden state of RMS 1, giving logits of std 0.25, so the first
-    #   prediction is nearly uniform and the first loss is ~ln V + 0.03 instead of
-    #   far above it; as the embedding it is a small input that the first norm rescales.
-    # - Position embedding: the same std as the token embedding it is added to.
-    # - Norm weights 1, biases 0.
+    # - Residual output projections (attn.c_proj, mlp.c_proj): sigma / sqrt(2 n_layer). Each block adds two
+    #   branches to the residual stream; scaling each by 1/sqrt(2 n_layer) keeps the stream's variance independent
+    #   of depth (GPT-2).
+    # - Tied embedding / output head: std = 0.25 / sqrt(C). As the head it scores a normalized hidden state of RMS 1,
+    #   giving logits of std 0.25, so the first prediction is nearly uniform and the first loss is ~ln V + 0.03
+    #   instead of far above it; as the embedding it is a small input that the first norm rescales.
+    # - Position embedding: the same std as the token embedding it is added to. Norm weights 1, biases 0.
     # (machinery/arms.py's --naive_init_std replaces all of it by one std everywhere, to show what it buys.)
     @staticmethod
     def init_std(n_embd):
@@ -339,10 +327,8 @@ class GPT(nn.Module):
         # exercise init: end
 
     def forward(self, idx, targets=None, cache=None):
-        """idx (B, T) int64 -> logits (B, T, V); with targets (B, T), also the CLM loss (fp32 scalar).
-
-        cache (generating only: sample.generate): one KVCache per block, holding the positions before idx; idx's
-        are appended."""
+        """idx (B, T) int64 -> logits (B, T, V); with targets (B, T), also the CLM loss (fp32 scalar). cache
+        (generating only: sample.generate): one KVCache per block, the positions before idx; idx's join it."""
         B, T = idx.shape
         start = 0 if cache is None else len(cache[0])  # idx's first position: the cache's positions come before
         if start + T > self.config.block_size:

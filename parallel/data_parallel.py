@@ -15,17 +15,12 @@ from parallel.comm_count import counted
 
 
 class DataParallel:
-    """What every hand-written data-parallel engine shares: the replicas start identical, and backward can hold
-    the averaging back. NaiveDataParallel and BucketedDataParallel below average the gradients; ZeRO's engines
-    (zero.py) share the training state out over the replicas instead.
-
-    At start, every rank takes DP rank 0's whole module state (a broadcast of every parameter,
-    trainable or frozen, and every buffer), so all copies begin identical, as torch's DDP makes them; with
-    identical averaged gradients of the trainable ones they stay so (a buffer that forward changes would drift
-    apart: DDP broadcasts buffers again before each forward, these engines only at the start). Under gradient
-    accumulation only the last micro-batch syncs (`with dp.no_sync():` around the others, as with DDP): the sum of
-    local gradients is averaged once, which equals averaging each micro-batch.
-    """
+    """What every hand-written data-parallel engine shares. At start every rank takes DP rank 0's whole module state
+    (a broadcast of every parameter, trainable or frozen, and every buffer), so all copies begin identical, as
+    torch's DDP makes them; with identical averaged gradients of the trainable ones they stay so (a buffer that
+    forward changes would drift apart: DDP broadcasts buffers again before each forward, these engines only at the
+    start). Under gradient accumulation only the last micro-batch syncs (`with dp.no_sync():` around the others, as
+    with DDP): the sum of local gradients is averaged once, which equals averaging each micro-batch."""
 
     def __init__(self, module, grid):
         self.group, self.size = grid.dp_group, grid.dp
@@ -119,20 +114,16 @@ class Buckets:
 
 
 class BucketedDataParallel(DataParallel):
-    """The gradients averaged in buckets (Buckets), each sent while backward still runs.
-
-    Each bucket is one flat buffer and its parameters' gradients are views into it, so backward accumulates
-    straight into the buffer that is sent: no copy in, no copy out. A post-accumulate-grad hook counts the
-    gradients that are ready; when a bucket is complete its all-reduce is launched asynchronously, so
-    communication overlaps the rest of backward:
+    """The gradients averaged in buckets (Buckets), each sent while backward still runs. Each bucket's gradients
+    are views into its flat buffer, so backward accumulates straight into the buffer that is sent: no copy in, no
+    copy out. A post-accumulate-grad hook counts the gradients that are ready; when a bucket is complete its
+    all-reduce is launched asynchronously, so communication overlaps the rest of backward:
 
         backward:  [blocks L..k grads] [blocks k..1 grads] [embeddings]
         network:              [all-reduce bucket 0] [bucket 1]   [bucket 2]
 
-    finish() waits for them and divides by the group size: the gradients, views, are then the
-    average. clear_gradients() zeroes the buffers in place. shards: each buffer padded to that many equal
-    shards (ZeRO-1's reduce-scatter, zero.py); 1 here.
-    """
+    finish() waits for them and divides by the group size: the gradients, views, are then the average.
+    clear_gradients() zeroes the buffers in place. shards: ZeRO-1's (zero.py), which reduce-scatters them."""
 
     def __init__(self, module, grid, overlap=True, bucket_mb=25.0, shards=1):
         super().__init__(module, grid)
@@ -142,8 +133,8 @@ class BucketedDataParallel(DataParallel):
         self.clear_gradients()
         self.ready = [0] * len(self.buckets)
         self.launched = {}  # bucket index -> (flat gradient, handle of its asynchronous all-reduce)
-        # A pipeline stage runs backward once per micro-batch, so gradients are complete only
-        # at the end of the schedule: there (overlap=False) every bucket is launched in finish().
+        # A pipeline stage runs backward once per micro-batch, so gradients are complete only at the end of the
+        # schedule: there (overlap=False) every bucket is launched in finish().
         if overlap:
             for p in self.params:
                 p.register_post_accumulate_grad_hook(self._grad_ready)
@@ -192,8 +183,7 @@ class BucketedDataParallel(DataParallel):
 
 
 def clear_gradients(module, dp):
-    """After the update: every gradient cleared for the next step by the DP engine (bucketed: zeroed
-    in place, as they are views into its buckets), or freed when there is none."""
+    """After the update: every gradient cleared for the next step by the DP engine, or freed when there is none."""
     if dp is not None:
         dp.clear_gradients()
     else:
