@@ -52,22 +52,18 @@ def load_meta(data_dir):
 class TokenStream:
     """Sequential batches (x, y), each int64 (B, T), from a token file.
 
-    The file is cut into W windows of T+1 tokens that overlap by one (window i
-    holds tokens [i*T, i*T + T]), so every token is predicted exactly once per
-    epoch. To keep the rows of one batch from being neighbouring text, the
-    windows are dealt into `lanes` contiguous lanes, read round-robin: read
-    number r takes window (r mod lanes) * (W // lanes) + r // lanes. With
-    lanes=1 it is a plain front-to-back walk; each epoch reads lanes * (W //
-    lanes) windows, each once, and the last W mod lanes windows sit out.
+    The file is cut into W windows of T+1 tokens that overlap by one (window i holds tokens [i*T, i*T + T]), so
+    every token is predicted exactly once per epoch. To keep the rows of one batch from being neighbouring text, the
+    windows are dealt into `lanes` contiguous lanes, read round-robin: read number r takes window (r mod lanes) *
+    (W // lanes) + r // lanes. With lanes=1 it is a plain front-to-back walk; each epoch reads lanes * (W // lanes)
+    windows, each once, and the last W mod lanes windows sit out.
 
-    order_seed > 0 reads the same windows in another order: window w becomes
-    window perm[w] of a random permutation seeded by order_seed, the same in
-    every epoch. Two runs that differ only in it see the same data, each window
+    order_seed > 0 reads the same windows in another order: window w becomes window perm[w] of a random permutation
+    seeded by order_seed, the same in every epoch. Two runs that differ only in it see the same data, each window
     once per epoch, in different sequences.
 
-    The only state is `position`: how many rows the whole data-parallel group
-    has read. Rank `rank` of `world_size` takes rows position + rank*B ...
-    position + rank*B + B - 1, then position moves on by world_size * B; so the
+    The only state is `position`: how many rows the whole data-parallel group has read. Rank `rank` of `world_size`
+    takes rows position + rank*B ... position + rank*B + B - 1, then position moves on by world_size * B; so the
     same position serves any world size with the same global batch.
     """
 

@@ -1,12 +1,10 @@
 """A GPT language model: token + position embeddings, n_layer transformer blocks, tied output head.
 
-Follows GPT-2 (Radford et al. 2019) as nanoGPT writes it, with the stability
-choices of modern pretraining: Pre-LN blocks, RMSNorm (Zhang & Sennrich 2019),
-no biases, width-scaled initialization; LayerNorm with biases where a preset
-claims GPT-2. The loss is the causal language modelling (CLM) loss:
-cross-entropy of each position's prediction of the next token, in fp32. The
-counterfactuals the notebooks measure these choices against (Post-LN, no norm,
-a naive init, attention written out) are machinery/arms.py's subclass of this GPT.
+Follows GPT-2 (Radford et al. 2019) as nanoGPT writes it, with the stability choices of modern pretraining: Pre-LN
+blocks, RMSNorm (Zhang & Sennrich 2019), no biases, width-scaled initialization; LayerNorm with biases where a preset
+claims GPT-2. The loss is the causal language modelling (CLM) loss: cross-entropy of each position's prediction of
+the next token, in fp32. The counterfactuals the notebooks measure these choices against (Post-LN, no norm, a naive
+init, attention written out) are machinery/arms.py's subclass of this GPT.
 
 `--arch llama` is the family today's small bases belong to (Llama, SmolLM2, Qwen2.5), beside GPT-2 and sharing
 everything else: rotary positions instead of learned ones (`apply_rope`), grouped-query attention (`--n_kv_head`:
@@ -117,13 +115,20 @@ def make_norm(gpt_config):
         raise ValueError(f"unknown norm {gpt_config.norm!r}")
 
 
+def grouped_heads(t, n_head):
+    """Keys or values (B, kv_heads, S, C/H) with each head repeated for the n_head / kv_heads query heads it serves
+    (grouped-query attention) -> (B, H, S, C/H); as they are when every query head has its own."""
+    return t if t.size(1) == n_head else t.repeat_interleave(n_head // t.size(1), dim=1)
+
+
 def causal_attention(q, k, v, dropout_p):
     """softmax(q k^T / sqrt(C/H) + causal mask) v, through PyTorch's fused kernel (flash attention
-    where it has one): the (T, T) scores are never stored. q, k, v (B, H, T, C/H).
+    where it has one): the (T, T) scores are never stored. q (B, H, T, C/H), k and v (B, kv_heads, S, C/H).
 
     Under bf16 autocast on a CPU it runs in fp32: there PyTorch's bf16 attention kernel is slower
     than its fp32 one at small head sizes, while the matmuls around it still gain from bf16
     (DESIGN.md, "Choices measured")."""
+    k, v = grouped_heads(k, q.size(1)), grouped_heads(v, q.size(1))  # (B, H, S, C/H)
     # A KV cache's step brings one query, the newest position, against all S keys: it sees every one of them,
     # so no mask (is_causal would align its mask with the first key and hide all but that one).
     is_causal = q.size(-2) > 1
@@ -154,29 +159,28 @@ def apply_rope(x, cos, sin):
 
 
 class CausalSelfAttention(nn.Module):
-    kernel = staticmethod(causal_attention)  # softmax(q k^T / sqrt(C/H) + causal mask) v: PyTorch's fused one
+    # softmax(q k^T / sqrt(C/H) + causal mask) v: the one seam a variant replaces (machinery/arms.py's kernel written
+    # out, context_parallel.py's ring); q (B, H, T, C/H), k and v (B, kv_heads, S, C/H)
+    kernel = staticmethod(causal_attention)
 
     def __init__(self, gpt_config):
         super().__init__()
         self.head_dim = gpt_config.n_embd // gpt_config.n_head
         self.dropout = gpt_config.dropout
-        self.n_head, self.n_kv_head = gpt_config.n_head, gpt_config.kv_heads
+        self.n_head, self.n_kv_head = gpt_config.n_head, gpt_config.kv_heads  # tensor parallelism sets this rank's
         self.rope_theta = gpt_config.rope_theta if gpt_config.arch == "llama" else None  # None: learned positions
-        kv_width = self.n_kv_head * self.head_dim  # GQA: k and v narrower than q
-        qkv_bias = gpt_config.bias or gpt_config.qkv_bias
-        self.c_attn = nn.Linear(gpt_config.n_embd, gpt_config.n_embd + 2 * kv_width, bias=qkv_bias)  # q, k, v at once
-        self.c_proj = nn.Linear(
-            gpt_config.n_embd, gpt_config.n_embd, bias=gpt_config.bias
-        )  # back into the residual stream
+        qkv_bias = gpt_config.bias or gpt_config.qkv_bias  # q, k, v at once; under GQA k and v narrower than q
+        self.c_attn = nn.Linear(gpt_config.n_embd, gpt_config.n_embd + 2 * gpt_config.kv_width, bias=qkv_bias)
+        self.c_proj = nn.Linear(gpt_config.n_embd, gpt_config.n_embd, bias=gpt_config.bias)  # into the residual stream
         self.resid_dropout = nn.Dropout(gpt_config.dropout)
 
     def forward(self, x, cache=None):
-        # q (B, T, C), k and v (B, T, C kv_heads / H) each; under tensor parallelism c_attn yields this rank's heads
-        # only, in the same proportions (and under sequence parallelism gathers all T positions from x's T/tp)
+        # q (B, T, n_head C/H), k and v (B, T, n_kv_head C/H) each: this rank's heads under tensor parallelism (and
+        # under sequence parallelism c_attn gathers all T positions from x's T/tp)
         qkv = self.c_attn(x)
         B, T, _ = qkv.shape
-        kv_width = qkv.size(-1) * self.n_kv_head // (self.n_head + 2 * self.n_kv_head)
-        q, k, v = qkv.split((qkv.size(-1) - 2 * kv_width, kv_width, kv_width), dim=2)
+        kv_width = self.n_kv_head * self.head_dim
+        q, k, v = qkv.split((self.n_head * self.head_dim, kv_width, kv_width), dim=2)
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H or kv_heads, T, C/H)
         if self.rope_theta is not None:  # rotary positions: q and k turned by their positions, v left alone
             start = 0 if cache is None else len(cache)  # a cache holds the positions before these T
@@ -184,7 +188,7 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:  # generating: these T positions' keys and values join those of the earlier ones
             k, v = cache.extend(k, v)  # (B, kv_heads, S, C/H): every position so far, these T the last
-        y = self.attend(q, k, v, self.dropout if self.training else 0.0)  # (B, H, T, C/H)
+        y = self.kernel(q, k, v, self.dropout if self.training else 0.0)  # (B, H, T, C/H)
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, C): the heads side by side
         return self.resid_dropout(self.c_proj(y))
 
@@ -192,22 +196,12 @@ class CausalSelfAttention(nn.Module):
         """The (T,) positions of these queries in the sequence: start onwards (context parallelism: its own)."""
         return torch.arange(start, start + T, device=device)
 
-    def attend(self, q, k, v, dropout_p):
-        """softmax(q k^T / sqrt(C/H) + causal mask) v: position t attends to positions <= t only. q (B, H, T, C/H),
-        k and v (B, kv_heads, S, C/H). A cached step's one query is the newest position, which attends to all S:
-        the kernel then masks nothing."""
-        if k.size(1) != q.size(1):  # GQA: each key/value head serves a group of n_head / n_kv_head query heads
-            k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))  # (B, H, S, C/H)
-        return self.kernel(q, k, v, dropout_p)  # (B, H, T, C/H)
-
 
 class MLP(nn.Module):
     def __init__(self, gpt_config):
         super().__init__()
         self.c_fc = nn.Linear(gpt_config.n_embd, gpt_config.hidden, bias=gpt_config.bias)
-        self.c_proj = nn.Linear(
-            gpt_config.hidden, gpt_config.n_embd, bias=gpt_config.bias
-        )  # back into the residual stream
+        self.c_proj = nn.Linear(gpt_config.hidden, gpt_config.n_embd, bias=gpt_config.bias)  # the residual stream
         self.dropout = nn.Dropout(gpt_config.dropout)
         self.approximate = "tanh" if gpt_config.activation == "gelu_tanh" else "none"
 
@@ -234,13 +228,10 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    """One transformer block: attention then MLP, each a residual branch.
-
-    Pre-LN normalizes the branch input and leaves the residual stream x
-    untouched, so gradients reach early layers through an identity path; Post-LN
-    (the original Transformer, machinery/arms.py's PostLNBlock) normalizes after
-    the sum and is known to need a careful warmup to train at depth (Xiong et al. 2020).
-    """
+    """One transformer block: attention then MLP, each a residual branch. Pre-LN normalizes the branch input and
+    leaves the residual stream x untouched, so gradients reach early layers through an identity path; Post-LN (the
+    original Transformer, machinery/arms.py's PostLNBlock) normalizes after the sum and is known to need a careful
+    warmup to train at depth (Xiong et al. 2020)."""
 
     def __init__(self, gpt_config):
         super().__init__()
@@ -282,17 +273,6 @@ def run_blocks(blocks, x, recompute=False):
     return x
 
 
-def stage_layers(n_layer, stages):
-    """Which consecutive blocks each pipeline stage holds, balanced: [first, last) block indices of each stage.
-    Arithmetic on n_layer alone: pipeline.py builds its stages by it, and cost.py counts them without a process."""
-    bounds, first = [], 0
-    for s in range(stages):
-        count = n_layer // stages + (s < n_layer % stages)  # the first n_layer % stages stages take one block more
-        bounds.append((first, first + count))
-        first += count
-    return bounds
-
-
 class GPT(nn.Module):
     # state_dict() lists the tied matrix under both names; named_parameters() only under the first
     TIED = {"lm_head.weight": "wte.weight"}
@@ -313,19 +293,16 @@ class GPT(nn.Module):
         self.recompute = False  # activation recomputation (run_blocks): how to train, not what the model is
         self.apply(self._init_weights)
 
-    # Width-scaled initialization. sigma = init_std(C) = sqrt(2 / (5 C)): each
-    # Linear that reads the residual stream then sums C inputs into an output
-    # of variance 2/5 (Nguyen & Salazar 2019, "small init"); at C = 768 it is
+    # Width-scaled initialization. sigma = init_std(C) = sqrt(2 / (5 C)): each Linear that reads the residual stream
+    # then sums C inputs into an output of variance 2/5 (Nguyen & Salazar 2019, "small init"); at C = 768 it is
     # 0.023, close to GPT-2's fixed 0.02, and it shrinks as models widen.
-    # - Residual output projections (attn.c_proj, mlp.c_proj): sigma / sqrt(2 n_layer).
-    #   Each block adds two branches to the residual stream; scaling each by
-    #   1/sqrt(2 n_layer) keeps the stream's variance independent of depth (GPT-2).
-    # - Tied embedding / output head: std = 0.25 / sqrt(C). As the head it scores
-    #   a normalized hidden state of RMS 1, giving logits of std 0.25, so the first
-    #   prediction is nearly uniform and the first loss is ~ln V + 0.03 instead of
-    #   far above it; as the embedding it is a small input that the first norm rescales.
-    # - Position embedding: the same std as the token embedding it is added to.
-    # - Norm weights 1, biases 0.
+    # - Residual output projections (attn.c_proj, mlp.c_proj): sigma / sqrt(2 n_layer). Each block adds two
+    #   branches to the residual stream; scaling each by 1/sqrt(2 n_layer) keeps the stream's variance independent
+    #   of depth (GPT-2).
+    # - Tied embedding / output head: std = 0.25 / sqrt(C). As the head it scores a normalized hidden state of RMS 1,
+    #   giving logits of std 0.25, so the first prediction is nearly uniform and the first loss is ~ln V + 0.03
+    #   instead of far above it; as the embedding it is a small input that the first norm rescales.
+    # - Position embedding: the same std as the token embedding it is added to. Norm weights 1, biases 0.
     # (machinery/arms.py's --naive_init_std replaces all of it by one std everywhere, to show what it buys.)
     @staticmethod
     def init_std(n_embd):
@@ -350,10 +327,8 @@ class GPT(nn.Module):
         # exercise init: end
 
     def forward(self, idx, targets=None, cache=None):
-        """idx (B, T) int64 -> logits (B, T, V); with targets (B, T), also the CLM loss (fp32 scalar).
-
-        cache (generating only: sample.generate): one KVCache per block, holding the positions before idx; idx's
-        are appended."""
+        """idx (B, T) int64 -> logits (B, T, V); with targets (B, T), also the CLM loss (fp32 scalar). cache
+        (generating only: sample.generate): one KVCache per block, the positions before idx; idx's join it."""
         B, T = idx.shape
         start = 0 if cache is None else len(cache[0])  # idx's first position: the cache's positions come before
         if start + T > self.config.block_size:

@@ -4,11 +4,7 @@
     python train.py --preset shakespeare             # nanoGPT's CPU "baby GPT" on Tiny Shakespeare
     python train.py --preset gpt2-small --source 'corpus/*.txt'   # 124M parameters, one GPU, days
     python train.py --n_layer 6 --learning_rate 3e-4 # any config field, as --name value
-    python train.py --sample --out_dir out/tiny      # sample from a finished run
-    python train.py --eval_only --benchmark hellaswag --out_dir out/tiny   # evaluate a run's newest checkpoint
-    python train.py --preset gpt2-small --init_from gpt2 --source my_texts/   # continue GPT-2 on your own data
-    python train.py --mix mix.json                   # several sources, their weights changing by step
-    python train.py --export_hf out/hf --out_dir out/gpt2-run  # a transformers folder
+    python train.py --sample --out_dir out/tiny      # sample from a finished run (docs/flags.md: the other modes)
 
 Read `train()`: the chapter's loop, on one screen. Before it, the defenses that live in the loop and one
 optimizer step, in the order the math needs them.
@@ -20,12 +16,9 @@ autocast the model runs under, the GradScaler in `optimizer_step`), and Pre-LN +
 
 The loop never asks how the model is laid out across ranks: it talks to the model as this rank holds it
 (parallel/layout.py's RankModel). Nor does it hold the machinery a real run needs (checkpoint folders, logs,
-the cost account, the runbook's actions): machinery/run_setup.py builds the `Run` of a few components (the job,
-the learner, the incidents, the checkpointer, the reporter, ...), and the loop calls the few methods that Run's
-docstring lists (`run.start()`, `run.checkpointer.save(step)`, `run.reporter.log(record)`, ...).
-
-A run writes into its out_dir: run.json, metrics.jsonl, incidents.jsonl, metrics.png and a pipeline's pipeline.png
-(unless --plot false), samples.txt and ckpt/.
+the cost account, the runbook's actions): machinery/run_setup.py builds the `Run` of a few components, and the
+loop calls the methods Run's docstring lists. A run writes one folder, --out_dir (docs/runs-and-checkpoints.md
+lists its files).
 """
 
 import math
@@ -46,11 +39,8 @@ from parallel.grid import all_reduce_mean, destroy_distributed
 
 
 def lr_at(step, cfg):
-    """Linear warmup to learning_rate over warmup_iters steps, then cosine down to min_lr.
-
-    Early gradients point in unreliable directions: warmup takes small steps
-    while the loss landscape is being found.
-    """
+    """Linear warmup to learning_rate over warmup_iters steps, then cosine down to min_lr. Early gradients point in
+    unreliable directions: warmup takes small steps while the loss landscape is being found."""
     # exercise lr_at: begin
     decay_iters = cfg.lr_decay_iters or cfg.max_iters
     if step < cfg.warmup_iters:
@@ -63,11 +53,9 @@ def lr_at(step, cfg):
 
 
 def clip_gradients(parameters, grad_norm, max_norm):
-    """Scale all gradients by one factor so that their global L2 norm, grad_norm, is at most
-    max_norm (0: no clipping). One factor for all keeps the update's direction.
-
-    grad_norm is the norm of the whole model's gradient, summed in fp32 over every rank's
-    share (the model's grad_norm()), so every rank scales by the same factor."""
+    """Scale all gradients by one factor so that their global L2 norm, grad_norm, is at most max_norm (0: no
+    clipping). One factor for all keeps the update's direction. grad_norm is the norm of the whole model's gradient,
+    summed in fp32 over every rank's share (the model's grad_norm()), so every rank scales by the same factor."""
     # exercise clip_gradients: begin
     if max_norm > 0:
         scale = torch.clamp(max_norm / (grad_norm + 1e-6), max=1.0)

@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from errors import UserError
-from model import GPT, Block, CausalSelfAttention, GPTConfig
+from model import GPT, Block, CausalSelfAttention, GPTConfig, grouped_heads
 
 
 @dataclass
@@ -54,13 +54,15 @@ class ArmsConfig(GPTConfig):
 def manual_causal_attention(q, k, v, dropout_p):
     """causal_attention written out, as a learner reads it: softmax(q k^T / sqrt(C/H) + causal mask) v, each
     attention weight dropped with probability dropout_p (the kept ones scaled by 1 / (1 - dropout_p)).
-    q, k, v (B, H, T, C/H) -> (B, H, T, C/H) in v's dtype. It stores the (B, H, T, T) scores and weights that
-    the fused kernel never does: memory grows with T^2. (Sampling with the KV cache passes one query, the newest
-    token, against the S keys so far: scores (B, H, 1, S), the mask built from q's length hiding nothing.)
+    q (B, H, T, C/H), k and v (B, kv_heads, T, C/H) -> (B, H, T, C/H) in v's dtype. It stores the (B, H, T, T)
+    scores and weights that the fused kernel never does: memory grows with T^2. (Sampling with the KV cache passes
+    one query, the newest token, against the S keys so far: scores (B, H, 1, S), the mask built from q's length
+    hiding nothing.)
 
     The scores and their softmax are fp32 whatever the inputs' dtype, as in the fused kernels: a score near
     100 held in bf16 is off by up to 0.25, which moves its weight by up to 28%. (Under autocast the matmul
     itself runs in bf16, as do the model's other matmuls.)"""
+    k, v = grouped_heads(k, q.size(1)), grouped_heads(v, q.size(1))  # (B, H, T, C/H)
     # exercise attention: begin
     T, head_size = q.size(-2), q.size(-1)
     # 1/sqrt(head size): q . k sums head_size products, so its spread grows like sqrt(head size)

@@ -50,7 +50,7 @@ STEP_DIR = re.compile(r"^step_(\d{7})$")
 # name each parameter as the single-device model does and give its cut: None for a whole
 # parameter, else a ParameterCut, whatever cut it (tensor parallelism's tensor_parallel.Cut,
 # FSDP2's torch_engines.DTensorCut). The optimizer gives and takes its moments per parameter
-# the same way whatever the layout (data_parallel.AdamW's moments() and load_moments(); ZeRO's
+# the same way whatever the layout (optimizer.AdamW's moments() and load_moments(); ZeRO's
 # gather and cut their shards behind them). Every rank must call these functions: they gather
 # over the TP and PP groups (under ZeRO and FSDP2, the DP group).
 

@@ -10,8 +10,8 @@ import operator
 import re
 from dataclasses import dataclass
 
-from model import stage_layers
 from parallel.grid import Layout
+from parallel.pipeline import stage_layers
 
 # ----------------------------------------------------------------------------
 # A closed form: its arithmetic, computed as written

@@ -12,8 +12,8 @@ import torch
 
 from errors import UserError
 from machinery.closed_forms import comm_bytes_per_step, flops_per_token, fullest_rank_parameters, memory_per_gpu
-from model import stage_layers
 from parallel.grid import Layout
+from parallel.pipeline import stage_layers
 
 # ----------------------------------------------------------------------------
 # Hardware

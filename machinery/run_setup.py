@@ -43,9 +43,10 @@ from machinery.run_folder import (
 from machinery.torch_engines import rank_model
 from machinery.tracking import Tracker, hyperparameters, trackers_asked
 from machinery.transfer import fetch_named_base, is_named_base
-from parallel.data_parallel import adamw
 from parallel.grid import ProcessGrid, init_distributed, launch_from_environment
 from parallel.layout import RankModel, check_layout
+from parallel.optimizer import adamw
+from parallel.zero import ZeroStage
 
 # ----------------------------------------------------------------------------
 # Device, precision, optimizer
@@ -95,12 +96,12 @@ def parameter_groups(named_parameters):
 
 def make_optimizer(module, cfg, device, dp=None):
     """AdamW over the module's parameters in parameter_groups' two groups. dp: the DP engine of the model as this
-    rank holds it (RankModel.dp), which builds it, as it knows what this rank updates (under ZeRO, its pieces)."""
+    rank holds it (RankModel.dp): ZeRO's builds it, as it knows what this rank updates (its pieces)."""
     decay, no_decay = parameter_groups(module.named_parameters())
     groups = [([p for _, p in decay], cfg.weight_decay), ([p for _, p in no_decay], 0.0)]
     fused = device.type in ("cuda", "cpu")  # one kernel updates every tensor; the moments stay fp32
     options = dict(lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
-    return dp.optimizer(groups, **options) if dp is not None else adamw(groups, **options)
+    return dp.optimizer(groups, **options) if isinstance(dp, ZeroStage) else adamw(groups, **options)
 
 
 # ----------------------------------------------------------------------------

@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 
 from parallel.comm_count import counted
-from parallel.data_parallel import forward_and_backward, sharded_grad_norm
-from parallel.layout import TORCH_ENGINES, check_layout, model_for_rank
+from parallel.layout import TORCH_ENGINES, check_layout, forward_and_backward, model_for_rank
+from parallel.optimizer import sharded_grad_norm
 
 # torch's engines are imported where they are used: torch.distributed.tensor, on which FSDP2 and DDP's hooks
 # build, takes ~0.7 s to import, which every run of train.py (every rank) would pay for an engine it does not use.

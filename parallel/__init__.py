@@ -1,8 +1,9 @@
 """Parallelism written by hand on torch.distributed, a file per idea, read in this order:
 
     grid.py             torchrun's environment, the Layout, the dp x pp x cp x tp process grid and its groups
-    data_parallel.py    data parallelism: AdamW's moments per parameter, gradients averaged by all-reduce (one per
-                        parameter, or buckets overlapped with backward), the global gradient norm over every cut
+    data_parallel.py    data parallelism: gradients averaged by all-reduce (one per parameter, or buckets overlapped
+                        with backward)
+    optimizer.py        what the update reads across ranks: AdamW's moments per parameter, the global gradient norm
     zero.py             ZeRO-1 and ZeRO-2: the training state shared out over the data-parallel replicas
     tensor_parallel.py  tensor parallelism (Megatron-LM): each layer's matrices cut across ranks, f and g
     pipeline.py         pipeline parallelism: a stage of the layers per rank, GPipe, 1F1B and interleaved 1F1B

@@ -7,14 +7,12 @@ Its own module, below every parallelism that counts through it, so none of them 
 import torch
 import torch.distributed as dist
 
-# Every all-reduce and send that carries a training step's gradients or
-# activations hands its tensor through counted(dimension, tensor), which adds
-# the payload's bytes to this rank's count for that dimension: an integer add on
-# the host, no device work, no synchronization, so counting is free when nobody
-# reads it. Not counted: the few scalars of a step (loss, grad norm), the start-up
-# broadcast and checkpoint gathers. Evaluation's forwards count too, so
-# the training loop starts each step's count from zero. A ring all-reduce of P
-# bytes in a group of n puts 2 (n - 1) / n P on each rank's link; the count is P.
+# Every all-reduce and send that carries a training step's gradients or activations hands its tensor through
+# counted(dimension, tensor), which adds the payload's bytes to this rank's count for that dimension: an integer add
+# on the host, no device work, no synchronization, so counting is free when nobody reads it. Not counted: the few
+# scalars of a step (loss, grad norm), the start-up broadcast and checkpoint gathers. Evaluation's forwards count
+# too, so the training loop starts each step's count from zero. A ring all-reduce of P bytes in a group of n puts
+# 2 (n - 1) / n P on each rank's link; the count is P.
 
 DIMENSIONS = ("dp", "tp", "pp", "cp")
 comm_bytes = dict.fromkeys(DIMENSIONS, 0)  # bytes this rank handed over since the last take_comm_bytes()

@@ -33,7 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from model import CausalSelfAttention
+from model import CausalSelfAttention, grouped_heads
 from parallel.comm_count import counted
 from parallel.grid import all_reduce_mean
 
@@ -118,13 +118,11 @@ def ring_attention(q, k, v, ring, T):
 
     Past the diagonal only the half of a block the mask keeps is computed: an earlier rank's early chunk against
     all of this rank's queries, or a later rank's whole block against this rank's late queries."""
-    groups = q.size(1) // k.size(1)  # GQA: the narrow keys and values travel, each query head group reads its own
     half = q.size(2) // 2  # the early chunk's positions; the late chunk's follow
     mine = zigzag_positions(T, ring.size, ring.index, q.device)
 
-    def block(q, k, v, q_positions, k_positions):
-        k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
-        return block_attention(q, k, v, q_positions, k_positions)
+    def block(q, k, v, q_positions, k_positions):  # GQA: the narrow keys and values travel, widened on arrival
+        return block_attention(q, grouped_heads(k, q.size(1)), grouped_heads(v, q.size(1)), q_positions, k_positions)
 
     def attend(queries, kv, source, keys=slice(None)):
         """One block, its (Tq, Tk) scores rebuilt in backward rather than kept, as flash attention does: backward
@@ -161,7 +159,7 @@ class RingSelfAttention(CausalSelfAttention):
     def positions(self, start, T, device):
         return zigzag_positions(self.T, self.ring.size, self.ring.index, device)
 
-    def attend(self, q, k, v, dropout_p):
+    def kernel(self, q, k, v, dropout_p):
         return ring_attention(q, k, v, self.ring, self.T)
 
 

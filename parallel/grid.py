@@ -1,7 +1,5 @@
-"""The process grid: torchrun's environment read in one place, the ranks laid out as dp x pp x cp x tp,
-and the coordination the loop needs so that no rank waits forever for one that gave up.
-
-The same code runs as a simulation on one CPU (gloo over loopback) and for real on GPUs (NCCL), started by torchrun:
+"""The process grid: torchrun's environment read in one place, and the ranks laid out as dp x pp x cp x tp. The same
+code runs as a simulation on one CPU (gloo over loopback) and for real on GPUs (NCCL), started by torchrun:
 
     torchrun --standalone --nproc_per_node=2 train.py --dp 2          # 2 processes on this machine
 """
@@ -83,11 +81,8 @@ def launch_from_environment():
 
 def init_distributed(timeout_seconds, launch=None):
     """Join the process group that torchrun set up (launch: launch_from_environment(), read if not given;
-    MASTER_ADDR and MASTER_PORT name the meeting point); a plain `python train.py` joins none.
-
-    Backend nccl on CUDA, gloo on CPU. On CPU each rank gets cores / local ranks
-    threads: more threads than cores make the ranks fight over them.
-    """
+    MASTER_ADDR and MASTER_PORT name the meeting point); a plain `python train.py` joins none. Backend nccl on CUDA,
+    gloo on CPU, where each rank gets cores / local ranks threads: more threads than cores make the ranks fight."""
     launch = launch or launch_from_environment()
     if not launch.torchrun:
         return launch
@@ -133,13 +128,11 @@ class ProcessGrid:
 
         rank = ((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank
 
-    so a TP group is tp consecutive ranks, which torchrun puts on one node: TP
-    talks at every layer and needs the fast links inside a machine; CP next to it,
-    at every attention; PP only between stages; DP once per step. Each rank belongs
-    to one group per dimension; every rank creates every group (torch.distributed
-    requires it) and keeps its own. Each group's collectives wait at most the layout's dist_timeout for a
-    missing rank (--dist_timeout), as the world's do: a new group's own default is 30 minutes.
-    """
+    so a TP group is tp consecutive ranks, which torchrun puts on one node: TP talks at every layer and needs the
+    fast links inside a machine; CP next to it, at every attention; PP only between stages; DP once per step. Each
+    rank belongs to one group per dimension; every rank creates every group (torch.distributed requires it) and keeps
+    its own. Each group's collectives wait at most --dist_timeout for a missing rank, as the world's do (a new
+    group's own default is 30 minutes)."""
 
     def __init__(self, layout=Layout(), rank=0, world_size=1):
         check_grid(layout, world_size)

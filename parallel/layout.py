@@ -20,16 +20,9 @@ import torch.nn as nn
 
 from errors import UserError
 from parallel.context_parallel import average_over_cp, context_parallel, cut_sequences, mean_over_cp
-from parallel.data_parallel import (
-    BucketedDataParallel,
-    DataParallel,
-    NaiveDataParallel,
-    clear_gradients,
-    forward_and_backward,
-    sharded_grad_norm,
-    zero_stage_of,
-)
+from parallel.data_parallel import BucketedDataParallel, DataParallel, NaiveDataParallel, clear_gradients
 from parallel.grid import ProcessGrid, check_grid
+from parallel.optimizer import sharded_grad_norm
 from parallel.pipeline import SCHEDULES, PipelineModel, PipelineRank
 from parallel.tensor_parallel import tensor_parallel
 from parallel.zero import Zero1DataParallel, Zero2DataParallel
@@ -88,15 +81,16 @@ class RankModel(Protocol):
 class ShardedModel:
     """A rank that runs every layer of the GPT: all of each matrix (tp = 1), or its tensor-parallel slices
     (cuts), at every position or at its share of each sequence (positions, under cp); gradients averaged
-    over the dp replicas by its DP engine (dp: NaiveDataParallel, BucketedDataParallel, ZeRO's, or None).
-    model_for_rank builds it, each parallelism applied in plain view."""
+    over the dp replicas by its DP engine (dp: NaiveDataParallel, BucketedDataParallel, ZeRO's of stage
+    zero_stage, or None). model_for_rank builds it, each parallelism applied in plain view."""
 
-    def __init__(self, model, grid, cuts, positions, dp, autocast=contextlib.nullcontext(), compile=False):
+    def __init__(
+        self, model, grid, cuts, positions, dp, zero_stage=0, autocast=contextlib.nullcontext(), compile=False
+    ):
         self.module, self.grid, self.cuts, self.positions, self.dp = model, grid, cuts, positions, dp
         self.autocast, self.forward = autocast, torch.compile(model) if compile else model
         self.micro_batches = self.in_flight = 1  # one forward per micro-step (a pipeline cuts it into more)
-        self.device = next(model.parameters()).device
-        self.zero_stage = zero_stage_of(dp)
+        self.device, self.zero_stage = next(model.parameters()).device, zero_stage
 
     def forward_backward(self, x, y, loss_weight, sync=True):
         # under accumulation only the last micro-batch starts the all-reduces: no_sync() around the others
@@ -118,13 +112,23 @@ class ShardedModel:
         clear_gradients(self.module, self.dp)
 
     def grad_norm(self):
-        return sharded_grad_norm(self.local_parameters(), self.grid, self.dp)
+        return sharded_grad_norm(self.local_parameters(), self.grid, self.dp, self.zero_stage)
 
     def local_parameters(self):
         return [(name, p, self.cuts.get(name)) for name, p in self.module.named_parameters()]
 
     def timeline(self):
         return None  # every rank ran every layer: no stages to draw
+
+
+def forward_and_backward(forward, autocast, x, y, loss_weight):
+    """One micro-batch of a model that runs every layer: the loss of (x, y) under autocast, loss_weight times it
+    backpropagated; returns the loss, detached. Each rank model wraps it in its own way of holding the sync back
+    (ShardedModel, and torch's engines in machinery/torch_engines.py)."""
+    with autocast:
+        _, loss = forward(x, y)
+    (loss * loss_weight).backward()
+    return loss.detach()
 
 
 def check_layout(layout, gpt_config, batch_size, world_size, dtype):
@@ -269,7 +273,7 @@ def model_for_rank(
     dp = data_parallel_engine(layout, module, grid)
     if layout.pp > 1:
         return PipelineModel(module, grid, cuts, positions, dp, layout, whole.config.n_embd, autocast)
-    return ShardedModel(module, grid, cuts, positions, dp, autocast, compile)
+    return ShardedModel(module, grid, cuts, positions, dp, layout.zero_stage, autocast, compile)
 
 
 def data_parallel_engine(layout, module, grid):

@@ -38,14 +38,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from model import run_blocks, stage_layers
+from model import run_blocks
 from parallel.comm_count import counted
 from parallel.context_parallel import cut_sequences, mean_over_cp
-from parallel.data_parallel import (
-    clear_gradients,
-    sharded_grad_norm,
-    zero_stage_of,
-)
+from parallel.data_parallel import clear_gradients
+from parallel.optimizer import sharded_grad_norm
 
 # ----------------------------------------------------------------------------
 # Schedules: the order of one stage's operations
@@ -204,6 +201,17 @@ def peak_activations(order):
 
 # ----------------------------------------------------------------------------
 # A stage of the model
+
+
+def stage_layers(n_layer, stages):
+    """Which consecutive blocks each pipeline stage holds, balanced: [first, last) block indices of each stage.
+    Arithmetic on n_layer alone: pipeline.py builds its stages by it, and cost.py counts them without a process."""
+    bounds, first = [], 0
+    for s in range(stages):
+        count = n_layer // stages + (s < n_layer % stages)  # the first n_layer % stages stages take one block more
+        bounds.append((first, first + count))
+        first += count
+    return bounds
 
 
 class PipelineStage(nn.Module):
@@ -434,7 +442,7 @@ class PipelineModel:
         self.order = scheduled(grid.pp, self.micro_batches, grid.pp_rank)
         self.in_flight = peak_activations(self.order) / v  # whole stages' worth kept at once (a chunk is 1/v of one)
         self.records = []  # this rank's timeline of the latest step
-        self.zero_stage = zero_stage_of(dp)
+        self.zero_stage = layout.zero_stage
 
     def _from_last_stage(self, loss):
         """The loss lives on the last stage; every stage gets it, to log and to judge incidents alike."""
@@ -470,7 +478,7 @@ class PipelineModel:
         clear_gradients(self.module, self.dp)
 
     def grad_norm(self):
-        return sharded_grad_norm(self.local_parameters(), self.grid, self.dp, skip=self.module.tied_copy())
+        return sharded_grad_norm(self.local_parameters(), self.grid, self.dp, self.zero_stage, self.module.tied_copy())
 
     def local_parameters(self):
         names = self.module.global_names()

@@ -118,6 +118,8 @@ class ColumnParallelLinear(nn.Module):
     The bias, if any, is cut like the rows of W.
     """
 
+    f = CopyToTensorParallel  # the input's collective (sequence parallelism's: an all-gather)
+
     def __init__(self, weight, bias, group, cut):
         super().__init__()
         self.weight, self.bias, self.group, self.cut = weight, bias, group, cut
@@ -130,7 +132,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x):  # (B, T, in) -> (B, T, out/tp)
         # exercise tp_layers, ColumnParallelLinear.forward: begin
-        return F.linear(CopyToTensorParallel.apply(x, self.group), self.weight, self.bias)
+        return F.linear(self.f.apply(x, self.group), self.weight, self.bias)
         # exercise tp_layers, ColumnParallelLinear.forward: end
 
 
@@ -143,6 +145,7 @@ class RowParallelLinear(nn.Module):
     """
 
     cut = Cut(dim=1)
+    g = ReduceFromTensorParallel  # the output's collective (sequence parallelism's: a reduce-scatter)
 
     def __init__(self, weight, bias, group):
         super().__init__()
@@ -154,7 +157,7 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x):  # (B, T, in/tp) -> (B, T, out)
         # exercise tp_layers, RowParallelLinear.forward: begin
-        y = ReduceFromTensorParallel.apply(F.linear(x, self.weight), self.group)
+        y = self.g.apply(F.linear(x, self.weight), self.group)
         return y if self.bias is None else y + self.bias
         # exercise tp_layers, RowParallelLinear.forward: end
 
@@ -163,6 +166,8 @@ class VocabParallelEmbedding(nn.Module):
     """The token embedding cut by vocabulary: rank i holds rows [i V/tp, (i+1) V/tp) of the
     vocabulary padded to a multiple of tp. A rank looks up the ids it owns, writes zeros
     for the others, and the all-reduce (g) fills in every row from its owner."""
+
+    g = ReduceFromTensorParallel  # the output's collective (sequence parallelism's: a reduce-scatter)
 
     def __init__(self, embedding, grid):
         super().__init__()
@@ -174,7 +179,7 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, idx):  # (B, T) -> (B, T, C)
         outside = (idx < self.start) | (idx >= self.end)
         local = F.embedding((idx - self.start).masked_fill(outside, 0), self.weight)
-        return ReduceFromTensorParallel.apply(local.masked_fill(outside.unsqueeze(-1), 0.0), self.group)
+        return self.g.apply(local.masked_fill(outside.unsqueeze(-1), 0.0), self.group)
 
 
 class VocabParallelCrossEntropy(torch.autograd.Function):
@@ -291,26 +296,20 @@ class ReduceScatterToSequenceParallel(torch.autograd.Function):
 class SequenceParallelColumnLinear(ColumnParallelLinear):
     """A column-parallel Linear whose input arrives cut by position: (B, T/tp, in) -> (B, T, out/tp)."""
 
-    def forward(self, x):
-        return F.linear(GatherFromSequenceParallel.apply(x, self.group), self.weight, self.bias)
+    f = GatherFromSequenceParallel
 
 
 class SequenceParallelRowLinear(RowParallelLinear):
     """A row-parallel Linear whose output leaves cut by position: (B, T, in/tp) -> (B, T/tp, out). Its whole bias
     is added to this rank's positions only: its gradient is summed over the group (sum_over_tp)."""
 
-    def forward(self, x):
-        y = ReduceScatterToSequenceParallel.apply(F.linear(x, self.weight), self.group)
-        return y if self.bias is None else y + self.bias
+    g = ReduceScatterToSequenceParallel
 
 
 class SequenceParallelEmbedding(VocabParallelEmbedding):
     """The vocabulary-parallel embedding whose sum leaves cut by position: (B, T) -> (B, T/tp, C)."""
 
-    def forward(self, idx):
-        outside = (idx < self.start) | (idx >= self.end)
-        local = F.embedding((idx - self.start).masked_fill(outside, 0), self.weight)
-        return ReduceScatterToSequenceParallel.apply(local.masked_fill(outside.unsqueeze(-1), 0.0), self.group)
+    g = ReduceScatterToSequenceParallel
 
 
 class SequenceParallelPositions(nn.Module):
@@ -338,12 +337,11 @@ def sum_over_tp(parameter, group):
 
 
 def tensor_parallel(model, grid, sequence_parallel=False):
-    """Cut a single-device GPT across the TP group, in place, from its own initialization
-    (same seed, same math): attention by heads (q, k, v column parallel, output projection
-    row parallel; under GQA each rank takes n_kv_head / tp key/value heads, those its query
-    heads read), the MLP column then row (SwiGLU's gate and up cut alike), the embedding, the
-    head (the tied embedding's slice, or an untied head's) and the loss by vocabulary. Norm
-    weights and position embeddings stay whole on every rank.
+    """Cut a single-device GPT across the TP group, in place, from its own initialization (same seed, same math):
+    attention by heads (q, k, v column parallel, output projection row parallel; under GQA each rank takes
+    n_kv_head / tp key/value heads, those its query heads read; the attention told this rank's head counts), the MLP
+    column then row (SwiGLU's gate and up cut alike), the embedding, the head (the tied embedding's slice, or an
+    untied head's) and the loss by vocabulary. Norm weights and position embeddings stay whole on every rank.
 
     Returns {parameter name: Cut} for every parameter that is now a slice: what gathering
     a checkpoint and the global grad norm need to know. A group of one cuts nothing: {}.
@@ -360,6 +358,7 @@ def tensor_parallel(model, grid, sequence_parallel=False):
     mlp_sections = (model.config.hidden,) * 2 if model.config.arch == "llama" else ()  # SwiGLU: gate, up
     for block in model.blocks:
         block.attn.c_attn = column.from_linear(block.attn.c_attn, grid, (C, kv, kv))  # heads h*H/tp...
+        block.attn.n_head, block.attn.n_kv_head = block.attn.n_head // grid.tp, block.attn.n_kv_head // grid.tp
         block.attn.c_proj = row.from_linear(block.attn.c_proj, grid)
         block.mlp.c_fc = column.from_linear(block.mlp.c_fc, grid, mlp_sections)
         block.mlp.c_proj = row.from_linear(block.mlp.c_proj, grid)

@@ -34,7 +34,8 @@ keeps its parameter's weight-decay group (ShardedAdamW). Checkpoints stay in sin
 ShardedAdamW.moments() gathers every parameter's moments whole (checkpoint.py does the rest), so a ZeRO run
 resumes on any layout, with or without ZeRO, and the reverse.
 
-One class per stage: Zero1DataParallel and Zero2DataParallel, on what both share (ShardedBuckets).
+One class per stage: Zero1DataParallel, BucketedDataParallel with a reduce-scatter, and Zero2DataParallel, which
+keeps no whole gradient; each holds what both share, a ShardedBuckets, and answers from it alike (ZeroStage).
 """
 
 from typing import NamedTuple
@@ -44,7 +45,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from parallel.comm_count import counted
-from parallel.data_parallel import AdamW, BucketedDataParallel, flat_views
+from parallel.data_parallel import BucketedDataParallel, Buckets, DataParallel
+from parallel.optimizer import AdamW
 
 
 class Piece(NamedTuple):
@@ -57,135 +59,115 @@ class Piece(NamedTuple):
     weights: nn.Parameter  # a view into the bucket's flat weights; its .grad a view into the shard's gradient
 
 
-class ShardedBuckets(BucketedDataParallel):
-    """What ZeRO's two stages share: BucketedDataParallel's buckets, each padded and cut into dp equal shards
-    (rank r owns shard r); the weights moved into one flat buffer per bucket, so that after the
-    optimizer's update of the shards gather_parameters() rebuilds them whole, in place; and the
-    pieces AdamW updates. A stage gives its gradients' home (shard_gradient_buffers) and how a bucket is
-    reduced (_launch); ZeRO-2 also how a step's reduction ends (finish) and clears (clear_gradients), which
-    ZeRO-1 takes from BucketedDataParallel."""
+class ShardedBuckets:
+    """What ZeRO's two stages share, whichever way they keep the gradients: the buckets (data_parallel.Buckets),
+    each cut into dp equal shards (rank r owns shard r); the weights moved into one flat buffer per bucket, so that
+    after the optimizer's update of the shards gather_parameters() rebuilds them whole, in place; and the pieces
+    AdamW updates, each piece's gradient a view into shard_grads, the stage's [bucket i's shard of the averaged
+    gradient: (shard numel,)]."""
 
-    shards_gradients = True  # after finish(), a rank holds the averaged gradient of its shard only
-
-    def __init__(self, module, grid, overlap=True, bucket_mb=25.0):
-        self.rank = grid.dp_rank
-        super().__init__(module, grid, overlap, bucket_mb)
-
-    def shard_numel(self, i):
-        return -(-self.sizes[i] // self.size)  # bucket i's elements over dp ranks, rounded up: the padding
-
-    def new_flat(self, i):
-        """A zeroed flat buffer for bucket i, padded to dp equal shards: (dp * shard numel,)."""
-        p = self.buckets[i][0]
-        return torch.zeros(self.shard_numel(i) * self.size, dtype=p.dtype, device=p.device)
-
-    def shard_range(self, i):
-        """[start, end) of this rank's shard of bucket i's flat buffer."""
-        return self.rank * self.shard_numel(i), (self.rank + 1) * self.shard_numel(i)
-
-    def make_gradient_buffers(self):
-        """The weights moved into flat buffers, the stage's gradient buffers (each bucket's shard), the pieces."""
-        self.weights = [self.new_flat(i) for i in range(len(self.buckets))]  # (dp * shard,) each
+    def __init__(self, buckets, grid, shard_grads):
+        self.buckets, self.group, self.rank, self.shard_grads = buckets, grid.dp_group, grid.dp_rank, shard_grads
+        self.weights = [buckets.new_flat(i) for i in range(len(buckets))]  # (dp * shard,) each
         with torch.no_grad():
-            for flat, bucket in zip(self.weights, self.buckets):
-                for p, view in zip(bucket, flat_views(flat, bucket)):
+            for i, flat in enumerate(self.weights):
+                for p, view in zip(buckets.params[i], buckets.views(flat, i)):
                     view.copy_(p)
                     p.data = view  # the parameter now lives in the flat buffer the all-gather writes
-        self.shard_grads = self.shard_gradient_buffers()  # (shard,) each
         self.pieces = []
-        for i, bucket in enumerate(self.buckets):
-            start, end = self.shard_range(i)
+        for i, bucket in enumerate(buckets.params):
+            start, end = self.rank * buckets.shard_numel[i], (self.rank + 1) * buckets.shard_numel[i]
             offset = 0
             for p in bucket:
                 first, last = max(offset, start), min(offset + p.numel(), end)
                 if first < last:
                     weights = nn.Parameter(self.weights[i][first:last])
-                    weights.grad = self.shard_grads[i][first - start : last - start]
+                    weights.grad = shard_grads[i][first - start : last - start]
                     self.pieces.append(Piece(p, i, first - offset, first - start, weights))
                 offset += p.numel()
-
-    def shard_gradient_buffers(self):
-        """[this rank's shard of bucket i's gradient: (shard numel,)], where AdamW's pieces find their gradients."""
-        raise NotImplementedError  # each stage its own
 
     def pieces_of(self, params):
         """This rank's pieces of the given parameters: what AdamW updates in their place."""
         ids = {id(p) for p in params}
         return [piece.weights for piece in self.pieces if id(piece.parameter) in ids]
 
-    def optimizer(self, groups, **options):
-        """AdamW over this rank's pieces of the parameters, in their groups: ShardedAdamW."""
-        return ShardedAdamW(self, groups, **options)
-
-    def gradients(self):
-        """[(parameter, this rank's piece of its averaged gradient)]: the grad norm sums their squares over the
-        DP group (data_parallel.global_grad_norm's sharded_over_dp)."""
-        return [(piece.parameter, piece.weights.grad) for piece in self.pieces]
-
     def gather_parameters(self):
         """Every rank's updated shard into every rank's weights: an all-gather per bucket, in place."""
         works = []
         for i, flat in enumerate(self.weights):
-            shard = flat[slice(*self.shard_range(i))]
-            works.append(
-                dist.all_gather_single(counted_numel("dp", flat, self.sizes[i]), shard, group=self.group, async_op=True)
-            )
+            whole = counted_numel("dp", flat, self.buckets.sizes[i])
+            shard = self.buckets.shard(flat, i, self.rank)
+            works.append(dist.all_gather_single(whole, shard, group=self.group, async_op=True))
         for work in works:
             work.wait()
 
 
-class Zero1DataParallel(ShardedBuckets):
-    """ZeRO stage 1: the gradients as in BucketedDataParallel (views into one flat buffer per bucket); a
-    reduce-scatter in place of the all-reduce leaves in this rank's shard of each bucket the
+class ZeroStage:
+    """The small base of ZeRO's two stages: what each answers from its ShardedBuckets (self.shards)."""
+
+    def optimizer(self, groups, **options):
+        """AdamW over this rank's pieces of the parameters, in their groups [(parameters, weight decay)]."""
+        return ShardedAdamW(self.shards, groups, **options)
+
+    def gradients(self):
+        """[(parameter, this rank's piece of its averaged gradient)]: the grad norm sums their squares over the
+        DP group (optimizer.global_grad_norm's sharded_over_dp)."""
+        return [(piece.parameter, piece.weights.grad) for piece in self.shards.pieces]
+
+
+class Zero1DataParallel(ZeroStage, BucketedDataParallel):
+    """ZeRO stage 1: the gradients as in BucketedDataParallel (views into one flat buffer per bucket, here padded
+    to dp equal shards); a reduce-scatter in place of the all-reduce leaves in this rank's shard of each bucket the
     average of that shard, which is all its AdamW reads."""
 
-    zero_stage = 1
-
-    def shard_gradient_buffers(self):
-        """BucketedDataParallel's flat gradient buffers; this rank's shard of each, a view into it."""
-        # BucketedDataParallel's own (super() would be ShardedBuckets', which called this): self.flats, self.views,
-        # each gradient a view, zeroed by BucketedDataParallel.clear_gradients, which touches no shard
-        BucketedDataParallel.make_gradient_buffers(self)
-        return [flat[slice(*self.shard_range(i))] for i, flat in enumerate(self.flats)]
+    def __init__(self, module, grid, overlap=True, bucket_mb=25.0):
+        super().__init__(module, grid, overlap, bucket_mb, shards=grid.dp)
+        shard_grads = [self.buckets.shard(flat, i, grid.dp_rank) for i, flat in enumerate(self.flats)]
+        self.shards = ShardedBuckets(self.buckets, grid, shard_grads)  # views into the flat gradients
 
     def _launch(self, i):
         flat = self.fill_bucket(i)  # the gradients are views into it
-        shard = self.shard_grads[i]  # this rank's range of flat itself: a reduce-scatter in place
+        shard = self.shards.shard_grads[i]  # this rank's range of flat itself: a reduce-scatter in place
         work = dist.reduce_scatter_single(
-            shard, counted_numel("dp", flat, self.sizes[i]), group=self.group, async_op=True
+            shard, counted_numel("dp", flat, self.buckets.sizes[i]), group=self.group, async_op=True
         )
         self.launched[i] = (shard, work)  # BucketedDataParallel.finish waits for it and divides the shard
 
 
-class Zero2DataParallel(ShardedBuckets):
+class Zero2DataParallel(ZeroStage, DataParallel):
     """ZeRO stage 2: the gradient, too, is kept only as the rank's shard. When backward completes a
     bucket, its gradients are copied into a flat buffer that is reduce-scattered and dropped, at most
-    two buckets in flight; under gradient accumulation every micro-batch is reduced so (as DeepSpeed does)."""
-
-    zero_stage = 2
-    reduces_every_micro_batch = True
+    two buckets in flight; under gradient accumulation every micro-batch is reduced so (as DeepSpeed does),
+    so no_sync() holds nothing back."""
 
     def __init__(self, module, grid, overlap=True, bucket_mb=25.0):
+        super().__init__(module, grid)
+        self.buckets = Buckets(self.params, bucket_mb, shards=grid.dp)
+        shard_grads = [b[0].new_zeros(n) for b, n in zip(self.buckets.params, self.buckets.shard_numel)]
+        self.shards = ShardedBuckets(self.buckets, grid, shard_grads)  # no whole flat gradient is kept
         self.in_flight = []  # (bucket, received shard, the flat copy it came from, work), oldest first
-        super().__init__(module, grid, overlap, bucket_mb)
+        self.clear_gradients()  # and the ready counts at 0
+        if overlap:  # else (a pipeline stage) every bucket is launched in finish()
+            for p in self.params:
+                p.register_post_accumulate_grad_hook(self._grad_ready)
 
-    def shard_gradient_buffers(self):
-        """Only a shard-sized gradient buffer per bucket: no whole flat gradient is kept."""
-        for p in self.params:
-            p.grad = None
-        return [flat.new_zeros(self.shard_numel(i)) for i, flat in enumerate(self.weights)]
+    def _grad_ready(self, param):
+        i = self.buckets.index[param]
+        self.ready[i] += 1
+        if self.ready[i] == len(self.buckets.params[i]):
+            self._launch(i)
 
     def _launch(self, i):
         # the gradients are copied out into a flat buffer and dropped; the buffer lives until its
         # reduce-scatter is done, and at most two buckets' buffers are in flight
-        flat = self.new_flat(i)
-        for p, view in zip(self.buckets[i], flat_views(flat, self.buckets[i])):
+        flat = self.buckets.new_flat(i)
+        for p, view in zip(self.buckets.params[i], self.buckets.views(flat, i)):
             if p.grad is not None:
                 view.copy_(p.grad)
             p.grad = None
-        received = torch.empty_like(self.shard_grads[i])
+        received = torch.empty_like(self.shards.shard_grads[i])
         work = dist.reduce_scatter_single(
-            received, counted_numel("dp", flat, self.sizes[i]), group=self.group, async_op=True
+            received, counted_numel("dp", flat, self.buckets.sizes[i]), group=self.group, async_op=True
         )
         self.in_flight.append((i, received, flat, work))
         self.ready[i] = 0  # the next micro-batch counts afresh
@@ -196,11 +178,11 @@ class Zero2DataParallel(ShardedBuckets):
         """Add a finished reduce-scatter's average into its bucket's shard; its flat copy goes."""
         i, received, _, work = reduced
         work.wait()
-        self.shard_grads[i] += received / self.size
+        self.shards.shard_grads[i] += received / self.size
 
     def finish(self):
         """Block until this rank's shard of every bucket holds the DP average of its gradients."""
-        for i, bucket in enumerate(self.buckets):
+        for i, bucket in enumerate(self.buckets.params):
             if any(p.grad is not None for p in bucket):  # not launched (unused parameters, or no hooks)
                 self._launch(i)
         while self.in_flight:
@@ -213,7 +195,7 @@ class Zero2DataParallel(ShardedBuckets):
             work.wait()
         self.in_flight.clear()
         self.ready = [0] * len(self.buckets)
-        for shard in self.shard_grads:
+        for shard in self.shards.shard_grads:
             shard.zero_()
         for p in self.params:
             p.grad = None
@@ -227,42 +209,42 @@ def counted_numel(dimension, flat, numel):
 
 
 class ShardedAdamW(AdamW):
-    """AdamW over this rank's pieces of ZeRO's shards, in the groups of the parameters they come from.
-    Each step ends by all-gathering the updated shards (a step post-hook, registered first), so every
+    """AdamW over this rank's pieces of ZeRO's shards (a ShardedBuckets), in the groups of the parameters they come
+    from. Each step ends by all-gathering the updated shards (a step post-hook, registered first), so every
     rank's weights are whole again before any other hook or the next forward sees them.
 
     groups: [(parameters, weight decay)], as run_setup.make_optimizer groups the whole parameters (through
-    ShardedBuckets.optimizer)."""
+    ZeroStage.optimizer)."""
 
-    def __init__(self, zero, groups, **adamw):
-        pieces = [{"params": zero.pieces_of(params), "weight_decay": decay} for params, decay in groups]
+    def __init__(self, shards, groups, **adamw):
+        pieces = [{"params": shards.pieces_of(params), "weight_decay": decay} for params, decay in groups]
         super().__init__(pieces, **adamw)
-        self.zero = zero
-        self.register_step_post_hook(lambda *_: zero.gather_parameters())
+        self.shards = shards
+        self.register_step_post_hook(lambda *_: shards.gather_parameters())
 
     def moments(self):
         """{parameter: {"step", "exp_avg", "exp_avg_sq"}} for every parameter of the DP engine, its moments
         all-gathered whole from the ranks' pieces: what AdamW without ZeRO holds. {} before the first step.
         Every DP rank must call it (a rank whose shards are all padding holds no piece, and joins in)."""
-        zero = self.zero
-        step = torch.zeros(1, device=zero.weights[0].device)  # the step count, from a rank that has pieces
+        shards, buckets = self.shards, self.shards.buckets
+        step = torch.zeros(1, device=shards.weights[0].device)  # the step count, from a rank that has pieces
         for state in self.state.values():
             step = state["step"].reshape(1).to(step)
-        dist.all_reduce(step, op=dist.ReduceOp.MAX, group=zero.group)
+        dist.all_reduce(step, op=dist.ReduceOp.MAX, group=shards.group)
         if step.item() == 0:
             return {}
         # each parameter its own 0-dim step, as AdamW keeps it: one shared tensor would be counted up once per
         # parameter by the AdamW that loads it
-        whole = {p: {"step": step.reshape(()).clone()} for p in zero.params}
+        whole = {p: {"step": step.reshape(()).clone()} for p in buckets.index}
         for key in ("exp_avg", "exp_avg_sq"):
-            for i, (bucket, flat) in enumerate(zip(zero.buckets, zero.weights)):
-                shard = flat.new_zeros(zero.shard_numel(i))
-                for piece in zero.pieces:
+            for i, flat in enumerate(shards.weights):
+                shard = flat.new_zeros(buckets.shard_numel[i])
+                for piece in shards.pieces:
                     if piece.bucket == i:
                         shard[piece.in_shard : piece.in_shard + piece.weights.numel()] = self.state[piece.weights][key]
                 gathered = torch.empty_like(flat)
-                dist.all_gather_single(gathered, shard, group=zero.group)
-                for p, view in zip(bucket, flat_views(gathered, bucket)):
+                dist.all_gather_single(gathered, shard, group=shards.group)
+                for p, view in zip(buckets.params[i], buckets.views(gathered, i)):
                     whole[p][key] = view
         return whole
 
@@ -282,6 +264,6 @@ class ShardedAdamW(AdamW):
                 ).clone()
                 for key, value in moments[piece.parameter].items()
             }
-            for piece in self.zero.pieces
+            for piece in self.shards.pieces
             if piece.parameter in moments
         }

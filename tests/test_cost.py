@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from machinery import closed_forms, cost, planner
 from machinery.arms import ArmedGPT, ArmsConfig
-from model import GPT, CausalSelfAttention, GPTConfig
+from model import GPT, CausalSelfAttention, GPTConfig, grouped_heads
 from parallel.grid import Layout
 
 
@@ -56,6 +56,7 @@ def attention_by_matmuls(q, k, v, dropout_p):
     """model.causal_attention as two plain matmuls, which torch's FLOP counter sees (the fused kernel
     it replaces is not counted on a CPU); the (T, T) square is computed whole, the mask applied after."""
     T = q.shape[-2]
+    k, v = grouped_heads(k, q.size(1)), grouped_heads(v, q.size(1))  # GQA: (B, H, T, C/H)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, T)
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1) @ v  # (B, H, T, C/H)

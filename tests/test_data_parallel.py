@@ -16,6 +16,7 @@ from machinery.local_ranks import run_ranks
 from model import GPT, GPTConfig
 from parallel.grid import Layout, ProcessGrid
 from parallel.layout import check_layout
+from parallel.optimizer import adamw
 
 # fp32 pinned: the layouts agree to rounding in fp32; under bf16 (the default on CPUs that have it) they
 # would differ by bf16's rounding of differently split matmuls
@@ -354,7 +355,7 @@ def _one_backward_both_modes():
             dp.finish()
             grads.setdefault(mode, []).append([p.grad.flatten().tolist() for p in model.parameters()])
             if mode == "bucketed":
-                flat_of = {p: dp.flats[i] for p, i in dp.bucket_of.items()}
+                flat_of = {p: dp.flats[i] for p, i in dp.buckets.index.items()}
                 views.append(
                     all(
                         p.grad.untyped_storage().data_ptr() == flat_of[p].untyped_storage().data_ptr()
@@ -555,7 +556,7 @@ def _toy_steps(engine, steps):
     before = _toy_state(net)
     dp = _engine(engine)(net, grid)
     wrapped = _toy_state(net)
-    optimizer = _toy_optimizer(net, dp.optimizer)
+    optimizer = _toy_optimizer(net, dp.optimizer if engine.startswith("zero") else adamw)  # ZeRO's: its pieces
     for step in range(steps):
         rows = _toy_batch(step)[2 * grid.dp_rank : 2 * grid.dp_rank + 2]  # this rank's half
         _toy_loss(net, rows).backward()
@@ -572,8 +573,6 @@ def test_every_engine_starts_the_replicas_from_rank_0s_whole_state(engine):
     ranks that drew their own values: after wrapping every rank holds rank 0's whole state (frozen parameter and
     buffer too), and five steps of the engine's own optimizer on each rank's half of a batch equal one process
     taking AdamW's steps on the whole batch."""
-    from parallel.data_parallel import adamw
-
     steps = 5
     outcome = run_ranks(2, _toy_steps, engine, steps, timeout=60)
     for rank in range(2):

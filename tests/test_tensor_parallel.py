@@ -17,9 +17,9 @@ from machinery import checkpoint
 from machinery.local_ranks import run_ranks
 from model import GPT, GPTConfig
 from parallel.comm_count import take_comm_bytes
-from parallel.data_parallel import global_grad_norm
 from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed
 from parallel.layout import check_layout, model_for_rank
+from parallel.optimizer import global_grad_norm
 from parallel.tensor_parallel import (
     ColumnParallelLinear,
     CopyToTensorParallel,
