@@ -1,6 +1,6 @@
 """The token files a run reads, and TokenStream: sequential, resumable, rank-sharded batches from them.
 
-Training never tokenizes on the fly. A corpus is tokenized once (machinery/corpus.py, `python -m machinery.corpus`,
+Training never tokenizes on the fly. A corpus is tokenized once (corpora/corpus.py, `python -m machinery.corpus`,
 or train.py on first use) into a folder of three files:
 
     train.bin, val.bin   every token id of the corpus, flat, in order (uint16, or uint32 past 65,536 ids: token_dtype)

@@ -4,7 +4,7 @@ Follows GPT-2 (Radford et al. 2019) as nanoGPT writes it, with the stability cho
 blocks, RMSNorm (Zhang & Sennrich 2019), no biases, width-scaled initialization; LayerNorm with biases where a preset
 claims GPT-2. The loss is the causal language modelling (CLM) loss: cross-entropy of each position's prediction of
 the next token, in fp32. The counterfactuals the notebooks measure these choices against (Post-LN, no norm, a naive
-init, attention written out) are machinery/arms.py's subclass of this GPT.
+init, attention written out) are machinery/job/arms.py's subclass of this GPT.
 
 `--arch llama` is the family today's small bases belong to (Llama, SmolLM2, Qwen2.5), beside GPT-2 and sharing
 everything else: rotary positions instead of learned ones (`apply_rope`), grouped-query attention (`--n_kv_head`:
@@ -159,7 +159,7 @@ def apply_rope(x, cos, sin):
 
 
 class CausalSelfAttention(nn.Module):
-    # softmax(q k^T / sqrt(C/H) + causal mask) v: the one seam a variant replaces (machinery/arms.py's kernel written
+    # softmax(q k^T / sqrt(C/H) + causal mask) v: the one seam a variant replaces (machinery's arms.py's kernel written
     # out, context_parallel.py's ring); q (B, H, T, C/H), k and v (B, kv_heads, S, C/H)
     kernel = staticmethod(causal_attention)
 
@@ -230,7 +230,7 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """One transformer block: attention then MLP, each a residual branch. Pre-LN normalizes the branch input and
     leaves the residual stream x untouched, so gradients reach early layers through an identity path; Post-LN (the
-    original Transformer, machinery/arms.py's PostLNBlock) normalizes after the sum and is known to need a careful
+    original Transformer, machinery/job/arms.py's PostLNBlock) normalizes after the sum and is known to need a careful
     warmup to train at depth (Xiong et al. 2020)."""
 
     def __init__(self, gpt_config):
@@ -303,7 +303,7 @@ class GPT(nn.Module):
     #   giving logits of std 0.25, so the first prediction is nearly uniform and the first loss is ~ln V + 0.03
     #   instead of far above it; as the embedding it is a small input that the first norm rescales.
     # - Position embedding: the same std as the token embedding it is added to. Norm weights 1, biases 0.
-    # (machinery/arms.py's --naive_init_std replaces all of it by one std everywhere, to show what it buys.)
+    # (machinery/job/arms.py's --naive_init_std replaces all of it by one std everywhere, to show what it buys.)
     @staticmethod
     def init_std(n_embd):
         return math.sqrt(2 / (5 * n_embd))

@@ -16,7 +16,7 @@ autocast the model runs under, the GradScaler in `optimizer_step`), and Pre-LN +
 
 The loop never asks how the model is laid out across ranks: it talks to the model as this rank holds it
 (parallel/layout.py's RankModel). Nor does it hold the machinery a real run needs (checkpoint folders, logs,
-the cost account, the runbook's actions): machinery/run_setup.py builds the `Run` of a few components, and the
+the cost account, the runbook's actions): machinery's run_setup.py builds the `Run` of a few components, and the
 loop calls the methods Run's docstring lists. A run writes one folder, --out_dir (docs/runs-and-checkpoints.md
 lists its files).
 """
@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 
 from errors import UserError
-from machinery.config import parse_args
-from machinery.modes import run_mode
-from machinery.run_setup import set_up
+from machinery.components.modes import run_mode
+from machinery.components.run_setup import set_up
+from machinery.job.config import parse_args
 from parallel.comm_count import take_comm_bytes
 from parallel.grid import all_reduce_mean, destroy_distributed
 
@@ -108,7 +108,7 @@ def train(preset, configs):
     run = set_up(preset, configs)  # the job, data, model, optimizer, watchers: the Run's components (machinery/)
     job, learner, checkpointer, reporter = run.job, run.learner, run.checkpointer, run.reporter
     monitor, recovery = run.incidents.monitor, run.incidents.recovery
-    with job.watch:  # the stop signals, heartbeats and the folder's lock, until the job ends (machinery/cluster.py)
+    with job.watch:  # the stop signals, heartbeats and the folder's lock, until the job ends (machinery/job/cluster.py)
         cfg = job.configs.train
         step = run.start()  # 0, or where the newest checkpoint left off
         while True:
@@ -125,7 +125,7 @@ def train(preset, configs):
 
             job.watch.beat(step)  # this rank's heartbeat: alive, at this step
             next_batch = run.batches(step)  # the data, unless a fault is due
-            # the schedule, counted from where it restarted, times what incidents did to it (machinery/incidents.py)
+            # the schedule, counted from where it restarted, times what incidents did to it (machinery's incidents.py)
             lr = lr_at(recovery.schedule_step(step), cfg) * recovery.lr_factor(step)
             take_comm_bytes()  # this step's communication is counted from zero (the reporter reads it)
             loss, grad_norm = optimizer_step(learner.model, learner.optimizer, learner.scaler, next_batch, lr, cfg)

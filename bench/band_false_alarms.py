@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from data import read_json  # noqa: E402
-from machinery import bands, curves  # noqa: E402
+from machinery.analysis import bands, curves  # noqa: E402
 
 
 def held_out_p(val, k):

@@ -26,10 +26,10 @@ sys.path.insert(0, ROOT)
 
 from data import read_json  # noqa: E402
 from errors import UserError  # noqa: E402
-from machinery import bands  # noqa: E402
-from machinery.config import config_file_form, parse_args  # noqa: E402
-from machinery.files import write_json_atomic  # noqa: E402
-from machinery.run_folder import is_finished  # noqa: E402
+from machinery.analysis import bands  # noqa: E402
+from machinery.components.run_folder import is_finished  # noqa: E402
+from machinery.job.config import config_file_form, parse_args  # noqa: E402
+from machinery.job.files import write_json_atomic  # noqa: E402
 
 
 def seed_list(text):

@@ -17,7 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.layouts import measure_layout  # noqa: E402
-from machinery import cost, planner  # noqa: E402
+from machinery.planning import cost, planner  # noqa: E402
 from parallel.grid import Layout  # noqa: E402
 
 MODEL = cost.MODELS["tiny"].gpt_config

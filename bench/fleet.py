@@ -49,8 +49,10 @@ from dataclasses import dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from machinery import checkpoint, cluster, planner  # noqa: E402
-from machinery.run_folder import read_jsonl  # noqa: E402
+from machinery.components import checkpoint  # noqa: E402
+from machinery.components.run_folder import read_jsonl  # noqa: E402
+from machinery.job import cluster  # noqa: E402
+from machinery.planning import planner  # noqa: E402
 
 # the run: a tiny GPT on the standard library's bytes, a line per step (the supervisor reads each as a sign of life)
 # fmt: off

@@ -28,13 +28,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import train  # noqa: E402
-from machinery import (  # noqa: E402
-    closed_forms,
-    config,  # noqa: E402
-    planner,
-    run_setup,  # noqa: E402
-)
-from machinery.local_ranks import results_of, run_ranks  # noqa: E402
+from machinery.components import run_setup  # noqa: E402
+from machinery.job import config  # noqa: E402
+from machinery.job.local_ranks import results_of, run_ranks  # noqa: E402
+from machinery.planning import closed_forms, planner  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
 from parallel.layout import model_for_rank  # noqa: E402

@@ -21,13 +21,11 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import train  # noqa: E402
-from machinery import (
-    config,  # noqa: E402
-    run_setup,  # noqa: E402
-)
-from machinery.closed_forms import comm_bytes_per_step  # noqa: E402
-from machinery.local_ranks import results_of, run_ranks  # noqa: E402
-from machinery.torch_engines import rank_model  # noqa: E402
+from machinery.components import run_setup  # noqa: E402
+from machinery.job import config  # noqa: E402
+from machinery.job.local_ranks import results_of, run_ranks  # noqa: E402
+from machinery.job.torch_engines import rank_model  # noqa: E402
+from machinery.planning.closed_forms import comm_bytes_per_step  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from parallel.comm_count import take_comm_bytes  # noqa: E402
 from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed  # noqa: E402

@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machinery.local_ranks import results_of, run_ranks  # noqa: E402
-from machinery.monitor import plot_gantt  # noqa: E402
+from machinery.health.monitor import plot_gantt  # noqa: E402
+from machinery.job.local_ranks import results_of, run_ranks  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed  # noqa: E402
 from parallel.pipeline import PipelineRank, bubble_fraction, run_schedule, schedule_for  # noqa: E402

@@ -1,4 +1,4 @@
-"""Tokenizing speed of the corpus preparation (machinery/corpus.py): MB/s for the byte and gpt2 tokenizers, one
+"""Tokenizing speed of the corpus preparation (machinery/corpora/corpus.py): MB/s for the byte and gpt2 tokenizers, one
 worker against every core, and the peak memory of each run.
 
     python bench/prepare_speed.py [--mb 200] [--tokenizers byte,gpt2]
@@ -29,7 +29,7 @@ WORDS = (
 
 RUN = r"""
 import json, resource, sys, time
-from machinery import corpus
+from machinery.corpora import corpus
 t0 = time.perf_counter()
 config = corpus.DataConfig(source=sys.argv[1], tokenizer=sys.argv[2], workers=int(sys.argv[3]))
 meta = corpus.prepare(config, sys.argv[4])

@@ -10,7 +10,7 @@ cache and re-running the whole context per token, after a short warm-up of both.
 "same tokens" says whether the two drew the same tokens (they should; nothing is asserted).
 
 The tiny shape's context outgrows its block of 128 after 124 new tokens: from there each token recomputes
-the cache from the cropped context (machinery/sample.py, generate), which costs what no cache costs, so its
+the cache from the cropped context (machinery/components/sample.py, generate), which costs what no cache costs, so its
 speedup is smaller. The last line is the GPT-2-small shape's speedup in this run.
 """
 
@@ -22,7 +22,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machinery.sample import generate  # noqa: E402
+from machinery.components.sample import generate  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 SHAPES = {  # name -> GPTConfig fields; written out, so the bench needs no preset file

@@ -19,10 +19,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import train  # noqa: E402
 from data import TokenStream  # noqa: E402
-from machinery import (
-    config,  # noqa: E402
-    run_setup,  # noqa: E402
-)
+from machinery.components import run_setup  # noqa: E402
+from machinery.job import config  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from parallel.grid import Layout, ProcessGrid  # noqa: E402
 from parallel.layout import model_for_rank  # noqa: E402

@@ -57,7 +57,7 @@ EXERCISES = [
     ),
     Exercise(
         "attention",
-        "machinery/arms.py",
+        "machinery/job/arms.py",
         ("manual_causal_attention",),
         "softmax(q k^T / sqrt(head size) + causal mask) v, scores in fp32, dropout on the weights",
         (),
@@ -113,7 +113,7 @@ EXERCISES = [
     ),
     Exercise(
         "check_step",
-        "machinery/incidents.py",
+        "machinery/health/incidents.py",
         ("HealthMonitor.check_step",),
         "NaN, loss spike over the median, grad-norm z-score",
         (),
@@ -193,7 +193,7 @@ EXERCISES = [
     ),
     Exercise(
         "flops_per_token",
-        "machinery/closed_forms.py",
+        "machinery/planning/closed_forms.py",
         ("flops_per_token",),
         "6 N plus attention's 12 L C T",
         (),
@@ -205,7 +205,7 @@ EXERCISES = [
     ),
     Exercise(
         "checkpoint",
-        "machinery/checkpointer.py",
+        "machinery/components/checkpointer.py",
         ("Checkpointer.snapshot", "Checkpointer.restore"),
         "what a checkpoint holds, in single-device form, and the resume that puts each piece back",
         ("init", "clm_loss", "next_batch", "lr_at", "clip_gradients", "check_step", "flops_per_token"),

@@ -27,8 +27,8 @@ import torch  # noqa: E402
 from IPython.display import display  # noqa: E402
 
 import train  # noqa: E402
-from machinery.local_ranks import run_ranks  # noqa: E402
-from machinery.run_folder import read_jsonl  # noqa: E402
+from machinery.components.run_folder import read_jsonl  # noqa: E402
+from machinery.job.local_ranks import run_ranks  # noqa: E402
 
 # One thread: models this small gain little from a second core, every number repeats on a machine with more,
 # and two notebooks run side by side on two cores (tests/test_notebooks.py). Multi-rank runs give each rank one.

@@ -14,5 +14,5 @@
 The same code runs as a simulation on one CPU (gloo over loopback) and for real on GPUs (NCCL), started by
 torchrun. The training loop reaches all of it through one small interface, the model as a rank holds it
 (layout.RankModel): a ShardedModel (every layer: whole, or its TP slices) or a pipeline stage; torch's own DDP and
-FSDP2, the road past the course, answer it too (machinery/torch_engines.py).
+FSDP2, the road past the course, answer it too (machinery/job/torch_engines.py).
 """

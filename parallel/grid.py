@@ -16,8 +16,8 @@ from errors import UserError
 
 @dataclass(frozen=True)
 class Layout:
-    """How the ranks share the model out: one value, its every field a flag (machinery/config.py), checked once by
-    layout.check_layout and passed whole to the grid, the rank's model, the closed forms (machinery/closed_forms.py),
+    """How the ranks share the model out: one value, its every field a flag (machinery/job/config.py), checked once by
+    layout.check_layout and passed whole to the grid, the rank's model, the closed forms (closed_forms.py),
     the planner and the benchmarks. Frozen: a layout that passed its checks cannot change after them."""
 
     dp: int = 1  # data-parallel ranks: model copies, each reading its share of every batch
@@ -26,7 +26,7 @@ class Layout:
     sequence_parallel: bool = False  # with tp: the norm and dropout regions cut along the sequence, T/tp a rank
     cp: int = 1  # context-parallel ranks: each sequence cut across them, attention around a ring (context_parallel.py)
     # bucketed (async all-reduce overlapped with backward) | naive (one per parameter after it) |
-    # ddp | fsdp (torch's own engines, machinery/torch_engines.py: pure data parallelism)
+    # ddp | fsdp (torch's own engines, machinery/job/torch_engines.py: pure data parallelism)
     dp_mode: str = "bucketed"
     bucket_mb: float = 25.0  # gradient bucket size for the bucketed mode
     zero: int = 0  # ZeRO stage (zero.py): 1 shards AdamW's moments over the dp ranks, 2 the gradients too; 0: none

@@ -28,7 +28,7 @@ from parallel.tensor_parallel import tensor_parallel
 from parallel.zero import Zero1DataParallel, Zero2DataParallel
 
 HAND_WRITTEN = ("bucketed", "naive")  # --dp_mode: data_parallel.py's engines
-TORCH_ENGINES = ("ddp", "fsdp")  # --dp_mode: torch's own (machinery/torch_engines.py), pure data parallelism
+TORCH_ENGINES = ("ddp", "fsdp")  # --dp_mode: torch's own (machinery/job/torch_engines.py), pure data parallelism
 ZERO_STAGES = {1: Zero1DataParallel, 2: Zero2DataParallel}  # --zero: zero.py (stage 3 is --dp_mode fsdp)
 
 
@@ -43,7 +43,7 @@ class RankModel(Protocol):
     The loop never asks which layout it runs on. A rank that runs every layer is a ShardedModel
     (below: the whole GPT, or its tensor-parallel slices), a rank that runs one stage of the layers a
     PipelineModel (pipeline.py), and torch's own data parallelism a DDPModel or FSDPModel
-    (machinery/torch_engines.py). model_for_rank builds ours (torch_engines.rank_model torch's); tests/test_layout.py
+    (torch_engines.py). model_for_rank builds ours (torch_engines.rank_model torch's); tests/test_layout.py
     checks that each of the four has every member below.
     """
 
@@ -124,7 +124,7 @@ class ShardedModel:
 def forward_and_backward(forward, autocast, x, y, loss_weight):
     """One micro-batch of a model that runs every layer: the loss of (x, y) under autocast, loss_weight times it
     backpropagated; returns the loss, detached. Each rank model wraps it in its own way of holding the sync back
-    (ShardedModel, and torch's engines in machinery/torch_engines.py)."""
+    (ShardedModel, and torch's engines in machinery/job/torch_engines.py)."""
     with autocast:
         _, loss = forward(x, y)
     (loss * loss_weight).backward()
@@ -260,8 +260,10 @@ def model_for_rank(
     ZeRO's of --zero, over what this rank holds. dtype: the compute dtype that autocast runs (fp16 is refused
     where its loss scaling cannot work)."""
     check_layout(layout, whole.config, batch_size, grid.world_size, dtype)
-    if layout.dp_mode in TORCH_ENGINES:  # torch's engines are the machinery's: machinery.torch_engines.rank_model
-        raise ValueError(f"--dp_mode {layout.dp_mode}: torch's engine, which machinery.torch_engines.rank_model builds")
+    if layout.dp_mode in TORCH_ENGINES:  # torch's engines are the machinery's: machinery.job.torch_engines.rank_model
+        raise ValueError(
+            f"--dp_mode {layout.dp_mode}: torch's engine, which machinery.job.torch_engines.rank_model builds"
+        )
     whole.recompute = layout.recompute
     cuts = tensor_parallel(whole, grid, layout.sequence_parallel)  # TP: {name: Cut} of this rank's slices; {} at tp 1
     positions = context_parallel(whole, grid, layout.sequence_parallel)  # CP: its positions of each sequence, or None

@@ -21,7 +21,7 @@ parameters it updates, and the averaged gradient only where it updates. ZeRO cut
            buckets in flight. Under gradient accumulation every micro-batch is reduced so (as DeepSpeed
            does), one reduce-scatter per micro-batch.                 4 + 12/dp bytes per parameter
   (stage 3 shards the weights too and gathers them layer by layer before use: that is FSDP,
-   machinery/torch_engines.py's --dp_mode fsdp.)
+   machinery/job/torch_engines.py's --dp_mode fsdp.)
 
 A ring reduce-scatter and a ring all-gather each move (dp - 1)/dp of the bucket, as the two halves of a
 ring all-reduce do: stage 1, and stage 2 without accumulation, cost no more communication than plain DP.

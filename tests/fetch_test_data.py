@@ -14,8 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from machinery.corpus import DOWNLOADS  # noqa: E402
-from machinery.files import download  # noqa: E402
+from machinery.corpora.corpus import DOWNLOADS  # noqa: E402
+from machinery.job.files import download  # noqa: E402
 
 
 def main():

@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 import train
-from machinery import checkpoint
-from machinery.arms import ArmedGPT, ArmsConfig, ManualAttention, manual_causal_attention
-from machinery.config import parse_args
-from machinery.local_ranks import run_ranks
+from machinery.components import checkpoint
+from machinery.job.arms import ArmedGPT, ArmsConfig, ManualAttention, manual_causal_attention
+from machinery.job.config import parse_args
+from machinery.job.local_ranks import run_ranks
 from model import GPT, GPTConfig
 from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed
 from parallel.layout import model_for_rank

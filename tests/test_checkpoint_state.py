@@ -12,10 +12,10 @@ import torch
 from conftest import write_word_corpus
 
 import train
-from machinery import run_setup
-from machinery.config import parse_args
-from machinery.incidents import Recovery
-from machinery.local_ranks import run_ranks
+from machinery.components import run_setup
+from machinery.health.incidents import Recovery
+from machinery.job.config import parse_args
+from machinery.job.local_ranks import run_ranks
 from parallel.grid import destroy_distributed
 
 SAVED_AT, STEPS_AFTER = 4, 4  # steps before the checkpoint, and steps taken again after the resume

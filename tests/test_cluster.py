@@ -14,8 +14,8 @@ import time
 import pytest
 from conftest import ROOT, write_word_corpus
 
-from machinery import cluster
-from machinery.local_ranks import run_ranks
+from machinery.job import cluster
+from machinery.job.local_ranks import run_ranks
 from train import main
 
 # fmt: off
@@ -56,7 +56,7 @@ def test_a_second_stop_signal_ends_the_process_at_once():
     the signal does by default, without waiting for a boundary that may be far away."""
     code = (
         "import os, signal, time\n"
-        "from machinery import cluster\n"
+        "from machinery.job import cluster\n"
         "signals = cluster.StopSignals()\n"
         "signals.catch()\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from bench.layouts import measure_layout, pipelined
-from machinery.arms import ArmedGPT, ArmsConfig
-from machinery.closed_forms import parameters_on_rank
-from machinery.monitor import SavedActivations
+from machinery.health.monitor import SavedActivations
+from machinery.job.arms import ArmedGPT, ArmsConfig
+from machinery.planning.closed_forms import parameters_on_rank
 from model import GPT, GPTConfig
 from parallel.grid import Layout
 

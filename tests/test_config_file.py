@@ -7,9 +7,9 @@ import pytest
 from conftest import ROOT, write_word_corpus
 
 import train
-from machinery import config
-from machinery.config import parse_args, read_config_file
-from machinery.run_folder import read_jsonl
+from machinery.components.run_folder import read_jsonl
+from machinery.job import config
+from machinery.job.config import parse_args, read_config_file
 
 # a run small enough for a unit test: 1 layer of width 32, 20 steps, every loss logged
 # fmt: off

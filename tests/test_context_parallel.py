@@ -5,7 +5,7 @@ Whole training runs on cp layouts against one process: tests/test_data_parallel.
 import pytest
 import torch
 
-from machinery.local_ranks import results_of, run_ranks
+from machinery.job.local_ranks import results_of, run_ranks
 from model import causal_attention
 from parallel import context_parallel
 from parallel.context_parallel import (

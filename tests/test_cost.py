@@ -10,8 +10,8 @@ import torch
 from conftest import ROOT, run_script
 from torch.utils.flop_counter import FlopCounterMode
 
-from machinery import closed_forms, cost, planner
-from machinery.arms import ArmedGPT, ArmsConfig
+from machinery.job.arms import ArmedGPT, ArmsConfig
+from machinery.planning import closed_forms, cost, planner
 from model import GPT, CausalSelfAttention, GPTConfig, grouped_heads
 from parallel.grid import Layout
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from conftest import ROOT, run_script
 
-from machinery import bands, compare, curves
-from machinery.files import write_json_atomic
+from machinery.analysis import bands, compare, curves
+from machinery.job.files import write_json_atomic
 
 STEPS = 200
 SETTINGS = dict(

@@ -12,9 +12,9 @@ from conftest import ROOT, SHAKESPEARE, needs_gpt2, needs_shakespeare, run_scrip
 import data
 from data import TokenStream
 from errors import UserError
-from machinery import corpus
-from machinery.corpus import DOWNLOADS, DataConfig, get_tokenizer, prepare
-from machinery.files import download, file_sha256
+from machinery.corpora import corpus
+from machinery.corpora.corpus import DOWNLOADS, DataConfig, get_tokenizer, prepare
+from machinery.job.files import download, file_sha256
 
 TEXT = "Hello, world!\n\tunicode: naïve café 日本語 🙂 <|endoftext|> done"
 
@@ -338,7 +338,18 @@ def test_json_lines_corpus_gives_back_its_documents_in_order(tmp_path, name):
     path.write_bytes(gzip.compress(lines.encode()) if name.endswith(".gz") else lines.encode())
     out = tmp_path / "prepared"
     result = run_script(
-        ["-m", "machinery.corpus", "--source", path, "--text_field", "body", "--tokenizer", "gpt2", "--out_dir", out],
+        [
+            "-m",
+            "machinery.corpus",
+            "--source",
+            path,
+            "--text_field",
+            "body",
+            "--tokenizer",
+            "gpt2",
+            "--out_dir",
+            out,
+        ],
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
@@ -387,7 +398,7 @@ def test_sharded_parallel_prepare_writes_the_same_bytes(tmp_path):
 
 KILL_AT_SHARD = r"""
 import os, signal, sys
-from machinery import corpus
+from machinery.corpora import corpus
 calls = 0
 tokenize = corpus.tokenize_shard
 def tokenize_then_die(job):

@@ -10,9 +10,10 @@ import torch
 from conftest import ROOT, run_script, write_word_corpus
 
 import train
-from machinery import checkpoint, closed_forms
-from machinery.config import parse_args
-from machinery.local_ranks import run_ranks
+from machinery.components import checkpoint
+from machinery.job.config import parse_args
+from machinery.job.local_ranks import run_ranks
+from machinery.planning import closed_forms
 from model import GPT, GPTConfig
 from parallel.grid import Layout, ProcessGrid
 from parallel.layout import check_layout
@@ -737,7 +738,7 @@ def test_mfu_counts_the_whole_model_under_tensor_parallelism(corpus):
 
 
 def _check_visibility(paths_by_rank):
-    from machinery.cluster import check_visible_everywhere
+    from machinery.job.cluster import check_visible_everywhere
     from parallel.grid import destroy_distributed, init_distributed
 
     launch = init_distributed(30)

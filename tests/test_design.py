@@ -100,7 +100,12 @@ def test_no_import_cycle():
 def texts_of_ours():
     """[(file, text)]: every docstring of our code and scripts, every string of a preset, and the Markdown."""
     texts = []
-    scripts = [*ROOT.glob("*.py"), *ROOT.glob("parallel/*.py"), *ROOT.glob("machinery/*.py"), *ROOT.glob("bench/*.py")]
+    scripts = [
+        *ROOT.glob("*.py"),
+        *ROOT.glob("parallel/*.py"),
+        *ROOT.glob("machinery/**/*.py"),
+        *ROOT.glob("bench/*.py"),
+    ]
     scripts += [*ROOT.glob("exercises/*.py")]
     for path in [*scripts, ROOT / "notebooks" / "lab.py"]:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -114,13 +119,11 @@ def texts_of_ours():
 
 
 OUR_MODULES = {path.stem: path.stem for path in ROOT.glob("*.py")} | {"parallel": "parallel", "machinery": "machinery"}
-for package in (
-    "parallel",
-    "machinery",
-):  # a module of a package by its own name too: grid.Launch, closed_forms.flops_per_token
-    OUR_MODULES |= {
-        path.stem: f"{package}.{path.stem}" for path in ROOT.glob(f"{package}/*.py") if path.stem != "__init__"
-    }
+# a module of a package by its own name too (grid.Launch, closed_forms.flops_per_token), and machinery's folders; a
+# command's entry point (machinery/corpus.py) gives way to the module it runs (machinery/corpora/corpus.py)
+for path in sorted([*ROOT.glob("parallel/*.py"), *ROOT.glob("machinery/*.py"), *ROOT.glob("machinery/*/*.py")]):
+    dotted = path.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".").removesuffix(".__init__")
+    OUR_MODULES[dotted.rpartition(".")[2]] = dotted
 OUR_FILE_NAMES = {path.name for path in ROOT.rglob("*.py")}  # a bare name: a file of ours wherever it lies
 STDLIB = sysconfig.get_paths()["stdlib"]
 OTHERS_FILES = {"hellaswag.py": "llm.c's and build-nanogpt's HellaSwag scorer"}  # named as another project's
@@ -140,7 +143,7 @@ def unresolved(source, text):
     """What `text` (found in the file `source`) names that does not exist, each as `kind name`."""
     problems = []
     for name in FILE_PATH.findall(text):
-        places = [source.parent / name, ROOT / name, Path(STDLIB) / name]
+        places = [source.parent / name, ROOT / name, ROOT / "machinery" / name, Path(STDLIB) / name]
         if not any(place.is_file() for place in places) and name not in OUR_FILE_NAMES | OTHERS_FILES.keys():
             problems.append(f"file {name}")
     for module, attributes in DOTTED_NAME.findall(text):
@@ -167,14 +170,21 @@ def test_a_renamed_module_or_a_moved_function_is_caught():
         "file grids.py",
         "file parallel.py",
         "name parallel.init_distributed",
-        "name machinery.transfer.fit",
+        "name machinery.interchange.transfer.fit",
     ]
 
 
-@pytest.mark.parametrize("package", ["parallel", "machinery"])
+PACKAGES = [
+    "parallel",
+    "machinery",
+    *sorted(p.parent.relative_to(ROOT).as_posix() for p in ROOT.glob("machinery/*/__init__.py")),
+]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
 def test_the_packages_list_gives_each_file_once(package):
     """A package's __init__.py gives each of its files' jobs in a line: one added without its line is caught."""
-    listed = re.findall(r"^ +(\w+\.py) ", importlib.import_module(package).__doc__, re.MULTILINE)
+    listed = re.findall(r"^ +(\w+\.py) ", importlib.import_module(package.replace("/", ".")).__doc__, re.MULTILINE)
     files = sorted(path.name for path in ROOT.glob(f"{package}/*.py") if path.name != "__init__.py")
     assert sorted(listed) == files, f"{package}/__init__.py lists {sorted(listed)}; {package}/ holds {files}"
 
@@ -222,13 +232,14 @@ RUN_FIELDS = 10  # the Run holds components, each owning its state, and nothing 
 
 
 def test_the_run_is_a_few_components_and_no_function_takes_it():
-    """machinery.run_setup.Run has at most RUN_FIELDS fields, each a class of ours with methods (a component, not a
-    value regrouped); no function of the machinery or train.py has a parameter named run (the name means the Run),
-    and none is handed a Run: the Run's own methods are the steps that take several components."""
+    """machinery.components.run_setup.Run has at most RUN_FIELDS fields, each a class of ours with methods (a
+    component, not a value regrouped); no function of the machinery or train.py has a parameter named run (the
+    name means the Run), and none is handed a Run: the Run's own methods are the steps that take several
+    components."""
     import dataclasses
     import typing
 
-    from machinery.run_setup import Run
+    from machinery.components.run_setup import Run
 
     fields = dataclasses.fields(Run)
     assert len(fields) <= RUN_FIELDS, f"the Run has {len(fields)} fields: {[f.name for f in fields]}"
@@ -316,25 +327,31 @@ FIGURE_START, FIGURE_END = "<!-- the house: drawn by tests/test_design.py -->", 
 
 
 def house_figure():
-    """DESIGN.md's picture (a Mermaid flowchart): the lesson's files and the imports among them, each file of the
-    machinery and the files of the lesson it imports, and what train.py imports of the machinery. The machinery's
-    imports among its own files are the tree's, above the picture. errors.py, which every file that refuses an
-    input imports, is drawn without its arrows: they would hide the rest."""
+    """DESIGN.md's picture (a Mermaid flowchart): the lesson's files and the imports among them, machinery's folders
+    and the files of the lesson each imports, and what train.py imports of the machinery. The machinery's imports
+    among its own files are the tree's, below the picture. errors.py, which every file that refuses an input
+    imports, is drawn without its arrows: they would hide the rest."""
     graph = code_graph()
-    lesson = sorted(filter(in_the_lesson, graph))
-    machinery = sorted(f for f in graph if f.startswith("machinery/"))
-    node = {f: re.sub(r"\W", "_", f.removesuffix(".py")) for f in lesson + machinery}
-    lines = ["```mermaid", "flowchart LR"]
-    for name, title, files in (("lesson", "the lesson", lesson), ("machinery", "machinery/", machinery)):
-        lines.append(f'  subgraph {name}["{title}"]')
-        lines += [f'    {node[f]}["{f.removeprefix("machinery/")}"]' for f in files]
-        lines.append("  end")
-    edges = [
-        (a, b)
-        for a in lesson + machinery
-        for b in sorted(graph[a])
-        if b in node and b != "errors.py" and (b in lesson or a in lesson)  # into the lesson, or out (the hooks)
-    ]
+    lesson = sorted(f for f in graph if in_the_lesson(f))
+
+    def place(f):  # machinery/health/incidents.py -> machinery/health/; the lesson's files stand for themselves
+        return f if in_the_lesson(f) else f.rpartition("/")[0] + "/"
+
+    folders = sorted({place(f) for f in graph} - set(lesson) - {"machinery/"})  # less its commands' entry points
+    node = {f: re.sub(r"\W", "_", f.removesuffix(".py").rstrip("/")) for f in lesson + folders}
+    lines = ["```mermaid", "flowchart LR", '  subgraph lesson["the lesson"]']
+    lines += [f'    {node[f]}["{f}"]' for f in lesson]
+    lines += ["  end", '  subgraph machinery["machinery/"]']
+    lines += [f'    {node[f]}["{f.removeprefix("machinery/") or "machinery/"}"]' for f in folders]
+    lines.append("  end")
+    edges = sorted(
+        {
+            (place(a), place(b))
+            for a in graph
+            for b in graph[a]
+            if b != "errors.py" and (in_the_lesson(a) or in_the_lesson(b)) and place(a) != place(b) != "machinery/"
+        }
+    )
     lines += [f"  {node[a]} --> {node[b]}" for a, b in edges]
     return "\n".join([FIGURE_START, *lines, "```", FIGURE_END])
 
@@ -370,10 +387,8 @@ def import_tree(design):
     lines = []
     for file in order:
         imported = sorted(graph[file], key=order.index)
-        text = f"{', '.join(imported) or '(none)'}  ({notes[file]})"
-        wrapped = textwrap.wrap(text, 120 - 37, break_long_words=False, break_on_hyphens=False)
-        lines.append(f"{file:<32} ──> {wrapped[0]}")
-        lines += [" " * 37 + line for line in wrapped[1:]]
+        text = f"{file} ──> {', '.join(imported) or '(none)'}  ({notes[file]})"
+        lines += textwrap.wrap(text, 120, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
     return "\n" + "\n".join(lines) + "\n"
 
 

@@ -8,27 +8,35 @@ import pytest
 from conftest import ROOT, run_script
 
 from errors import UserError
-from machinery.local_ranks import run_ranks
+from machinery.job.local_ranks import run_ranks
 
 sys.path.insert(0, str(ROOT / "exercises"))
 
 # (the entry point's module, the function its main calls that we make raise, argv that reaches it)
 ENTRY_POINTS = {
-    "train.py": ("machinery.run_setup", "prepare_data", ["--max_iters", "1", "--plot", "false"]),
-    "python -m machinery.corpus": ("machinery.corpus", "prepare", ["--source", "x.txt", "--out_dir", "{tmp}/data"]),
-    "python -m machinery.cost": ("machinery.cost", "account", ["--model", "124M", "--gpu", "H100", "--gpus", "1"]),
-    "python -m machinery.curves": ("machinery.curves", "read_run", ["{tmp}/run"]),
-    "python -m machinery.compare": ("machinery.compare", "compare_runs", ["{tmp}/a", "{tmp}/b"]),
+    "train.py": ("machinery.components.run_setup", "prepare_data", ["--max_iters", "1", "--plot", "false"]),
+    "python -m machinery.corpus": (
+        "machinery.corpora.corpus",
+        "prepare",
+        ["--source", "x.txt", "--out_dir", "{tmp}/data"],
+    ),
+    "python -m machinery.cost": (
+        "machinery.planning.cost",
+        "account",
+        ["--model", "124M", "--gpu", "H100", "--gpus", "1"],
+    ),
+    "python -m machinery.curves": ("machinery.analysis.curves", "read_run", ["{tmp}/run"]),
+    "python -m machinery.compare": ("machinery.analysis.compare", "compare_runs", ["{tmp}/a", "{tmp}/b"]),
     "exercises/check_graders.py": ("check_graders", "mutants_of", ["lr_at"]),
     "exercises/grade.py": ("grade", "body", ["lr_at"]),
     "exercises/make.py": ("make", "stub", ["{tmp}/copy", "--only", "lr_at"]),
 }
 MAINS = {
     "train.py": "train",
-    "python -m machinery.corpus": "machinery.corpus",
-    "python -m machinery.cost": "machinery.cost",
-    "python -m machinery.curves": "machinery.curves",
-    "python -m machinery.compare": "machinery.compare",
+    "python -m machinery.corpus": "machinery.corpora.corpus",
+    "python -m machinery.cost": "machinery.planning.cost",
+    "python -m machinery.curves": "machinery.analysis.curves",
+    "python -m machinery.compare": "machinery.analysis.compare",
     "exercises/check_graders.py": "check_graders",
     "exercises/grade.py": "grade",
     "exercises/make.py": "make",
@@ -70,7 +78,7 @@ def test_train_py_prints_a_bugs_traceback_and_a_refusal_in_one_line(tmp_path):
     """The whole process, as a user sees it: a ValueError raised inside the run's set-up prints a traceback that
     names where it came from; a foreign --out_dir prints one line naming the folder, and no traceback."""
     bug = (
-        "import sys, train, machinery.run_setup as setup\n"
+        "import sys, train, machinery.components.run_setup as setup\n"
         "def prepare_data(*args, **kwargs):\n"
         "    raise ValueError('shapes (3,) and (4,) not aligned')\n"
         "setup.prepare_data = prepare_data\n"
@@ -94,8 +102,9 @@ def _rank0_fails(kind):
     in init_from.read_initial_weights; returns what this rank raised each time."""
     from types import SimpleNamespace
 
-    from machinery import cluster, init_from
-    from machinery.config import parse_args
+    from machinery.components import init_from
+    from machinery.job import cluster
+    from machinery.job.config import parse_args
     from parallel.grid import destroy_distributed, init_distributed
 
     def fail(*args):

@@ -10,11 +10,11 @@ import torch.nn as nn
 from conftest import HELLASWAG_FIXTURE as FIXTURE
 from conftest import ROOT, run_script
 
-from machinery import evaluation
-from machinery.config import BenchmarkConfig
-from machinery.corpus import ByteTokenizer
-from machinery.files import file_sha256
-from machinery.run_folder import is_finished
+from machinery.components import evaluation
+from machinery.components.run_folder import is_finished
+from machinery.corpora.corpus import ByteTokenizer
+from machinery.job.config import BenchmarkConfig
+from machinery.job.files import file_sha256
 from model import GPTConfig
 
 

@@ -5,8 +5,8 @@ import inspect
 import pytest
 import torch
 
-from machinery.checkpoint import ParameterCut
-from machinery.torch_engines import DDPModel, DTensorCut, FSDPModel
+from machinery.components.checkpoint import ParameterCut
+from machinery.job.torch_engines import DDPModel, DTensorCut, FSDPModel
 from model import GPT, GPTConfig
 from parallel.grid import Layout, ProcessGrid
 from parallel.layout import RankModel, model_for_rank

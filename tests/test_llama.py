@@ -11,11 +11,13 @@ import torch
 from conftest import SHAKESPEARE, needs_gpt2, needs_shakespeare, save_bpe_tokenizer, write_word_corpus
 
 import train
-from machinery import checkpoint, closed_forms, hf_layouts, transfer
-from machinery.arms import ArmedGPT, ArmsConfig
-from machinery.corpus import get_tokenizer
-from machinery.files import file_sha256
-from machinery.sample import KVCache, generate
+from machinery.components import checkpoint
+from machinery.components.sample import KVCache, generate
+from machinery.corpora.corpus import get_tokenizer
+from machinery.interchange import hf_layouts, transfer
+from machinery.job.arms import ArmedGPT, ArmsConfig
+from machinery.job.files import file_sha256
+from machinery.planning import closed_forms
 from model import GPT, GPTConfig, apply_rope, padded_vocab_size, rope_angles
 from parallel.grid import Layout, ProcessGrid
 from parallel.layout import check_layout, model_for_rank
@@ -76,7 +78,7 @@ def test_the_closed_form_counts_the_llama_parameters(extra):
 def test_the_planners_activations_per_block_match_what_autograd_keeps(fields):
     """closed_forms.memory_per_gpu's bytes per block (SwiGLU's four hidden tensors, RoPE's rotated q and k, GQA's
     smaller k and v) against the saved tensors of one more block, within the 25% notebook 09 allows GPT's."""
-    from machinery.monitor import SavedActivations
+    from machinery.health.monitor import SavedActivations
 
     def kept(n_layer):
         gpt_config = GPTConfig(n_layer=n_layer, n_head=4, n_embd=128, block_size=64, vocab_size=256, **fields)

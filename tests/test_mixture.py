@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from data import TokenStream
-from machinery.corpus import DataConfig
-from machinery.mixture import (
+from machinery.components.run_folder import data_changes
+from machinery.corpora.corpus import DataConfig
+from machinery.corpora.mixture import (
     Change,
     Mix,
     MixedStream,
@@ -20,7 +21,6 @@ from machinery.mixture import (
     weight_changes,
     weights_at,
 )
-from machinery.run_folder import data_changes
 
 T = 4  # block size
 SOURCE_TOKENS = 10_000  # source i's file holds the tokens i * 10_000 + 0, 1, 2, ...: a token tells its source

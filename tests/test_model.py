@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from errors import UserError
-from machinery.arms import ArmedGPT, ArmsConfig
-from machinery.sample import generate
+from machinery.components.sample import generate
+from machinery.job.arms import ArmedGPT, ArmsConfig
 from model import GPT, GPTConfig, causal_attention, clm_loss
 
 SMALL = dict(block_size=32, vocab_size=256, n_layer=3, n_head=4, n_embd=64)

@@ -5,8 +5,8 @@ import statistics
 import pytest
 import torch
 
-from machinery.incidents import HealthMonitor
-from machinery.monitor import SavedActivations, layer_grad_norms
+from machinery.health.incidents import HealthMonitor
+from machinery.health.monitor import SavedActivations, layer_grad_norms
 from model import GPT, GPTConfig
 
 SETTINGS = dict(window=10, spike_factor=2.0, grad_z_threshold=6.0, val_rise_evals=3)

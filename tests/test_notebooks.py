@@ -550,7 +550,7 @@ LONGEST_FIRST = (
 def executions(request, tmp_path_factory):
     """Notebook stem -> a Future of its executed copy (in a temporary folder: nothing committed changes), for every
     notebook the session selected, all started at once, two at a time."""
-    from machinery.corpus import DataConfig, load_or_prepare
+    from machinery.corpora.corpus import DataConfig, load_or_prepare
 
     # the corpus every notebook reads, tokenized once before any of them starts (two at once would race for it)
     load_or_prepare(DataConfig(source="stdlib", tokenizer="byte"), str(ROOT / "data" / "stdlib-byte"))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from machinery.local_ranks import run_ranks
+from machinery.job.local_ranks import run_ranks
 from model import GPT, GPTConfig
 from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed
 from parallel.layout import check_layout, model_for_rank

@@ -17,10 +17,11 @@ import pytest
 import torch
 from conftest import ROOT, run_script, write_word_corpus
 
-from machinery import checkpoint, cluster
-from machinery.config import RecoveryConfig, TrainConfig
-from machinery.incidents import Recovery
-from machinery.run_folder import read_jsonl
+from machinery.components import checkpoint
+from machinery.components.run_folder import read_jsonl
+from machinery.health.incidents import Recovery
+from machinery.job import cluster
+from machinery.job.config import RecoveryConfig, TrainConfig
 from train import lr_at
 
 # fmt: off

@@ -13,10 +13,10 @@ import torch
 from conftest import ROOT, needs_gpt2
 
 import train
-from machinery.arms import ArmedGPT, ArmsConfig
-from machinery.config import SampleConfig
-from machinery.corpus import ByteTokenizer, DataConfig, get_tokenizer, prepare
-from machinery.sample import KVCache, TextPrinter, filter_top_p, generate, sample_text, sample_texts
+from machinery.components.sample import KVCache, TextPrinter, filter_top_p, generate, sample_text, sample_texts
+from machinery.corpora.corpus import ByteTokenizer, DataConfig, get_tokenizer, prepare
+from machinery.job.arms import ArmedGPT, ArmsConfig
+from machinery.job.config import SampleConfig
 from model import GPT, GPTConfig
 
 SMALL = dict(block_size=16, n_layer=2, n_head=2, n_embd=32)

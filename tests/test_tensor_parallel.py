@@ -13,8 +13,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import train
-from machinery import checkpoint
-from machinery.local_ranks import run_ranks
+from machinery.components import checkpoint
+from machinery.job.local_ranks import run_ranks
 from model import GPT, GPTConfig
 from parallel.comm_count import take_comm_bytes
 from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed
@@ -395,7 +395,7 @@ def test_cut_shard_then_unshard_is_the_identity(cut, tp):
 
 def _activations_per_block(sequence_parallel, arch):
     """On a rank of tp 2: the bytes autograd keeps for one more block (3 blocks against 2)."""
-    from machinery.monitor import SavedActivations
+    from machinery.health.monitor import SavedActivations
 
     launch = init_distributed(60)
     grid = ProcessGrid(Layout(tp=2), launch.rank, launch.world_size)
@@ -419,7 +419,7 @@ def _activations_per_block(sequence_parallel, arch):
 def test_sequence_parallelism_cuts_the_norm_regions_as_the_closed_form_says(arch):
     """Per block on tp 2: the planner's activation bytes (fp32, as measured) with and without --sequence_parallel,
     each within 25% of what autograd keeps; the difference is the norms' tensors, halved."""
-    from machinery import closed_forms
+    from machinery.planning import closed_forms
 
     B, T, C = 8, 64, 128
     measured, planned = {}, {}

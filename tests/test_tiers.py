@@ -10,9 +10,10 @@ import pytest
 import torch
 from conftest import ROOT, TIKTOKEN_CACHE, needs_gpt2, run_script, write_word_corpus
 
-from machinery import checkpoint, hf_layouts, safetensors_format
-from machinery.run_folder import recorded_gpt_config
-from machinery.sample import generate
+from machinery.components import checkpoint
+from machinery.components.run_folder import recorded_gpt_config
+from machinery.components.sample import generate
+from machinery.interchange import hf_layouts, safetensors_format
 from model import GPT, GPTConfig
 
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))  # for this process and the scripts it starts
@@ -119,8 +120,8 @@ def test_init_from_gpt2_on_two_ranks_takes_the_steps_one_process_takes(tmp_path,
 @pytest.mark.integration
 def test_export_hf_loads_in_transformers_with_the_same_logits_and_greedy_text(tmp_path):
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
-    from machinery import checkpoint
-    from machinery.sample import single_device_model
+    from machinery.components import checkpoint
+    from machinery.components.sample import single_device_model
 
     corpus = write_word_corpus(tmp_path / "words.txt", 3000)
     # fmt: off
@@ -257,7 +258,7 @@ def mix_args(tmp_path, out):
 
 @pytest.mark.integration
 def test_mix_reads_its_weights_follows_its_schedule_and_resumes_exactly_after_sigkill(tmp_path):
-    from machinery.mixture import read_mix, weights_at
+    from machinery.corpora.mixture import read_mix, weights_at
 
     two_source_mix(tmp_path, [{"step": 8, "weights": {"prose": 3, "code": 1}, "ramp": 8}])
     clean = train(tmp_path, *mix_args(tmp_path, tmp_path / "clean"))

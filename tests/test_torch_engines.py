@@ -9,9 +9,10 @@ import torch
 from conftest import write_word_corpus
 
 import train
-from machinery import checkpoint, closed_forms
-from machinery.config import parse_args
-from machinery.local_ranks import results_of, run_ranks
+from machinery.components import checkpoint
+from machinery.job.config import parse_args
+from machinery.job.local_ranks import results_of, run_ranks
+from machinery.planning import closed_forms
 
 # fp32: the engines agree with one process to rounding (bf16 would round differently split matmuls differently)
 # fmt: off
@@ -134,7 +135,7 @@ def test_torch_engines_refuse_tensor_and_pipeline_parallelism(corpus, dp_mode, f
 
 def _replicas_after_wrapping(dp_mode):
     """Each rank builds its GPT from its own seed, then wraps it: the weights every rank then holds, whole."""
-    from machinery.torch_engines import DDPModel, FSDPModel
+    from machinery.job.torch_engines import DDPModel, FSDPModel
     from model import GPT, GPTConfig
     from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed
 

@@ -15,8 +15,8 @@ import pytest
 from conftest import write_word_corpus
 
 import train
-from machinery.run_folder import read_jsonl
-from machinery.tracking import wandb_mode
+from machinery.components.run_folder import read_jsonl
+from machinery.components.tracking import wandb_mode
 
 # a run of a few seconds: 2 layers of width 32, a log line every step, an evaluation every 5, a checkpoint every 4
 # fmt: off

@@ -10,9 +10,9 @@ from conftest import ROOT, run_script
 
 import train
 from data import TokenStream
-from machinery import checkpoint, run_setup
-from machinery.config import TrainConfig, parse_args
-from machinery.run_folder import read_jsonl
+from machinery.components import checkpoint, run_setup
+from machinery.components.run_folder import read_jsonl
+from machinery.job.config import TrainConfig, parse_args
 from model import GPT, GPTConfig
 from parallel.grid import Layout, ProcessGrid
 from parallel.layout import model_for_rank

@@ -11,9 +11,11 @@ import torch
 from conftest import needs_gpt2
 
 import train
-from machinery import checkpoint, config, hf_layouts, safetensors_format, transfer
-from machinery.arms import ArmsConfig
-from machinery.files import file_sha256
+from machinery.components import checkpoint
+from machinery.interchange import hf_layouts, safetensors_format, transfer
+from machinery.job import config
+from machinery.job.arms import ArmsConfig
+from machinery.job.files import file_sha256
 from model import GPT, GPTConfig
 
 GPT2_SHAPED = dict(norm="layernorm", bias=True, activation="gelu_tanh")

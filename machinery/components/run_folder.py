@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass
 
 from data import read_json
 from errors import UserError
-from machinery.arms import ArmsConfig
-from machinery.files import remove_if_exists, write_json_atomic
-from machinery.mixture import weight_changes
+from machinery.corpora.mixture import weight_changes
+from machinery.job.arms import ArmsConfig
+from machinery.job.files import remove_if_exists, write_json_atomic
 
 
 def out_dir_of(preset, cfg):

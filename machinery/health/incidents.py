@@ -28,9 +28,9 @@ from collections import deque
 from dataclasses import asdict, dataclass, replace
 
 from errors import UserError
-from machinery.cluster import say
-from machinery.config import RecoveryConfig
-from machinery.faults import FaultInjector
+from machinery.health.faults import FaultInjector
+from machinery.job.cluster import say
+from machinery.job.config import RecoveryConfig
 
 # ----------------------------------------------------------------------------
 # Detection: leading indicators and incident detectors

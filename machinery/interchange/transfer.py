@@ -26,11 +26,10 @@ from typing import NamedTuple
 import torch
 
 from errors import UserError
-from machinery import checkpoint, files
-from machinery.arms import ArmedGPT, ArmsConfig
-from machinery.cluster import say
-from machinery.corpus import get_tokenizer
-from machinery.hf_layouts import (
+from machinery.components import checkpoint
+from machinery.components.run_folder import recorded_gpt_config
+from machinery.corpora.corpus import get_tokenizer
+from machinery.interchange.hf_layouts import (
     EXPORTED_BY,
     GPT2_ARCHITECTURE,
     LLAMA_ARCHITECTURE,
@@ -44,8 +43,15 @@ from machinery.hf_layouts import (
     state_dict_from_hf,
     state_dict_to_hf,
 )
-from machinery.run_folder import recorded_gpt_config
-from machinery.safetensors_format import SHARD_INDEX, read_safetensors, read_safetensors_folder, shard_writers
+from machinery.interchange.safetensors_format import (
+    SHARD_INDEX,
+    read_safetensors,
+    read_safetensors_folder,
+    shard_writers,
+)
+from machinery.job import files
+from machinery.job.arms import ArmedGPT, ArmsConfig
+from machinery.job.cluster import say
 from model import GPTConfig, padded_vocab_size
 
 # ----------------------------------------------------------------------------

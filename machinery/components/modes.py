@@ -5,10 +5,10 @@ import os
 from dataclasses import replace
 
 from errors import UserError
-from machinery.run_folder import out_dir_of
-from machinery.run_setup import pick_device, set_up
-from machinery.sample import sample
-from machinery.transfer import export_run
+from machinery.components.run_folder import out_dir_of
+from machinery.components.run_setup import pick_device, set_up
+from machinery.components.sample import sample
+from machinery.interchange.transfer import export_run
 
 
 def run_mode(mode, preset, configs):

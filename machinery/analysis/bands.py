@@ -28,11 +28,11 @@ import numpy as np
 
 from data import read_json
 from errors import UserError
-from machinery.arms import ArmsConfig
-from machinery.config import RecoveryConfig, TrainConfig
-from machinery.run_folder import COMMAND_RECORDS, fill_new_fields, identity_defaults, read_jsonl
+from machinery.components.run_folder import COMMAND_RECORDS, fill_new_fields, identity_defaults, read_jsonl
+from machinery.job.arms import ArmsConfig
+from machinery.job.config import RecoveryConfig, TrainConfig
 
-BANDS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bands")
+BANDS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bands")
 MIN_SEEDS = 8  # fewer seeds than this leave the std too uncertain to draw an edge with
 SMOOTH = 5  # logged points the std is averaged over (centred): a per-step std of K seeds is itself noisy
 PERSIST = 3  # logged train losses in a row outside the edge: one point out is the noise of a batch

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from errors import UserError
-from machinery.files import remove_if_exists, write_json_atomic
+from machinery.job.files import remove_if_exists, write_json_atomic
 
 PREEMPTED = 75  # the exit code of a run stopped by SIGTERM or SIGUSR1 once its checkpoint is written (EX_TEMPFAIL)
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1")  # SIGUSR1 does not exist on Windows

@@ -24,9 +24,9 @@ except ModuleNotFoundError:  # Python 3.10: JSON config files only
     tomllib = None
 
 from errors import UserError
-from machinery.arms import ArmsConfig
-from machinery.corpus import DataConfig
-from machinery.transfer import hf_folder_config, hf_tokenizer_of
+from machinery.corpora.corpus import DataConfig
+from machinery.interchange.transfer import hf_folder_config, hf_tokenizer_of
+from machinery.job.arms import ArmsConfig
 from parallel.grid import Layout
 
 # ----------------------------------------------------------------------------
@@ -201,7 +201,7 @@ FLAGS = {
 }
 # what one command does to a run, not what the run is: never recorded
 ACTIONS = ("overwrite", "resume", "ckpt_step", "export_hf", "max_shard_mb")
-PRESET_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "presets")
+PRESET_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "presets")
 DEFAULT_PRESET = "tiny"
 
 

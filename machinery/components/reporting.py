@@ -11,14 +11,21 @@ import time
 import torch
 import torch.distributed as dist
 
-from machinery import closed_forms, cost
-from machinery.bands import find_band
-from machinery.cluster import PREEMPTED, say
-from machinery.corpus import get_tokenizer
-from machinery.evaluation import final_check
-from machinery.monitor import SavedActivations, Throughput, peak_memory_bytes, plot_gantt, plot_metrics, state_bytes
-from machinery.run_folder import append_jsonl, read_jsonl, write_jsonl
-from machinery.sample import sample_texts
+from machinery.analysis.bands import find_band
+from machinery.components.evaluation import final_check
+from machinery.components.run_folder import append_jsonl, read_jsonl, write_jsonl
+from machinery.components.sample import sample_texts
+from machinery.corpora.corpus import get_tokenizer
+from machinery.health.monitor import (
+    SavedActivations,
+    Throughput,
+    peak_memory_bytes,
+    plot_gantt,
+    plot_metrics,
+    state_bytes,
+)
+from machinery.job.cluster import PREEMPTED, say
+from machinery.planning import closed_forms, cost
 from parallel.comm_count import take_busiest_comm_bytes
 from parallel.pipeline import bubble_fraction
 

@@ -5,9 +5,9 @@ and retention. checkpoint.py holds the single-device form and the folders on dis
 import os
 
 from errors import UserError
-from machinery import checkpoint
-from machinery.cluster import raise_on_every_rank, run_on_rank0, say
-from machinery.run_folder import config_changes, fill_new_fields, identity_defaults
+from machinery.components import checkpoint
+from machinery.components.run_folder import config_changes, fill_new_fields, identity_defaults
+from machinery.job.cluster import raise_on_every_rank, run_on_rank0, say
 
 
 class Checkpointer:

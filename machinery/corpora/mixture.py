@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from errors import UserError
-from machinery.corpus import default_data_dir, load_or_prepare
+from machinery.corpora.corpus import default_data_dir, load_or_prepare
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Many ranks on one machine without torchrun: the simulation that tests, benchmarks and notebooks run.
 
-    from machinery.local_ranks import run_ranks
+    from machinery.job.local_ranks import run_ranks
     outcome = run_ranks(8, train.main, ["--dp", "2", "--tp", "2", "--pp", "2", "--micro_batches", "2"])
 
 Each rank is a child process with the environment torchrun would give it

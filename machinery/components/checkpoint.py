@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 
 from errors import UserError
-from machinery.cluster import say
-from machinery.files import file_sha256, fsync_dir, write_synced
+from machinery.job.cluster import say
+from machinery.job.files import file_sha256, fsync_dir, write_synced
 from model import GPT
 
 STATE_FILE, MANIFEST_FILE = "state.pt", "manifest.json"

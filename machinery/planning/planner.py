@@ -11,7 +11,12 @@ from dataclasses import dataclass, replace
 import torch
 
 from errors import UserError
-from machinery.closed_forms import comm_bytes_per_step, flops_per_token, fullest_rank_parameters, memory_per_gpu
+from machinery.planning.closed_forms import (
+    comm_bytes_per_step,
+    flops_per_token,
+    fullest_rank_parameters,
+    memory_per_gpu,
+)
 from parallel.grid import Layout
 from parallel.pipeline import stage_layers
 
@@ -104,7 +109,7 @@ def measure_cpu(gpt_config, rows, ranks):
     times faster than between two busy processes on shared cores). A 2-rank ring all-reduce is 2
     messages: the latency per message is half a 4-byte all-reduce's time, and the bandwidth is what
     fits the time of one the size of a (rows, C) fp32 activation."""
-    from machinery.local_ranks import results_of, run_ranks
+    from machinery.job.local_ranks import results_of, run_ranks
 
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))

@@ -13,7 +13,7 @@ import struct
 import torch
 
 from errors import UserError
-from machinery import files
+from machinery.job import files
 
 SAFETENSORS_DTYPES = {
     "F64": torch.float64,

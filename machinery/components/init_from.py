@@ -7,11 +7,11 @@ from typing import NamedTuple
 
 from data import read_json
 from errors import UserError
-from machinery import checkpoint
-from machinery.arms import ArmedGPT
-from machinery.cluster import raise_on_every_rank, run_on_rank0, said_of, say
-from machinery.run_folder import config_changes, data_changes
-from machinery.transfer import fit_to_run, initial_weights
+from machinery.components import checkpoint
+from machinery.components.run_folder import config_changes, data_changes
+from machinery.interchange.transfer import fit_to_run, initial_weights
+from machinery.job.arms import ArmedGPT
+from machinery.job.cluster import raise_on_every_rank, run_on_rank0, said_of, say
 from model import padded_vocab_size
 
 

@@ -18,7 +18,7 @@ import time
 import torch
 
 from errors import UserError
-from machinery.files import write_json_atomic
+from machinery.job.files import write_json_atomic
 
 
 class FaultInjector:

@@ -15,19 +15,13 @@ import numpy as np
 import torch
 
 from errors import UserError
-from machinery import checkpoint, planner
-from machinery.arms import check_arms
-from machinery.checkpointer import Checkpointer
-from machinery.cluster import Watch, check_visible_everywhere, end_with_launcher, run_on_rank0, say
-from machinery.config import Configs, config_file_form
-from machinery.corpus import get_tokenizer
-from machinery.evaluation import final_check, read_benchmark
-from machinery.faults import FaultInjector
-from machinery.incidents import HealthMonitor, Incidents, Recovery
-from machinery.init_from import InitialWeights, initial_model, load_initial_weights
-from machinery.reporting import Reporter
-from machinery.run_data import RunData, check_a_corpus_is_named, open_token_streams, prepare_data
-from machinery.run_folder import (
+from machinery.components import checkpoint
+from machinery.components.checkpointer import Checkpointer
+from machinery.components.evaluation import final_check, read_benchmark
+from machinery.components.init_from import InitialWeights, initial_model, load_initial_weights
+from machinery.components.reporting import Reporter
+from machinery.components.run_data import RunData, check_a_corpus_is_named, open_token_streams, prepare_data
+from machinery.components.run_folder import (
     RunFolder,
     append_jsonl,
     check_out_dir_is_ours,
@@ -40,9 +34,16 @@ from machinery.run_folder import (
     record_identity,
     run_identity,
 )
-from machinery.torch_engines import rank_model
-from machinery.tracking import Tracker, hyperparameters, trackers_asked
-from machinery.transfer import fetch_named_base, is_named_base
+from machinery.components.tracking import Tracker, hyperparameters, trackers_asked
+from machinery.corpora.corpus import get_tokenizer
+from machinery.health.faults import FaultInjector
+from machinery.health.incidents import HealthMonitor, Incidents, Recovery
+from machinery.interchange.transfer import fetch_named_base, is_named_base
+from machinery.job.arms import check_arms
+from machinery.job.cluster import Watch, check_visible_everywhere, end_with_launcher, run_on_rank0, say
+from machinery.job.config import Configs, config_file_form
+from machinery.job.torch_engines import rank_model
+from machinery.planning import planner
 from parallel.grid import ProcessGrid, init_distributed, launch_from_environment
 from parallel.layout import RankModel, check_layout
 from parallel.optimizer import adamw

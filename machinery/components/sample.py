@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from errors import UserError
-from machinery import checkpoint
-from machinery.arms import ArmedGPT
-from machinery.corpus import get_tokenizer
-from machinery.run_folder import out_dir_of, recorded_gpt_config
+from machinery.components import checkpoint
+from machinery.components.run_folder import out_dir_of, recorded_gpt_config
+from machinery.corpora.corpus import get_tokenizer
+from machinery.job.arms import ArmedGPT
 
 SEPARATOR = "\n<|endoftext|>\n"  # between the documents of a sample
 

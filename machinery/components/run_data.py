@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 from data import TokenStream
 from errors import UserError
-from machinery.cluster import run_on_rank0, say
-from machinery.corpus import DataConfig, default_data_dir, load_or_prepare
-from machinery.evaluation import evaluate
-from machinery.mixture import Mix, MixedStream, mix_meta, prepare_sources, read_mix, weights_at
+from machinery.components.evaluation import evaluate
+from machinery.corpora.corpus import DataConfig, default_data_dir, load_or_prepare
+from machinery.corpora.mixture import Mix, MixedStream, mix_meta, prepare_sources, read_mix, weights_at
+from machinery.job.cluster import run_on_rank0, say
 
 
 @dataclass

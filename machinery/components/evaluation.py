@@ -35,11 +35,11 @@ import torch
 import torch.nn.functional as F
 
 from errors import UserError
-from machinery import checkpoint
-from machinery.cluster import say
-from machinery.corpus import get_tokenizer
-from machinery.files import download
-from machinery.sample import single_device_model
+from machinery.components import checkpoint
+from machinery.components.sample import single_device_model
+from machinery.corpora.corpus import get_tokenizer
+from machinery.job.cluster import say
+from machinery.job.files import download
 from parallel.grid import all_reduce_mean
 
 # ----------------------------------------------------------------------------
