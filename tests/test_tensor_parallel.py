@@ -322,7 +322,7 @@ def _compare_with_single_device(cfg_kwargs, tp):
     grads = dict(single.named_parameters())
     for name, p, cut in model.local_parameters():
         torch.testing.assert_close(checkpoint.gather_whole(p.grad, cut, grid), grads[name].grad, msg=name)
-    full = checkpoint.full_state_dict(model, grid)
+    full = checkpoint.full_state_dict(model)
     assert list(full) == list(single.state_dict())
     for name, value in single.state_dict().items():
         torch.testing.assert_close(full[name], value, msg=name)

@@ -145,7 +145,7 @@ def _replicas_after_wrapping(dp_mode):
     gpt = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=16))
     rank0_weights = {name: p.detach().clone() for name, p in gpt.named_parameters()} if launch.rank == 0 else None
     model = DDPModel(gpt, grid) if dp_mode == "ddp" else FSDPModel(gpt, grid)
-    held = {name: w.tolist() for name, w in checkpoint.full_state_dict(model, grid).items()}
+    held = {name: w.tolist() for name, w in checkpoint.full_state_dict(model).items()}
     destroy_distributed()
     return held, rank0_weights and {name: w.tolist() for name, w in rank0_weights.items()}
 

@@ -66,7 +66,7 @@ def evaluate_checkpoints(logged, steps, evaluation, device):
     for step in steps:
         _, state = checkpoint.load_chosen(os.path.join(logged.folder, "ckpt"), step, device)
         model = single_device_model(recorded_gpt_config(state["config"]), state["model"], device)
-        results[step] = {"val_loss": evaluate(model_for_rank(model, grid, Layout(), batches), stream, batches, grid)}
+        results[step] = {"val_loss": evaluate(model_for_rank(model, grid, Layout(), batches), stream, batches)}
         if examples:
             scores = benchmark_scores(model, tokenizer, examples, device, contextlib.nullcontext())
             results[step]["acc_norm"] = scores["acc_norm"]

@@ -91,26 +91,28 @@ def merge_stages(mine, grid):
     return {name: value for piece in pieces for name, value in piece.items()}
 
 
-def full_state_dict(model, grid):
-    """The single-device GPT's state dict: every slice gathered whole, every stage's part merged."""
+def full_state_dict(model):
+    """The single-device GPT's state dict of the model as this rank holds it (a RankModel): every slice gathered
+    whole, every stage's part merged."""
+    grid = model.grid
     full = merge_stages({name: gather_whole(p, cut, grid) for name, p, cut in model.local_parameters()}, grid)
     # a tied matrix under both names (an untied head, --tie_embeddings false, is a parameter of its own)
     full.update({alias: full[name] for alias, name in GPT.TIED.items() if alias not in full})
     return full
 
 
-def load_full_state_dict(model, full, grid):
+def load_full_state_dict(model, full):
     """Each rank takes its part of a single-device state dict: its stage's parameters, cut to its slices."""
     with torch.no_grad():
         for name, p, cut in model.local_parameters():
-            p.copy_(take_slice(full[name], cut, grid))
+            p.copy_(take_slice(full[name], cut, model.grid))
 
 
-def full_optimizer_state_dict(optimizer, model, grid, groups):
+def full_optimizer_state_dict(optimizer, model, groups):
     """AdamW's state dict as a single-device run saves it: moments gathered and merged like the
     weights, indexed in single-device order. groups: the single-device parameter names of
     each optimizer parameter group, in order (run_setup.make_optimizer's groups)."""
-    held = optimizer.moments()
+    held, grid = optimizer.moments(), model.grid
     mine = {
         name: {key: gather_whole(value, cut, grid) if value.dim() > 0 else value for key, value in held[p].items()}
         for name, p, cut in model.local_parameters()
@@ -128,7 +130,7 @@ def full_optimizer_state_dict(optimizer, model, grid, groups):
     }
 
 
-def load_full_optimizer_state_dict(optimizer, full, model, grid, groups):
+def load_full_optimizer_state_dict(optimizer, full, model, groups):
     """Each rank takes the moments of its own parameters from a single-device AdamW state dict, cut to its slices."""
     order = [name for names in groups for name in names]
     mine = {name: (p, cut) for name, p, cut in model.local_parameters()}
@@ -137,7 +139,7 @@ def load_full_optimizer_state_dict(optimizer, full, model, grid, groups):
         if order[i] in mine:
             p, cut = mine[order[i]]
             moments[p] = {
-                key: take_slice(value, cut, grid) if value.dim() > 0 else value for key, value in state.items()
+                key: take_slice(value, cut, model.grid) if value.dim() > 0 else value for key, value in state.items()
             }
     optimizer.load_moments(moments, full["param_groups"])
 

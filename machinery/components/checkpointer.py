@@ -32,10 +32,8 @@ class Checkpointer:
         calls it: it gathers the parts."""
         # exercise checkpoint, Checkpointer.snapshot: begin
         return {
-            "model": checkpoint.full_state_dict(self.model, self.grid),
-            "optimizer": checkpoint.full_optimizer_state_dict(
-                self.optimizer, self.model, self.grid, self.optimizer_groups
-            ),
+            "model": checkpoint.full_state_dict(self.model),
+            "optimizer": checkpoint.full_optimizer_state_dict(self.optimizer, self.model, self.optimizer_groups),
             "scaler": self.scaler.state_dict(),  # empty unless fp16 loss scaling is on
             "step": step,
             "data": self.data.state_dict(),
@@ -67,10 +65,10 @@ class Checkpointer:
         if "optimizer" not in state or "optimizer" in forget:
             say("warning: no optimizer state taken from the checkpoint; AdamW restarts from zero moments")
         # exercise checkpoint, Checkpointer.restore: begin
-        checkpoint.load_full_state_dict(self.model, state["model"], self.grid)
+        checkpoint.load_full_state_dict(self.model, state["model"])
         if "optimizer" in state and "optimizer" not in forget:
             checkpoint.load_full_optimizer_state_dict(
-                self.optimizer, state["optimizer"], self.model, self.grid, self.optimizer_groups
+                self.optimizer, state["optimizer"], self.model, self.optimizer_groups
             )
         if state.get("scaler"):  # empty when the saving run had no fp16 loss scaling
             self.scaler.load_state_dict(state["scaler"])

@@ -47,7 +47,7 @@ from parallel.grid import all_reduce_mean
 
 
 @torch.no_grad()
-def evaluate(model, stream, batches, grid):
+def evaluate(model, stream, batches):
     """Mean loss over the first `batches` micro-batches of each rank's share of the stream,
     averaged over the DP ranks: the same rows every time, and the same rows for any layout
     that reads the same number of global batches. model is the model as this rank holds it."""
@@ -58,7 +58,7 @@ def evaluate(model, stream, batches, grid):
         x, y = stream.next_batch()
         loss_sum += model.loss(x.to(model.device), y.to(model.device)).float()
     model.module.train()
-    return all_reduce_mean(loss_sum / batches, grid.dp_group, grid.dp).item()
+    return all_reduce_mean(loss_sum / batches, model.grid.dp_group, model.grid.dp).item()
 
 
 # ----------------------------------------------------------------------------
@@ -196,7 +196,7 @@ def benchmark_scores(model, tokenizer, examples, device, autocast, examples_per_
 # The final check
 
 
-def final_check(model, grid, step, val_loss, gpt_config, meta, benchmark_examples, eval_only=False):
+def final_check(model, step, val_loss, gpt_config, meta, benchmark_examples, eval_only=False):
     """Val loss and perplexity, and the benchmark, of the weights `model` holds (the model as this
     rank holds it, of single-device GPTConfig gpt_config; meta: its token files' meta.json),
     printed. Every rank calls it (the weights are gathered into single-device form); rank 0 scores
@@ -207,8 +207,8 @@ def final_check(model, grid, step, val_loss, gpt_config, meta, benchmark_example
         f"step {step}, final check: val loss {val_loss:.4f}, perplexity {math.exp(val_loss):.2f} "
         f"(uniform guessing: {meta['vocab_size']})"
     )
-    whole = checkpoint.full_state_dict(model, grid)
-    if grid.rank != 0:
+    whole = checkpoint.full_state_dict(model)
+    if model.grid.rank != 0:
         return None, None
     single = single_device_model(gpt_config, whole, model.device)
     record = {"step": step, "val_loss": val_loss, **({"eval_only": True} if eval_only else {})}

@@ -86,7 +86,7 @@ def load_initial_weights(model, weights, job, meta, identity):
                 f"--init_from {weights.source} no longer fits the model this run recorded ({'; '.join(changed)}): "
                 "start over with --overwrite, or point --init_from at the weights the run started from"
             )
-    checkpoint.load_full_state_dict(model, weights.state_dict, grid)
+    checkpoint.load_full_state_dict(model, weights.state_dict)
     say(f"starting from the weights of {weights.source}: a fresh optimizer, step 0, this run's data")
     if weights.data is not None and (changed := data_changes(weights.data, identity["data"])):
         say(f"the data, against what {weights.source} read: {'; '.join(changed)}")

@@ -211,7 +211,6 @@ class Reporter:
             self.print_pipeline_bubble(timeline)
         record, single = final_check(
             model,
-            self.grid,
             self.configs.train.max_iters,
             final_evaluation["val_loss"],
             self.configs.model,

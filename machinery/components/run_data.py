@@ -31,12 +31,12 @@ class RunData:
     def load_state_dict(self, state):
         self.train_stream.load_state_dict(state)
 
-    def validate(self, model, grid, step):
+    def validate(self, model, step):
         """{"val_loss": ...} of `model` (the model as this rank holds it): the mean loss on the first val rows. A mix
         adds "val_loss_by_source", and "mix_tokens" (each source's tokens read so far); its val_loss weighs the
         sources by the weights in force at `step`, the mix the train loss is drawn from, so the two stay comparable
         (the val-rise detector sets one against the other) when the mix changes."""
-        losses = {name: evaluate(model, stream, self.eval_batches, grid) for name, stream in self.val_streams.items()}
+        losses = {name: evaluate(model, stream, self.eval_batches) for name, stream in self.val_streams.items()}
         if self.mix is None:
             (val_loss,) = losses.values()
             return {"val_loss": val_loss}

@@ -214,7 +214,7 @@ class Run:
     def validate(self, step):
         """{"val_loss": ...} of the weights now (for a mix, each source's too, and the tokens read), off the clock."""
         with self.reporter.throughput.paused():
-            return self.data.validate(self.learner.model, self.job.grid, step)
+            return self.data.validate(self.learner.model, step)
 
     def respond_to_incident(self, step, fired):
         """The runbook's rung for the incident `fired` at `step`, acted on; returns the step to go on from."""
@@ -227,10 +227,9 @@ class Run:
         if latest is None:
             raise UserError(f"--eval_only: no checkpoint in {folder.ckpt_dir} verifies")
         step, state = latest
-        checkpoint.load_full_state_dict(self.learner.model, state["model"], job.grid)
+        checkpoint.load_full_state_dict(self.learner.model, state["model"])
         record, _ = final_check(
             self.learner.model,
-            job.grid,
             step,
             self.validate(step)["val_loss"],
             job.configs.model,

@@ -1,8 +1,8 @@
 # wrong: the scaler's state is loaded even when it is empty (no fp16 loss scaling), which GradScaler refuses
 # in: Checkpointer.restore
-checkpoint.load_full_state_dict(self.model, state["model"], self.grid)
+checkpoint.load_full_state_dict(self.model, state["model"])
 if "optimizer" in state and "optimizer" not in forget:
-    checkpoint.load_full_optimizer_state_dict(self.optimizer, state["optimizer"], self.model, self.grid,
+    checkpoint.load_full_optimizer_state_dict(self.optimizer, state["optimizer"], self.model,
                                               self.optimizer_groups)
 if "scaler" in state:
     self.scaler.load_state_dict(state["scaler"])

@@ -1,8 +1,8 @@
 # wrong: the fp16 loss scaler is left out of the checkpoint
 # in: Checkpointer.snapshot
 return {
-    "model": checkpoint.full_state_dict(self.model, self.grid),
-    "optimizer": checkpoint.full_optimizer_state_dict(self.optimizer, self.model, self.grid, self.optimizer_groups),
+    "model": checkpoint.full_state_dict(self.model),
+    "optimizer": checkpoint.full_optimizer_state_dict(self.optimizer, self.model, self.optimizer_groups),
     "step": step,
     "data": self.data.state_dict(),
     "rng": checkpoint.rng_state(),

@@ -1,6 +1,6 @@
 # wrong: AdamW's moments are not restored: the resumed run updates as if from a fresh optimizer
 # in: Checkpointer.restore
-checkpoint.load_full_state_dict(self.model, state["model"], self.grid)
+checkpoint.load_full_state_dict(self.model, state["model"])
 if state.get("scaler"):
     self.scaler.load_state_dict(state["scaler"])
 self.data.load_state_dict({"position": 0} if "data_position" in forget else state["data"])

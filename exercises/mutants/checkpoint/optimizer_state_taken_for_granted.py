@@ -1,8 +1,8 @@
 # wrong: the optimizer state is taken for granted: a checkpoint without it fails even under --reset_optimizer
 # in: Checkpointer.restore
-checkpoint.load_full_state_dict(self.model, state["model"], self.grid)
+checkpoint.load_full_state_dict(self.model, state["model"])
 if "optimizer" not in forget:
-    checkpoint.load_full_optimizer_state_dict(self.optimizer, state["optimizer"], self.model, self.grid,
+    checkpoint.load_full_optimizer_state_dict(self.optimizer, state["optimizer"], self.model,
                                               self.optimizer_groups)
 if state.get("scaler"):
     self.scaler.load_state_dict(state["scaler"])

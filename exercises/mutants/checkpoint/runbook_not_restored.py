@@ -1,8 +1,8 @@
 # wrong: the runbook's state is not restored: a lowered LR or a re-warm is forgotten on resume
 # in: Checkpointer.restore
-checkpoint.load_full_state_dict(self.model, state["model"], self.grid)
+checkpoint.load_full_state_dict(self.model, state["model"])
 if "optimizer" in state and "optimizer" not in forget:
-    checkpoint.load_full_optimizer_state_dict(self.optimizer, state["optimizer"], self.model, self.grid,
+    checkpoint.load_full_optimizer_state_dict(self.optimizer, state["optimizer"], self.model,
                                               self.optimizer_groups)
 if state.get("scaler"):
     self.scaler.load_state_dict(state["scaler"])

@@ -1,8 +1,8 @@
 # wrong: the runbook's state and the monitor saved as live objects, which a checkpoint file cannot hold
 # in: Checkpointer.snapshot
 return {
-    "model": checkpoint.full_state_dict(self.model, self.grid),
-    "optimizer": checkpoint.full_optimizer_state_dict(self.optimizer, self.model, self.grid, self.optimizer_groups),
+    "model": checkpoint.full_state_dict(self.model),
+    "optimizer": checkpoint.full_optimizer_state_dict(self.optimizer, self.model, self.optimizer_groups),
     "scaler": self.scaler.state_dict(),
     "step": step,
     "data": self.data.state_dict(),

@@ -1,8 +1,8 @@
 # wrong: the fp16 loss scaler is not restored
 # in: Checkpointer.restore
-checkpoint.load_full_state_dict(self.model, state["model"], self.grid)
+checkpoint.load_full_state_dict(self.model, state["model"])
 if "optimizer" in state and "optimizer" not in forget:
-    checkpoint.load_full_optimizer_state_dict(self.optimizer, state["optimizer"], self.model, self.grid,
+    checkpoint.load_full_optimizer_state_dict(self.optimizer, state["optimizer"], self.model,
                                               self.optimizer_groups)
 self.data.load_state_dict({"position": 0} if "data_position" in forget else state["data"])
 checkpoint.set_rng_state(state["rng"])

@@ -1,8 +1,8 @@
 # wrong: the step saved is the one after the checkpoint's, so a resume skips a step of the schedule
 # in: Checkpointer.snapshot
 return {
-    "model": checkpoint.full_state_dict(self.model, self.grid),
-    "optimizer": checkpoint.full_optimizer_state_dict(self.optimizer, self.model, self.grid, self.optimizer_groups),
+    "model": checkpoint.full_state_dict(self.model),
+    "optimizer": checkpoint.full_optimizer_state_dict(self.optimizer, self.model, self.optimizer_groups),
     "scaler": self.scaler.state_dict(),
     "step": step + 1,
     "data": self.data.state_dict(),

@@ -1,7 +1,7 @@
 # wrong: the weights are not restored: the resumed run trains on from its own (fresh or later) weights
 # in: Checkpointer.restore
 if "optimizer" in state and "optimizer" not in forget:
-    checkpoint.load_full_optimizer_state_dict(self.optimizer, state["optimizer"], self.model, self.grid,
+    checkpoint.load_full_optimizer_state_dict(self.optimizer, state["optimizer"], self.model,
                                               self.optimizer_groups)
 if state.get("scaler"):
     self.scaler.load_state_dict(state["scaler"])
