@@ -6,10 +6,9 @@ claims GPT-2. The loss is the causal language modelling (CLM) loss: cross-entrop
 the next token, in fp32. The counterfactuals the notebooks measure these choices against (Post-LN, no norm, a naive
 init, attention written out) are machinery/job/arms.py's subclass of this GPT.
 
-`--arch llama` is the family today's small bases belong to (Llama, SmolLM2, Qwen2.5), beside GPT-2 and sharing
-everything else: rotary positions instead of learned ones (`apply_rope`), grouped-query attention (`--n_kv_head`:
-fewer key/value heads, each shared by a group of query heads), a SwiGLU MLP (`SwiGLU`), and as options the
-q/k/v biases of Qwen2.5 (`--qkv_bias`) and an untied output head (`--tie_embeddings false`).
+`--arch llama` is the family of today's small bases (Llama, SmolLM2, Qwen2.5), sharing the rest: rotary positions
+(`apply_rope`), grouped-query attention (`--n_kv_head`: fewer key/value heads, each shared by a group of query heads),
+a SwiGLU MLP (`SwiGLU`), and as options Qwen2.5's q/k/v biases and an untied output head (`--tie_embeddings false`).
 
 Shapes: B batch, T sequence, C channels (n_embd), H heads, V vocab.
 """
@@ -262,12 +261,10 @@ class CLMLoss(nn.Module):
 
 
 def run_blocks(blocks, x, recompute=False):
-    """x (B, T, C) through the blocks in turn.
-
-    recompute (activation recomputation, --recompute; Chen et al. 2016): a block keeps only its input for
-    backward, which first runs the block's forward again to rebuild what it dropped. Per layer, backward then
-    keeps 2 s b h bytes at 16 bits instead of about s b h (10 + 24/tp): memory bought with a second forward,
-    about a third more compute. The random generators are replayed, so dropout draws the same mask twice."""
+    """x (B, T, C) through the blocks in turn. recompute (activation recomputation, --recompute; Chen et al. 2016): a
+    block keeps only its input for backward, which first runs the block's forward again to rebuild what it dropped.
+    Per layer, backward then keeps 2 s b h bytes at 16 bits instead of about s b h (10 + 24/tp): memory bought with
+    a second forward, a third more compute. The random generators are replayed: dropout draws the same mask twice."""
     for block in blocks:
         x = checkpoint(block, x, use_reentrant=False) if recompute and torch.is_grad_enabled() else block(x)
     return x

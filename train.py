@@ -14,11 +14,9 @@ The four stability defenses: LR warmup then cosine decay (`lr_at`), global grad-
 autocast the model runs under, the GradScaler in `optimizer_step`), and Pre-LN + RMSNorm + scaled init
 (model.py). Incidents the detectors catch are answered by the runbook: roll back, skip the data, lower the LR.
 
-The loop never asks how the model is laid out across ranks: it talks to the model as this rank holds it
-(parallel/layout.py's RankModel). Nor does it hold the machinery a real run needs (checkpoint folders, logs,
-the cost account, the runbook's actions): machinery's run_setup.py builds the `Run` of a few components, and the
-loop calls the methods Run's docstring lists. A run writes one folder, --out_dir (docs/runs-and-checkpoints.md
-lists its files).
+The loop never asks how the model is laid out across ranks (it talks to parallel/layout.py's RankModel), nor holds
+the machinery a real run needs: machinery's run_setup.py builds the `Run` of a few components, whose methods it
+calls. A run writes one folder, --out_dir (docs/runs-and-checkpoints.md lists its files).
 """
 
 import math
@@ -165,8 +163,8 @@ def log_due(step, record, cfg):
 
 
 def skipped_for_fp16_overflow(scaler, loss, grad_norm):
-    """fp16: gradients that overflow are the loss scaler's business, not an incident: it skipped
-    the step and lowered its scale, as it is meant to (a rollback would restore the old scale)."""
+    """fp16: overflowing gradients are the loss scaler's business, not an incident: it skipped the step and lowered its
+    scale, as it is meant to (a rollback would restore the old scale)."""
     return scaler.is_enabled() and math.isfinite(loss) and not math.isfinite(grad_norm)
 
 

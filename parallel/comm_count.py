@@ -1,18 +1,13 @@
-"""The communication counter: the bytes each rank hands to the all-reduces and sends of a training
-step, per dimension (dp, tp, pp, cp), compared with its closed form (closed_forms.comm_bytes_per_step).
-
-Its own module, below every parallelism that counts through it, so none of them needs another.
-"""
+"""The communication counter: the bytes each rank hands to a training step's all-reduces and sends, per dimension
+(dp, tp, pp, cp), against its closed form (closed_forms.comm_bytes_per_step). Below every parallelism that counts."""
 
 import torch
 import torch.distributed as dist
 
-# Every all-reduce and send that carries a training step's gradients or activations hands its tensor through
-# counted(dimension, tensor), which adds the payload's bytes to this rank's count for that dimension: an integer add
-# on the host, no device work, no synchronization, so counting is free when nobody reads it. Not counted: the few
-# scalars of a step (loss, grad norm), the start-up broadcast and checkpoint gathers. Evaluation's forwards count
-# too, so the training loop starts each step's count from zero. A ring all-reduce of P bytes in a group of n puts
-# 2 (n - 1) / n P on each rank's link; the count is P.
+# Every all-reduce and send carrying a step's gradients or activations hands its tensor through counted(dimension,
+# tensor): an integer add on the host, free when nobody reads it. Not counted: a step's few scalars (loss, grad
+# norm), the start-up broadcast, checkpoint gathers. Evaluation's forwards count too, so the loop zeroes the count
+# each step. A ring all-reduce of P bytes in a group of n puts 2 (n - 1) / n P on each rank's link; the count is P.
 
 DIMENSIONS = ("dp", "tp", "pp", "cp")
 comm_bytes = dict.fromkeys(DIMENSIONS, 0)  # bytes this rank handed over since the last take_comm_bytes()

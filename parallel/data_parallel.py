@@ -1,7 +1,6 @@
 """Data parallelism by hand: every rank holds the whole model (or its TP slices, or its pipeline stage), reads its own
-share of each batch, and before the shared update the group averages gradients with all-reduce, so every rank takes
-the identical step: one all-reduce per parameter, or buckets overlapped with backward. ZeRO's engines (zero.py)
-share the training state out over the same replicas instead.
+share of each batch, and the group averages gradients with all-reduce (one per parameter, or buckets overlapped with
+backward), so every rank takes the identical step. ZeRO's engines (zero.py) share the training state out instead.
 
     torchrun --standalone --nproc_per_node=2 train.py --dp 2          # 2 replicas, each half of every batch
 """
@@ -16,11 +15,10 @@ from parallel.comm_count import counted
 
 class DataParallel:
     """What every hand-written data-parallel engine shares. At start every rank takes DP rank 0's whole module state
-    (a broadcast of every parameter, trainable or frozen, and every buffer), so all copies begin identical, as
-    torch's DDP makes them; with identical averaged gradients of the trainable ones they stay so (a buffer that
-    forward changes would drift apart: DDP broadcasts buffers again before each forward, these engines only at the
-    start). Under gradient accumulation only the last micro-batch syncs (`with dp.no_sync():` around the others, as
-    with DDP): the sum of local gradients is averaged once, which equals averaging each micro-batch."""
+    (every parameter, trainable or frozen, and every buffer), so all copies begin identical, as torch's DDP makes
+    them, and identical averaged gradients keep them so (DDP broadcasts buffers again before each forward, these
+    engines only at the start). Under gradient accumulation only the last micro-batch syncs (`with dp.no_sync():`
+    around the others, as with DDP): the sum of local gradients is averaged once, as averaging each would."""
 
     def __init__(self, module, grid):
         self.group, self.size = grid.dp_group, grid.dp

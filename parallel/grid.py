@@ -1,8 +1,5 @@
 """The process grid: torchrun's environment read in one place, and the ranks laid out as dp x pp x cp x tp. The same
-code runs as a simulation on one CPU (gloo over loopback) and for real on GPUs (NCCL), started by torchrun:
-
-    torchrun --standalone --nproc_per_node=2 train.py --dp 2          # 2 processes on this machine
-"""
+code runs as a simulation on one CPU (gloo over loopback) and for real on GPUs (NCCL), started by torchrun."""
 
 import os
 from dataclasses import dataclass
@@ -80,9 +77,9 @@ def launch_from_environment():
 
 
 def init_distributed(timeout_seconds, launch=None):
-    """Join the process group that torchrun set up (launch: launch_from_environment(), read if not given;
-    MASTER_ADDR and MASTER_PORT name the meeting point); a plain `python train.py` joins none. Backend nccl on CUDA,
-    gloo on CPU, where each rank gets cores / local ranks threads: more threads than cores make the ranks fight."""
+    """Join the process group that torchrun set up (launch: launch_from_environment() if not given; MASTER_ADDR and
+    MASTER_PORT name the meeting point); a plain `python train.py` joins none. nccl on CUDA, gloo on CPU, where each
+    rank gets cores / local ranks threads: more threads than cores make the ranks fight."""
     launch = launch or launch_from_environment()
     if not launch.torchrun:
         return launch
@@ -109,8 +106,7 @@ def destroy_distributed():
 
 
 def check_grid(layout, world_size):
-    """Every size at least 1, and one process per rank of the grid: layout.check_layout's last rule, and
-    ProcessGrid's own check."""
+    """Every size at least 1, one process per rank of the grid: check_layout's last rule, and ProcessGrid's own."""
     dp, tp, pp, cp = layout.dp, layout.tp, layout.pp, layout.cp
     for name, size in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp)):
         if size < 1:
@@ -129,10 +125,9 @@ class ProcessGrid:
         rank = ((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank
 
     so a TP group is tp consecutive ranks, which torchrun puts on one node: TP talks at every layer and needs the
-    fast links inside a machine; CP next to it, at every attention; PP only between stages; DP once per step. Each
-    rank belongs to one group per dimension; every rank creates every group (torch.distributed requires it) and keeps
-    its own. Each group's collectives wait at most --dist_timeout for a missing rank, as the world's do (a new
-    group's own default is 30 minutes)."""
+    fast links inside a machine; CP next to it, at every attention; PP only between stages; DP once per step. Every
+    rank creates every group (torch.distributed requires it) and keeps its own, each waiting at most --dist_timeout
+    for a missing rank (a new group's own default is 30 minutes)."""
 
     def __init__(self, layout=Layout(), rank=0, world_size=1):
         check_grid(layout, world_size)
@@ -172,6 +167,24 @@ class ProcessGrid:
             if self.rank in ranks.tolist():
                 mine = group
         return mine
+
+    def on_rank0(self, fn):
+        """fn() on rank 0 alone (a file written, data prepared), its result on every rank. What it raises stops every
+        rank: a refusal (UserError) in its own words, a bug whole on rank 0 and named on the others."""
+        result, problem, error = None, None, None
+        if self.rank == 0:
+            try:
+                result = fn()
+            except Exception as e:
+                bug = f"rank 0 stopped on a bug ({type(e).__name__}: {e}); its traceback says where"
+                error, problem = e, str(e) if isinstance(e, UserError) else bug
+        if dist.is_initialized():
+            box = [(result, problem)]
+            dist.broadcast_object_list(box, src=0)
+            result, problem = box[0]
+        if problem is not None:
+            raise error or UserError(problem)
+        return result
 
     def __repr__(self):
         return (

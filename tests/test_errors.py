@@ -98,14 +98,11 @@ def test_train_py_prints_a_bugs_traceback_and_a_refusal_in_one_line(tmp_path):
 
 
 def _rank0_fails(kind):
-    """On 2 gloo ranks: rank 0's work raises `kind`, once through cluster.run_on_rank0 and once as --init_from's read
+    """On 2 gloo ranks: rank 0's work raises `kind`, once through ProcessGrid.on_rank0 and once as --init_from's read
     in init_from.read_initial_weights; returns what this rank raised each time."""
-    from types import SimpleNamespace
-
     from machinery.components import init_from
-    from machinery.job import cluster
     from machinery.job.config import parse_args
-    from parallel.grid import destroy_distributed, init_distributed
+    from parallel.grid import Layout, ProcessGrid, destroy_distributed, init_distributed
 
     def fail(*args):
         raise kind("--init_from w.safetensors: no such file")
@@ -113,10 +110,8 @@ def _rank0_fails(kind):
     init_from.initial_weights = fail  # this rank's process only
     launch = init_distributed(30)
     configs = parse_args(["--init_from", "w.safetensors"])[2]
-    attempts = (
-        lambda: cluster.run_on_rank0(fail, launch.rank == 0),
-        lambda: init_from.read_initial_weights(configs, {}, SimpleNamespace(rank=launch.rank)),
-    )
+    grid = ProcessGrid(Layout(dp=2), launch.rank, launch.world_size)
+    attempts = (lambda: grid.on_rank0(fail), lambda: init_from.read_initial_weights(configs, {}, grid))
     raised = []
     for attempt in attempts:
         try:

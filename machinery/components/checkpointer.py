@@ -7,7 +7,7 @@ import os
 from errors import UserError
 from machinery.components import checkpoint
 from machinery.components.run_folder import config_changes, fill_new_fields, identity_defaults
-from machinery.job.cluster import raise_on_every_rank, run_on_rank0, say
+from machinery.job.cluster import raise_on_every_rank, say
 
 
 class Checkpointer:
@@ -106,7 +106,7 @@ class Checkpointer:
             latest = step, state
             return path
 
-        path = run_on_rank0(choose, self.is_rank0)
+        path = self.grid.on_rank0(choose)
         if path is not None and not self.is_rank0:
             try:
                 state = checkpoint.load(path)
@@ -129,11 +129,11 @@ class Checkpointer:
             for folder in self.folder.ckpt_dirs:
                 checkpoint.retain(folder, rcfg.keep_last, rcfg.keep_every)
 
-        run_on_rank0(write, self.is_rank0)
+        self.grid.on_rank0(write)
 
     def discard_after(self, step):
         """Delete the checkpoints after `step` in every folder (a rollback's future); returns their steps."""
         folders = self.folder.ckpt_dirs
-        return run_on_rank0(
-            lambda: sorted({s for folder in folders for s in checkpoint.discard_after(folder, step)}), self.is_rank0
+        return self.grid.on_rank0(
+            lambda: sorted({s for folder in folders for s in checkpoint.discard_after(folder, step)})
         )

@@ -11,7 +11,7 @@ from machinery.components import checkpoint
 from machinery.components.run_folder import config_changes, data_changes
 from machinery.interchange.transfer import fit_to_run, initial_weights
 from machinery.job.arms import ArmedGPT
-from machinery.job.cluster import raise_on_every_rank, run_on_rank0, said_of, say
+from machinery.job.cluster import say
 from model import padded_vocab_size
 
 
@@ -31,7 +31,7 @@ def initial_model(configs, meta, grid, device, out_dir):
     if not configs.train.init_from:
         return configs, ArmedGPT(configs.model).to(device), None
     # rank 0 decides, and every rank follows: a rank that read the source alone would wait for the others forever
-    recorded_vocab_size = run_on_rank0(lambda: vocab_size_of_a_run_to_resume(out_dir, configs.train), grid.rank == 0)
+    recorded_vocab_size = grid.on_rank0(lambda: vocab_size_of_a_run_to_resume(out_dir, configs.train))
     if recorded_vocab_size is not None:
         configs = replace(configs, model=replace(configs.model, vocab_size=recorded_vocab_size))
         return configs, ArmedGPT(configs.model).to(device), None
@@ -55,15 +55,15 @@ def vocab_size_of_a_run_to_resume(out_dir, cfg):
 def read_initial_weights(configs, meta, grid):
     """(the GPTConfig of the run's model, InitialWeights): --init_from's weights checked against and fitted
     to this run (transfer.fit_to_run), on every rank: rank 0 first, as it may download them (once)."""
-    weights, problem, error = None, None, None
-    if grid.rank == 0:
-        try:
-            weights = initial_weights(configs.train.init_from, configs.train.init_url)
-        except Exception as e:
-            error, problem = e, said_of(e)
-    raise_on_every_rank(problem, error)  # a barrier too: the others read what rank 0 fetched
-    if grid.rank != 0:
+    weights = None
+
+    def read():
+        nonlocal weights
         weights = initial_weights(configs.train.init_from, configs.train.init_url)
+
+    grid.on_rank0(read)  # its failure stops every rank; then the others read what rank 0 fetched
+    if grid.rank != 0:
+        read()
     if weights.tokenizer is not None and weights.tokenizer != meta["tokenizer"]:
         raise UserError(
             f"--init_from {weights.description} learned {weights.tokenizer!r} tokens, and this run's data holds "

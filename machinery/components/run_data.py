@@ -9,7 +9,7 @@ from errors import UserError
 from machinery.components.evaluation import evaluate
 from machinery.corpora.corpus import DataConfig, default_data_dir, load_or_prepare
 from machinery.corpora.mixture import Mix, MixedStream, mix_meta, prepare_sources, read_mix, weights_at
-from machinery.job.cluster import run_on_rank0, say
+from machinery.job.cluster import say
 
 
 @dataclass
@@ -101,18 +101,18 @@ def check_a_corpus_is_named(preset, configs):
         )
 
 
-def prepare_data(preset, configs, is_rank0):
+def prepare_data(preset, configs, grid):
     """(the mix or None, meta, {source name: its data folder}): the token files, tokenized by rank 0 on first use.
     A mix prepares each of its sources into a folder of its own, data/<source>-<tokenizer> (under --data_dir if
     given), so a source shared by several mixes is tokenized once."""
     cfg, dcfg = configs.train, configs.data
     if cfg.mix:
         mix = read_mix(cfg.mix)
-        prepared = run_on_rank0(lambda: prepare_sources(mix, dcfg, cfg.data_dir or "data"), is_rank0)
+        prepared = grid.on_rank0(lambda: prepare_sources(mix, dcfg, cfg.data_dir or "data"))
         data_dirs = {name: data_dir for name, (data_dir, _) in prepared.items()}
         return mix, mix_meta(mix, {name: meta for name, (_, meta) in prepared.items()}), data_dirs
     data_dir = cfg.data_dir or default_data_dir(dcfg)
-    meta = run_on_rank0(lambda: load_or_prepare(dcfg, data_dir), is_rank0)
+    meta = grid.on_rank0(lambda: load_or_prepare(dcfg, data_dir))
     return None, meta, {"data": data_dir}
 
 

@@ -40,7 +40,7 @@ from machinery.health.faults import FaultInjector
 from machinery.health.incidents import HealthMonitor, Incidents, Recovery
 from machinery.interchange.transfer import fetch_named_base, is_named_base
 from machinery.job.arms import check_arms
-from machinery.job.cluster import Watch, check_visible_everywhere, end_with_launcher, run_on_rank0, say
+from machinery.job.cluster import Watch, check_visible_everywhere, end_with_launcher, say
 from machinery.job.config import Configs, config_file_form
 from machinery.job.torch_engines import rank_model
 from machinery.planning import planner
@@ -127,10 +127,6 @@ class Job:
     def is_rank0(self):
         return self.grid.rank == 0
 
-    def on_rank0(self, fn):
-        """fn() on rank 0 only; its result, or its refusal, on every rank (cluster.run_on_rank0)."""
-        return run_on_rank0(fn, self.is_rank0)
-
 
 @dataclass
 class Learner:
@@ -182,11 +178,11 @@ class Run:
         latest = self.checkpointer.load()
         if latest is not None:
             newest, state = latest
-            if job.on_rank0(lambda: is_finished(folder.metrics_path, newest, cfg.max_iters)):
+            if job.grid.on_rank0(lambda: is_finished(folder.metrics_path, newest, cfg.max_iters)):
                 refuse_finished_run(folder.out_dir, newest, cfg)
         if folder.continued:
             say(f"continuing the run in {folder.out_dir} with {'; '.join(folder.continued)}")
-            job.on_rank0(lambda: record_identity(folder.out_dir, folder.identity))
+            job.grid.on_rank0(lambda: record_identity(folder.out_dir, folder.identity))
         # the measured step runs before the RNG is restored or first saved, so every start draws alike
         self.reporter.print_cost_account()
         if latest is not None:
@@ -203,7 +199,7 @@ class Run:
             self.checkpointer.save(0)
         # run.json's "config": this command's settings, which `--config OUT/run.json` repeats; and its dtype
         dtype = str(job.dtype).removeprefix("torch.")
-        job.on_rank0(lambda: record_config(folder.out_dir, job.command, step, dtype))
+        job.grid.on_rank0(lambda: record_config(folder.out_dir, job.command, step, dtype))
         self.reporter.start_timeline(step)
         return step
 
@@ -278,26 +274,26 @@ def set_up(preset, configs):
     cfg, recovery = configs.train, configs.recovery
     command = config_file_form(preset, configs)  # as given, before the run fills in the model's vocabulary
     grid, device, dtype = start_processes(configs)
-    trackers = run_on_rank0(lambda: trackers_asked(cfg.log_to), grid.rank == 0)  # rank 0 logs: it needs the packages
+    trackers = grid.on_rank0(lambda: trackers_asked(cfg.log_to))  # rank 0 logs: it needs the packages
     out_dir = out_dir_of(preset, cfg)
-    run_on_rank0(lambda: check_out_dir_is_ours(out_dir), grid.rank == 0)  # before the data may land inside it
-    run_on_rank0(lambda: check_a_corpus_is_named(preset, configs), grid.rank == 0)
+    grid.on_rank0(lambda: check_out_dir_is_ours(out_dir))  # before the data may land inside it
+    grid.on_rank0(lambda: check_a_corpus_is_named(preset, configs))
     watch = Watch(out_dir, grid)  # the folder's lock first: one job per run folder (cluster.py)
     with contextlib.ExitStack() as on_failure:  # a set-up that fails releases the lock
         on_failure.callback(watch.close)
         if is_named_base(cfg.init_from):  # before the data: a Llama base's tokenizer.json comes with it
-            run_on_rank0(lambda: fetch_named_base(cfg.init_from, cfg.init_url), grid.rank == 0)
-        mix, meta, data_dirs = prepare_data(preset, configs, grid.rank == 0)
-        benchmark_examples = run_on_rank0(lambda: read_benchmark(configs.benchmark), grid.rank == 0)
-        run_on_rank0(lambda: check_tokenizer_at_hand(configs, meta), grid.rank == 0)
+            grid.on_rank0(lambda: fetch_named_base(cfg.init_from, cfg.init_url))
+        mix, meta, data_dirs = prepare_data(preset, configs, grid)
+        benchmark_examples = grid.on_rank0(lambda: read_benchmark(configs.benchmark))
+        grid.on_rank0(lambda: check_tokenizer_at_hand(configs, meta))
         configs, whole, initial_weights = initial_model(configs, meta, grid, device, out_dir)
         global_batch = grid.dp * cfg.batch_size * cfg.gradient_accumulation_steps  # sequences per optimizer step
         identity = run_identity(configs.model, cfg, meta, global_batch)
         defaults = identity_defaults(configs.model, cfg)
-        continued = run_on_rank0(lambda: prepare_out_dir(out_dir, identity, cfg.overwrite, defaults), grid.rank == 0)
+        continued = grid.on_rank0(lambda: prepare_out_dir(out_dir, identity, cfg.overwrite, defaults))
         if recovery.ckpt_mirror:  # a run folder of its own, so another run's copies are never taken for this one's
             mirror = recovery.ckpt_mirror
-            run_on_rank0(lambda: prepare_mirror(mirror, identity, cfg.overwrite, defaults), grid.rank == 0)
+            grid.on_rank0(lambda: prepare_mirror(mirror, identity, cfg.overwrite, defaults))
         check_visible_everywhere(
             [os.path.join(d, "meta.json") for d in data_dirs.values()] + [os.path.join(out_dir, "run.json")]
         )

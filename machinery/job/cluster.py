@@ -293,7 +293,7 @@ class Watch:
         def take_lock():
             self.lock = RunLock(out_dir, processes)
 
-        run_on_rank0(take_lock, grid.rank == 0)  # a refusal stops every rank
+        grid.on_rank0(take_lock)  # a refusal stops every rank
         self.heartbeat = Heartbeat(out_dir, grid.rank, grid.world_size, processes)
         self.signals = StopSignals(abandoned=self.heartbeat.others_waiting)
 
@@ -329,35 +329,6 @@ def say(*args, **kwargs):
     """print, on rank 0 only: one voice for the whole group, whose other ranks would repeat it word for word."""
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(*args, **kwargs)
-
-
-def run_on_rank0(fn, is_rank0):
-    """fn() on rank 0 only (writing files, preparing data); its result, or its failure, then reaches every rank, so
-    no rank waits forever for a failed rank 0. A refusal (UserError) is raised on every rank; a bug is raised on rank 0
-    with its traceback, and the others stop saying so."""
-    result, problem, error = None, None, None
-    if is_rank0:
-        try:
-            result = fn()
-        except Exception as e:
-            error, problem = e, said_of(e)
-    if dist.is_initialized():
-        box = [(result, problem)]
-        dist.broadcast_object_list(box, src=0)
-        result, problem = box[0]
-    if error is not None:
-        raise error
-    if problem is not None:
-        raise UserError(problem)
-    return result
-
-
-def said_of(error):
-    """What the other ranks say of an exception rank 0 raised: a refusal's own words, or where to find a bug's
-    traceback."""
-    if isinstance(error, UserError):
-        return str(error)
-    return f"rank 0 stopped on a bug ({type(error).__name__}: {error}); its traceback says where"
 
 
 def raise_on_every_rank(problem, error=None):
