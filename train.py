@@ -4,7 +4,7 @@
     python train.py --preset shakespeare             # nanoGPT's CPU "baby GPT" on Tiny Shakespeare
     python train.py --preset gpt2-small --source 'corpus/*.txt'   # 124M parameters, one GPU, days
     python train.py --n_layer 6 --learning_rate 3e-4 # any config field, as --name value
-    python train.py --sample --out_dir out/tiny      # sample from a finished run (docs/flags.md: the other modes)
+    python train.py --sample --out_dir out/tiny      # sample from a finished run (docs/tiers.md: the other modes)
 
 Read `train()`: the chapter's loop, on one screen. Before it, the defenses that live in the loop and one
 optimizer step, in the order the math needs them.

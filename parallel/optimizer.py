@@ -35,7 +35,7 @@ class AdamW(torch.optim.AdamW):
 
 def adamw(groups, **options):
     """AdamW over groups [(parameters, weight decay)]: what a rank updates when it holds its parameters whole
-    (ZeRO's engine builds its own over its pieces: zero.ShardedBuckets.optimizer)."""
+    (ZeRO's engine builds its own over its pieces: zero.ZeroStage.optimizer)."""
     return AdamW([{"params": params, "weight_decay": decay} for params, decay in groups], **options)
 
 

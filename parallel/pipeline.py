@@ -205,7 +205,7 @@ def peak_activations(order):
 
 def stage_layers(n_layer, stages):
     """Which consecutive blocks each pipeline stage holds, balanced: [first, last) block indices of each stage.
-    Arithmetic on n_layer alone: pipeline.py builds its stages by it, and cost.py counts them without a process."""
+    Arithmetic on n_layer alone: the stages are built by it, and closed_forms.py counts them without a process."""
     bounds, first = [], 0
     for s in range(stages):
         count = n_layer // stages + (s < n_layer % stages)  # the first n_layer % stages stages take one block more

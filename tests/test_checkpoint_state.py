@@ -154,7 +154,7 @@ def saved(corpus):
 
 
 def resumed(corpus, saved, into="a fresh run", forget=()):
-    """(run, the step restore_checkpoint returned) after restoring the saved checkpoint."""
+    """(run, the step Checkpointer.restore returned) after restoring the saved checkpoint."""
     run = saved["run"] if into == "the same run" else new_run(corpus)
     return run, run.checkpointer.restore(copy.deepcopy(saved["state"]), forget=forget)
 
@@ -180,7 +180,7 @@ def check_same_tensors(got, want, what):
 def test_a_checkpoint_holds_every_piece_under_its_name(saved):
     """The rest of the project reads these names (resume, --eval_only, the rollback, the notebooks)."""
     state, run = saved["state"], saved["run"]
-    assert isinstance(state, dict), f"checkpoint_state returns a dict of pieces, got {type(state).__name__}"
+    assert isinstance(state, dict), f"Checkpointer.snapshot returns a dict of pieces, got {type(state).__name__}"
     missing = [piece for piece in PIECES if piece not in state]
     assert not missing, f"a checkpoint holds {', '.join(PIECES)}: expected them all, missing {', '.join(missing)}"
     assert state["step"] == SAVED_AT, (
@@ -217,7 +217,7 @@ def test_a_checkpoint_holds_every_piece_under_its_name(saved):
 def test_restore_returns_the_step_and_the_schedule_continues_there(corpus, saved):
     run, step = resumed(corpus, saved)
     assert step == SAVED_AT, (
-        f"restore_checkpoint returns the checkpoint's step, where the run continues: expected {SAVED_AT}, got {step}"
+        f"Checkpointer.restore returns the checkpoint's step, where the run continues: expected {SAVED_AT}, got {step}"
     )
     got, want = step_lr(run, SAVED_AT), saved["had"]["lr"]
     assert got == want, (

@@ -121,7 +121,11 @@ def texts_of_ours():
 OUR_MODULES = {path.stem: path.stem for path in ROOT.glob("*.py")} | {"parallel": "parallel", "machinery": "machinery"}
 # a module of a package by its own name too (grid.Launch, closed_forms.flops_per_token), and machinery's folders; a
 # command's entry point (machinery/corpus.py) gives way to the module it runs (machinery/corpora/corpus.py)
-for path in sorted([*ROOT.glob("parallel/*.py"), *ROOT.glob("machinery/*.py"), *ROOT.glob("machinery/*/*.py")]):
+for path in [
+    *sorted(ROOT.glob("parallel/*.py")),
+    *sorted(ROOT.glob("machinery/*.py")),
+    *sorted(ROOT.glob("machinery/*/*.py")),
+]:
     dotted = path.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".").removesuffix(".__init__")
     OUR_MODULES[dotted.rpartition(".")[2]] = dotted
 OUR_FILE_NAMES = {path.name for path in ROOT.rglob("*.py")}  # a bare name: a file of ours wherever it lies
@@ -266,7 +270,7 @@ def test_the_run_is_a_few_components_and_no_function_takes_it():
 LESSON_LINES = 3000  # the root's *.py and parallel/: what the README's reading path asks a learner to read
 ONE_PARALLELISM = ("model.py", "train.py", "data.py", "parallel/grid.py", "parallel/data_parallel.py")
 ONE_PARALLELISM_LINES = 1100  # the model, the loop, the tokens and data parallelism, with all they import of the lesson
-TRAIN_IMPORTS = 6  # train.py's modules of ours: the loop reaches the machinery through the Run's hooks
+TRAIN_IMPORTS = 6  # train.py's modules of ours: the loop reaches the machinery through the Run
 FILE_LINES = 600  # any file of ours: past this, split it along a seam DESIGN.md shows
 
 

@@ -469,7 +469,7 @@ def test_a_repeat_within_the_window_climbs_to_rung_2(workdir, response):
         assert all(records[s]["lr"] == pytest.approx(lr_at(s, cfg)) for s in (38, 45, 59))
 
 
-def test_runbook_response_climbs_one_rung_per_repeat():
+def test_the_runbooks_response_climbs_one_rung_per_repeat():
     rcfg = RecoveryConfig(incident_window=100, max_incidents=3)
     assert Recovery().response(500, rcfg) == "skip"  # the first incident
     after_one = Recovery(incidents=1, last_incident_step=500)

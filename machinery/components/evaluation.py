@@ -158,7 +158,7 @@ def ending_losses(model, rows, starts, device):
 
 def benchmark_scores(model, tokenizer, examples, device, autocast, examples_per_batch=4):
     """acc, acc_norm and chance of model (a single-device GPT) on [(context, endings, label)];
-    say, if given, hears the progress every half minute.
+    its progress said every half minute.
 
     A few examples per forward pass: their logits, (examples x endings, T, V), are the memory this
     costs, and with GPT-2's vocabulary 4 HellaSwag examples (16 rows of ~100-250 tokens) already
@@ -181,7 +181,8 @@ def benchmark_scores(model, tokenizer, examples, device, autocast, examples_per_
         done = first + len(batch)
         if time.perf_counter() - told > 30 and done < len(examples):
             told, seconds = time.perf_counter(), time.perf_counter() - started
-            say(f"benchmark: {done:,} of {len(examples):,} examples, ETA {seconds * (len(examples) / done - 1):.0f}s")
+            eta = seconds * (len(examples) / done - 1)
+            say(f"benchmark: {done:,} of {len(examples):,} examples, ETA {eta:.0f}s", flush=True)
     model.train()
     n = len(examples)
     return {

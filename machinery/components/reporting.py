@@ -62,7 +62,7 @@ class Reporter:
         self.flops_per_token = closed_forms.flops_per_token(job.configs.model)  # of the whole single-device model
         self.peak_flops = peak_flops  # one device's peak, for MFU; None on CPU
         self.records = []  # logged metrics of the current timeline, for the plot and the trackers
-        self.throughput = Throughput(data.tokens_per_step)  # restarted by start_clock
+        self.throughput = Throughput(data.tokens_per_step)  # restarted by start_timeline
         self.started = time.perf_counter()
         self.measured_state = None  # monitor.state_bytes at this process's first update, until logged
         self.comm_compared = False  # the first logged step printed its measured bytes beside the closed form

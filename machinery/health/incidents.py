@@ -1,5 +1,5 @@
 """Incidents, in one place: how a run notices trouble (HealthMonitor), which response the runbook gives
-(Recovery.response), what the response does to the run (respond_to_incident: roll back, skip, change the LR,
+(Recovery.response), what the response does to the run (Incidents.respond: roll back, skip, change the LR,
 or stop naming what was tried), and what it leaves on the LR (Recovery.lr_factor). The Recovery is saved with
 every checkpoint, so a resumed run keeps it. faults.py plants incidents, for teaching.
 

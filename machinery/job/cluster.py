@@ -331,16 +331,13 @@ def say(*args, **kwargs):
         print(*args, **kwargs)
 
 
-def raise_on_every_rank(problem, error=None):
+def raise_on_every_rank(problem):
     """Gather every rank's problem (a message, or None); if any rank has one, every rank raises it as a UserError,
-    so no rank waits in a collective for one that gave up. A barrier too. error: the exception behind this rank's
-    problem when it is a bug, raised here instead, with its traceback."""
+    so no rank waits in a collective for one that gave up. A barrier too."""
     problems = [problem]
     if dist.is_initialized():
         problems = [None] * dist.get_world_size()
         dist.all_gather_object(problems, problem)
-    if error is not None and not isinstance(error, UserError):
-        raise error
     failed = [p for p in problems if p]
     if failed:
         raise UserError(failed[0] + (f" (and {len(failed) - 1} more rank(s) alike)" if len(failed) > 1 else ""))
